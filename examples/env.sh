@@ -1,0 +1,13 @@
+# Sourced by the README's commands: a local .venv with everything installed.
+# torch==2.13.0 goes first so that nothing pulls a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q "torch==2.13.0"
+# hatchling + editables: the editable install is built without network isolation.
+.venv/bin/python -m pip install -q hatchling editables
+.venv/bin/python -m pip install -q --no-build-isolation -e ".[test]"
+export PATH="$PWD/.venv/bin:$PATH"

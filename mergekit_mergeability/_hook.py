@@ -1,0 +1,90 @@
+"""Run code right after a mergekit module is imported, without importing it first.
+
+mergekit 0.1.5 has no plugin discovery, so the package registers its plugins'
+methods the moment ``mergekit.merge_methods`` is imported, wherever that happens:
+in the stock ``mergekit-yaml`` (through the ``.pth`` file the wheel installs), or
+in user code after ``import mergekit_mergeability``. Installing the hook imports
+neither torch nor mergekit.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+from types import ModuleType
+from typing import Callable, Dict
+
+Callback = Callable[[ModuleType], None]
+
+
+class _ThenLoader(importlib.abc.Loader):
+    def __init__(self, loader: importlib.abc.Loader, callback: Callback):
+        self._loader = loader
+        self._callback = callback
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        self._callback(module)
+
+    def __getattr__(self, name):  # resource readers, get_source, ...
+        return getattr(self._loader, name)
+
+
+class _AfterImportFinder(importlib.abc.MetaPathFinder):
+    def __init__(self):
+        self.callbacks: Dict[str, Callback] = {}
+
+    def find_spec(self, fullname, path, target=None):
+        callback = self.callbacks.pop(fullname, None)
+        if callback is None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _ThenLoader(spec.loader, callback)
+        return spec
+
+
+_finder = _AfterImportFinder()
+
+
+def after_import(module_name: str, callback: Callback) -> None:
+    """Call ``callback(module)`` once ``module_name`` is imported (now, if it is)."""
+    module = sys.modules.get(module_name)
+    if module is not None:
+        callback(module)
+        return
+    _finder.callbacks[module_name] = callback
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+
+
+def _register_methods(_module: ModuleType) -> None:
+    from mergekit_mergeability.plugins import register_merge_methods
+
+    register_merge_methods()
+
+
+def _check_configs_before_planning(module: ModuleType) -> None:
+    from mergekit_mergeability.planning import check_before_planning
+
+    planner = module.MergePlanner
+    if getattr(planner.normalize_config, "_mergeability_checked", False):
+        return
+    normalize = planner.normalize_config
+
+    def normalize_config(self):
+        normalize(self)
+        check_before_planning(self)
+
+    normalize_config._mergeability_checked = True
+    planner.normalize_config = normalize_config
+
+
+def install() -> None:
+    after_import("mergekit.merge_methods", _register_methods)
+    after_import("mergekit.plan", _check_configs_before_planning)

@@ -1,0 +1,70 @@
+"""Every hook a mergekit-mergeability plugin can implement.
+
+A plugin is any object or module with functions marked ``@hookimpl`` (from
+``mergekit_mergeability.plugins``), published under the entry-point group
+``mergekit_mergeability``. The package's own methods and diagnostics are
+contributed the same way (``mergekit_mergeability.builtin``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional
+
+import pluggy
+
+if TYPE_CHECKING:
+    from mergekit.merge_methods import MergeMethod
+
+    from mergekit_mergeability.diagnostics import Diagnostic
+
+PROJECT = "mergekit_mergeability"
+hookspec = pluggy.HookspecMarker(PROJECT)
+
+
+@hookspec
+def mergeability_merge_methods() -> Sequence["MergeMethod"]:
+    """Contribute mergekit merge methods.
+
+    Called once per process, right after ``mergekit.merge_methods`` is first
+    imported (by the stock ``mergekit-yaml``, ``run_merge``, or user code), and by
+    ``mergekit-mergeability methods``. Receives nothing. Return the methods, built
+    with ``mergekit.merge_methods.merge_method`` or any ``MergeMethod``; do not
+    register them yourself. All plugins' results are collected; a name that is
+    already registered is skipped with a warning, so the first one wins.
+
+    Every parameter of a plugin method is resolved per model once, before mergekit
+    plans or writes anything, and a bad value stops the merge with a one-line
+    error naming the model. A method object may also define
+    ``check_config(views)``: it receives a list of
+    ``mergekit_mergeability.planning.SliceView`` (resolved parameters per output
+    slice, the model depth, the base model) and raises
+    ``mergekit_mergeability.errors.UserError`` to reject the config.
+    """
+
+
+@hookspec
+def mergeability_diagnostics() -> Sequence["Diagnostic"]:
+    """Contribute pre-merge diagnostics (signals for ``precheck``).
+
+    Called each time a precheck assembles its signals. Receives nothing. Return
+    objects satisfying ``mergekit_mergeability.diagnostics.Diagnostic``: a
+    ``name``, the inputs it ``needs`` (weights, base model, probe data) and a
+    ``run(inputs)`` that returns a ``DiagnosticResult`` with values per model,
+    per pair and per layer. All plugins' results are collected, in plugin order;
+    names must be unique.
+    """
+
+
+@hookspec
+def mergeability_precheck_report(
+    report: Mapping[str, Any], config_path: str
+) -> Optional[str]:
+    """Receive a finished precheck report, to log it or to gate a merge.
+
+    Called once per precheck, after every diagnostic ran and the recommendation
+    was made, before the report files are written. ``report`` is the
+    ``precheck.json`` document (read-only); ``config_path`` the mergekit config it
+    describes. Return None to let the merge go ahead, or a one-line reason to stop
+    it (the opt-in pre-merge gate stops on any reason). All results are collected.
+    """

@@ -1,0 +1,97 @@
+"""Tiny real Hugging Face models with an offline tokenizer, for tests and quick runs.
+
+Built from transformers config classes with small sizes; a byte-level BPE
+tokenizer trained on a few sentences; saved with ``save_pretrained`` (~1 s).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict
+
+import torch
+import transformers
+
+ARCHITECTURES: Dict[str, str] = {
+    "llama": "LlamaConfig",
+    "qwen2": "Qwen2Config",
+    "mistral": "MistralConfig",
+    "gemma": "GemmaConfig",
+    "gpt2": "GPT2Config",
+}
+
+CORPUS = [
+    "The capital of France is Paris.",
+    "Water boils at one hundred degrees.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Merging models keeps what each fine-tune learned, sometimes.",
+]
+
+
+def tokenizer(directory: Path) -> transformers.PreTrainedTokenizerFast:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<eos>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    wrapped = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>")
+    wrapped.save_pretrained(directory)
+    return wrapped
+
+
+def config(arch: str, vocab_size: int, layers: int = 4):
+    cls = getattr(transformers, ARCHITECTURES[arch])
+    if arch == "gpt2":
+        return cls(vocab_size=vocab_size, n_embd=32, n_layer=layers, n_head=4, n_positions=128, bos_token_id=0, eos_token_id=0)
+    extra = {"head_dim": 8} if arch == "gemma" else {}
+    return cls(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        **extra,
+    )
+
+
+def make_family(
+    root: Path, arch: str = "llama", experts: int = 2, layers: int = 4, seed: int = 0, scale: float = 0.02
+) -> Dict[str, Path]:
+    """A base model and ``experts`` fine-tunes (base + seeded noise), as local folders."""
+    root.mkdir(parents=True, exist_ok=True)
+    tok = tokenizer(root / "tokenizer")
+    torch.manual_seed(seed)
+    base = transformers.AutoModelForCausalLM.from_config(config(arch, len(tok), layers))
+    paths = {"base": _save(base, tok, root / "base")}
+    for i in range(experts):
+        generator = torch.Generator().manual_seed(seed * 1000 + i + 1)
+        expert = transformers.AutoModelForCausalLM.from_config(base.config)
+        expert.load_state_dict(
+            {k: v + scale * torch.randn(v.shape, generator=generator) for k, v in base.state_dict().items()}
+        )
+        paths[f"expert{i}"] = _save(expert, tok, root / f"expert{i}")
+    return paths
+
+
+def _save(model, tok, directory: Path) -> Path:
+    model.save_pretrained(directory, safe_serialization=True)
+    tok.save_pretrained(directory)
+    return directory
+
+
+def state_dict(path: Path) -> Dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    tensors: Dict[str, torch.Tensor] = {}
+    for file in sorted(Path(path).glob("*.safetensors")):
+        tensors.update(load_file(file))
+    return tensors

@@ -1,0 +1,82 @@
+import math
+
+import pytest
+import torch
+from mergekit.merge_methods import merge_state_dicts, merge_tensors
+
+import mergekit_mergeability  # noqa: F401  (registers the methods)
+from mergekit_mergeability.methods import knowledge_weights
+from mergekit_mergeability.tiny import state_dict
+
+
+def test_weights_are_the_softmax_of_missing_knowledge():
+    w = knowledge_weights([0.9, 0.4], temperature=0.5)
+    expected_ratio = math.exp((0.6 - 0.1) / 0.5)  # e^1: the weakly-known one gets e times more
+    assert w.sum().item() == pytest.approx(1)
+    assert (w[1] / w[0]).item() == pytest.approx(expected_ratio)
+
+
+def test_lower_knowledge_gets_strictly_larger_weight():
+    w = knowledge_weights([0.95, 0.7, 0.5, 0.1], temperature=0.3)
+    assert torch.all(w[1:] > w[:-1])
+
+
+def test_weight_multiplies_and_renormalises():
+    w = knowledge_weights([0.5, 0.5, 0.5], temperature=1.0, weight=[2, 1, 1])
+    assert w.tolist() == pytest.approx([0.5, 0.25, 0.25])
+
+
+def test_equal_knowledge_and_huge_temperature_are_the_mean():
+    assert knowledge_weights([0.3, 0.3]).tolist() == pytest.approx([0.5, 0.5])
+    assert knowledge_weights([0.0, 1.0], temperature=1e9).tolist() == pytest.approx([0.5, 0.5])
+
+
+def test_temperature_must_be_positive():
+    with pytest.raises(ValueError, match="temperature"):
+        knowledge_weights([0.5], temperature=0)
+
+
+def _models(family):
+    return {key: state_dict(family[key]) for key in ("base", "expert0", "expert1")}
+
+
+@pytest.mark.parametrize("knowledge, temperature", [({"expert0": 0.4, "expert1": 0.4}, 0.1), ({"expert0": 0.1, "expert1": 0.9}, 1e9)])
+def test_mean_identity_against_mergekit(llama, knowledge, temperature):
+    models = _models(llama)
+    ours = merge_state_dicts(models, "knowledge_weighted", base="base", parameters={"knowledge": knowledge, "temperature": temperature})
+    linear = merge_state_dicts({k: models[k] for k in ("expert0", "expert1")}, "linear", parameters={"weight": 1.0})
+    ta = merge_state_dicts(models, "task_arithmetic", base="base", parameters={"weight": 0.5})
+    for name in models["base"]:
+        torch.testing.assert_close(ours[name], linear[name])
+        torch.testing.assert_close(ours[name], ta[name])
+
+
+def test_ties_option_with_equal_knowledge_is_mergekit_ties(llama):
+    models = _models(llama)
+    params = {"density": 0.5}
+    ours = merge_state_dicts(models, "knowledge_weighted", base="base", parameters={**params, "knowledge": 0.5, "ties": True})
+    ties = merge_state_dicts(models, "ties", base="base", parameters={**params, "weight": 1.0})
+    for name in models["base"]:
+        torch.testing.assert_close(ours[name], ties[name])
+
+
+def test_known_answer_on_one_tensor():
+    base, a, b = torch.zeros(2), torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
+    w = knowledge_weights([0.8, 0.2], temperature=0.2).tolist()
+    merged = merge_tensors(
+        [base, a, b], "knowledge_weighted", base_index=0, parameters={"knowledge": [0.8, 0.2], "temperature": 0.2, "scale": 2.0}
+    )
+    assert merged.tolist() == pytest.approx([2 * w[0], 2 * w[1]])
+    assert merged[1] > merged[0]  # the weakly-known expert's coordinate moves more
+
+
+@pytest.mark.parametrize("parameters, message", [({"knowledge": 1.5}, "less than or equal to 1"), ({"knowledge": 0.5, "temperature": 0.0}, "greater than 0"), ({}, "knowledge")])
+def test_bad_parameters_in_memory(parameters, message):
+    tensors = [torch.zeros(2), torch.ones(2)]
+    with pytest.raises(Exception, match=message):
+        merge_tensors(tensors, "knowledge_weighted", base_index=0, parameters=parameters)
+
+
+def test_needs_a_base():
+    with pytest.raises(ValueError, match="requires a base"):
+        merge_tensors([torch.zeros(2), torch.ones(2)], "knowledge_weighted", parameters={"knowledge": 0.5})
