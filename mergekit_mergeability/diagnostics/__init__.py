@@ -1,0 +1,61 @@
+"""The interface every pre-merge diagnostic (a ``precheck`` signal) implements.
+
+A diagnostic declares what it ``needs`` — weights (streamed from safetensors), the
+base model, probe data — and returns a ``DiagnosticResult``: numbers per model,
+per pair of models, and per layer. ``precheck`` gathers diagnostics from the
+``mergeability_diagnostics`` hook, hands each the inputs it asked for, and folds
+the results into one report. Built-in signals use exactly this interface.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Protocol, Tuple, runtime_checkable
+
+
+class Need(str, Enum):
+    WEIGHTS = "weights"  # the models' safetensors, streamed tensor by tensor
+    BASE_MODEL = "base_model"  # a base model must be configured
+    PROBES = "probes"  # each model's probe set (instances of its task)
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    """One model of the config, as the diagnostic sees it."""
+
+    name: str  # the path or hub id exactly as written in the config
+    path: Path  # local folder (downloaded if the config names a hub id)
+    probes: Optional[Any] = None  # the model's probe set, when PROBES is needed
+
+
+@dataclass(frozen=True)
+class DiagnosticInputs:
+    base: Optional[ModelInput]
+    models: Tuple[ModelInput, ...]  # the non-base models, in config order
+    options: Mapping[str, Any] = field(default_factory=dict)  # device, dtype, limit, layers
+
+
+@dataclass
+class Finding:
+    """Something the user must read: ``error`` stops the precheck before heavy work."""
+
+    severity: str  # "info" | "warning" | "error"
+    message: str  # one line naming the model, tensor or field, and what to do
+
+
+@dataclass
+class DiagnosticResult:
+    per_model: Dict[str, Dict[str, float]] = field(default_factory=dict)  # model -> metric -> value
+    per_pair: Dict[Tuple[str, str], Dict[str, float]] = field(default_factory=dict)  # (a, b) -> metric -> value
+    per_layer: Dict[str, Dict[str, List[float]]] = field(default_factory=dict)  # model or "a|b" -> metric -> one per layer
+    findings: List[Finding] = field(default_factory=list)
+
+
+@runtime_checkable
+class Diagnostic(Protocol):
+    name: str
+    needs: FrozenSet[Need]
+
+    def run(self, inputs: DiagnosticInputs) -> DiagnosticResult: ...
