@@ -8,3 +8,10 @@ def mergeability_merge_methods():
     from mergekit_mergeability.methods import METHODS
 
     return METHODS
+
+
+@hookimpl
+def mergeability_diagnostics():
+    from mergekit_mergeability.diagnostics.compatibility import Compatibility
+
+    return [Compatibility()]

@@ -1,0 +1,80 @@
+"""Can these models be merged at all? From config.json and safetensors headers only.
+
+Runs before anything heavy: no tensor is read, so a mismatch in architecture,
+depth, vocabulary or any tensor's shape is reported in well under a second.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Dict, Tuple
+
+from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
+from mergekit_mergeability.errors import UserError
+
+Shapes = Dict[str, Tuple[int, ...]]
+
+
+def tensor_shapes(folder: Path) -> Shapes:
+    """Every tensor's shape from the safetensors headers in ``folder`` (no data read)."""
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise UserError(f"{folder}: no .safetensors files; mergeability reads safetensors checkpoints")
+    shapes: Shapes = {}
+    for file in files:
+        with open(file, "rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(length))
+        shapes.update({name: tuple(info["shape"]) for name, info in header.items() if name != "__metadata__"})
+    return shapes
+
+
+def model_config(folder: Path) -> dict:
+    path = Path(folder) / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: missing; every model folder needs its config.json") from None
+
+
+class Compatibility:
+    name = "compatibility"
+    needs = frozenset({Need.WEIGHTS})
+
+    def run(self, inputs: DiagnosticInputs) -> DiagnosticResult:
+        result = DiagnosticResult()
+        reference, *others = [m for m in (inputs.base, *inputs.models) if m is not None]
+        ref_config, ref_shapes = model_config(reference.path), tensor_shapes(reference.path)
+        result.per_model[reference.name] = _summary(ref_config, ref_shapes)
+        for model in others:
+            config, shapes = model_config(model.path), tensor_shapes(model.path)
+            result.per_model[model.name] = _summary(config, shapes)
+            result.findings.extend(_compare(reference, ref_config, ref_shapes, model, config, shapes))
+        return result
+
+
+def _summary(config: dict, shapes: Shapes) -> Dict[str, float]:
+    parameters = 0
+    for shape in shapes.values():
+        count = 1
+        for size in shape:
+            count *= size
+        parameters += count
+    return {"num_layers": config.get("num_hidden_layers", config.get("n_layer", 0)), "parameters": parameters}
+
+
+def _compare(reference: ModelInput, ref_config: dict, ref_shapes: Shapes, model: ModelInput, config: dict, shapes: Shapes):
+    against = f"{model.name} vs {reference.name}"
+    for key in ("architectures", "num_hidden_layers", "hidden_size", "vocab_size"):
+        if key in ref_config and ref_config.get(key) != config.get(key):
+            severity = "warning" if key == "vocab_size" else "error"
+            hint = " (align with a tokenizer: source in the config)" if key == "vocab_size" else ""
+            yield Finding(severity, f"{against}: {key} is {config.get(key)} vs {ref_config[key]}{hint}")
+    vocab_sizes = {ref_config.get("vocab_size"), config.get("vocab_size")} - {None}
+    for name, shape in ref_shapes.items():
+        if name not in shapes:
+            yield Finding("error", f"{against}: tensor {name} is missing from {model.name}")
+        elif shapes[name] != shape and not (len(vocab_sizes) > 1 and vocab_sizes & {*shape, *shapes[name]}):
+            yield Finding("error", f"{against}: tensor {name} has shape {list(shapes[name])} vs {list(shape)}")
