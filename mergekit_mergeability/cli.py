@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import shutil
-import sys
 from pathlib import Path
 from typing import Callable
 
@@ -79,13 +78,11 @@ def merge(config_file: Path, out_path: Path, mergekit_options: tuple):
     The model is written to a temporary folder beside OUT_PATH and renamed when
     complete, so a failed merge leaves nothing behind. See `mergekit-yaml --help`.
     """
-    import mergekit_mergeability.plugins as plugins
-
     if out_path.exists() and any(out_path.iterdir()):
         raise UserError(f"{out_path}: output folder exists and is not empty; remove it or choose another")
-    from mergekit.scripts import run_yaml  # importing mergekit registers the plugins' methods
+    # Importing mergekit registers the plugins' methods: this package's import installed the hook.
+    from mergekit.scripts import run_yaml
 
-    plugins.register_merge_methods()
     partial = out_path.with_name(f".{out_path.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     try:
@@ -94,11 +91,11 @@ def merge(config_file: Path, out_path: Path, mergekit_options: tuple):
             prog_name="mergekit-mergeability merge",
             standalone_mode=False,
         )
-    except (RuntimeError, ValueError) as error:
-        raise UserError(f"{config_file}: {str(error).splitlines()[0]}") from None
-    finally:
-        if sys.exc_info()[0] is not None:
-            shutil.rmtree(partial, ignore_errors=True)
+    except BaseException as error:
+        shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(error, (RuntimeError, ValueError)):
+            raise UserError(f"{config_file}: {str(error).splitlines()[0]}") from None
+        raise
     if out_path.exists():
         out_path.rmdir()
     partial.rename(out_path)
