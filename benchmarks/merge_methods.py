@@ -46,11 +46,17 @@ def build_models(root: Path) -> dict:
     return paths
 
 
+PER_MODEL = {
+    "task_arithmetic": {"weight": 0.5, "density": 0.5},
+    "ties": {"weight": 0.5, "density": 0.5},
+    "knowledge_weighted": {"knowledge": 0.5, "density": 0.5},
+    "layer_selective": {"weight": 0.5},
+}
+
+
 def merge_config(method: str, parameters: dict, paths: dict) -> dict:
     name = method.split("+")[0]
-    per_model = {"weight": 0.5, "density": 0.5} if name in ("ties", "task_arithmetic") else {"knowledge": 0.5, "density": 0.5}
-    if name == "layer_selective":
-        per_model = {"weight": 0.5}
+    per_model = PER_MODEL[name]
     return {
         "merge_method": name, "base_model": str(paths["base"]), "dtype": "float32",
         "models": [{"model": str(paths[e]), "parameters": per_model} for e in ("expert0", "expert1")],

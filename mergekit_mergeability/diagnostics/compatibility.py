@@ -7,6 +7,7 @@ depth, vocabulary or any tensor's shape is reported in well under a second.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 from typing import Dict, Tuple
@@ -56,12 +57,7 @@ class Compatibility:
 
 
 def _summary(config: dict, shapes: Shapes) -> Dict[str, float]:
-    parameters = 0
-    for shape in shapes.values():
-        count = 1
-        for size in shape:
-            count *= size
-        parameters += count
+    parameters = sum(math.prod(shape) for shape in shapes.values())
     return {"num_layers": config.get("num_hidden_layers", config.get("n_layer", 0)), "parameters": parameters}
 
 
