@@ -85,6 +85,13 @@ def _check_configs_before_planning(module: ModuleType) -> None:
     planner.normalize_config = normalize_config
 
 
+def _keep_config_documents(module: ModuleType) -> None:
+    from mergekit_mergeability.precheck.gate import keep_documents
+
+    keep_documents(module)
+
+
 def install() -> None:
     after_import("mergekit.merge_methods", _register_methods)
     after_import("mergekit.plan", _check_configs_before_planning)
+    after_import("mergekit.config", _keep_config_documents)

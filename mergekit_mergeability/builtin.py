@@ -5,13 +5,18 @@ from mergekit_mergeability.plugins import hookimpl
 
 @hookimpl
 def mergeability_merge_methods():
-    from mergekit_mergeability.methods import METHODS
+    from mergekit_mergeability.methods.knowledge_weighted import knowledge_weighted
+    from mergekit_mergeability.methods.layer_selective import layer_selective
 
-    return METHODS
+    return [knowledge_weighted, layer_selective]
 
 
 @hookimpl
 def mergeability_diagnostics():
     from mergekit_mergeability.diagnostics.compatibility import Compatibility
+    from mergekit_mergeability.diagnostics.knowledge import Knowledge
+    from mergekit_mergeability.diagnostics.representations import Representations
+    from mergekit_mergeability.diagnostics.weights import WeightStatistics
 
-    return [Compatibility()]
+    # cheapest first: a precheck stops at the first error, before the heavy passes
+    return [Compatibility(), WeightStatistics(), Knowledge(), Representations()]

@@ -82,9 +82,15 @@ def fill_num_layers(planner) -> None:
 
 def check_before_planning(planner) -> None:
     from mergekit_mergeability.plugins import plugin_methods
+    from mergekit_mergeability.precheck import gate
 
+    _check_plugin_method(planner, plugin_methods())
+    gate.check(planner.config)
+
+
+def _check_plugin_method(planner, plugin_methods) -> None:
     method = planner._method
-    if not any(method is ours for _, ours in plugin_methods()):
+    if not any(method is ours for _, ours in plugin_methods):
         return
     if any(p.name == "num_layers" for p in method.spec.parameters):
         fill_num_layers(planner)

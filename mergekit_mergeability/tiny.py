@@ -7,7 +7,7 @@ tokenizer trained on a few sentences; saved with ``save_pretrained`` (~1 s).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict
+from typing import Callable, Dict
 
 import torch
 import transformers
@@ -95,3 +95,15 @@ def state_dict(path: Path) -> Dict[str, torch.Tensor]:
     for file in sorted(Path(path).glob("*.safetensors")):
         tensors.update(load_file(file))
     return tensors
+
+
+def derive(base: Path, folder: Path, update: Callable[[str, torch.Tensor], torch.Tensor]) -> Path:
+    """A copy of the model folder ``base`` with ``update(name, tensor)`` added to every tensor."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    shutil.copytree(base, folder, ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json"))
+    tensors = {name: (tensor + update(name, tensor)).contiguous() for name, tensor in state_dict(base).items()}
+    save_file(tensors, Path(folder) / "model.safetensors", metadata={"format": "pt"})
+    return Path(folder)

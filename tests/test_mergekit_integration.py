@@ -87,7 +87,7 @@ def test_bad_layer_selective_config_one_line_and_nothing_written(llama, tmp_path
 def _assert_rejected(name, family, tmp_path, edit, message):
     config = shipped_config(name, family, tmp_path, edit)
     result = CliRunner().invoke(cli, ["merge", str(config), str(tmp_path / "out"), *OFFLINE])
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
     errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and message in errors[0], result.output

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Protocol, Tuple, runtime_checkable
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Protocol, Tuple, Union, runtime_checkable
 
 
 class Need(str, Enum):
@@ -49,7 +49,8 @@ class Finding:
 class DiagnosticResult:
     per_model: Dict[str, Dict[str, float]] = field(default_factory=dict)  # model -> metric -> value
     per_pair: Dict[Tuple[str, str], Dict[str, float]] = field(default_factory=dict)  # (a, b) -> metric -> value
-    per_layer: Dict[str, Dict[str, List[float]]] = field(default_factory=dict)  # model or "a|b" -> metric -> one per layer
+    # model, or (a, b) for a pair -> metric -> one value per layer
+    per_layer: Dict[Union[str, Tuple[str, str]], Dict[str, List[float]]] = field(default_factory=dict)
     findings: List[Finding] = field(default_factory=list)
 
 

@@ -6,38 +6,19 @@ depth, vocabulary or any tensor's shape is reported in well under a second.
 
 from __future__ import annotations
 
-import json
 import math
-import struct
 from pathlib import Path
 from typing import Dict, Tuple
 
+from mergekit_mergeability.checkpoints import model_config, tensor_index
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
-from mergekit_mergeability.errors import UserError
 
 Shapes = Dict[str, Tuple[int, ...]]
 
 
 def tensor_shapes(folder: Path) -> Shapes:
     """Every tensor's shape from the safetensors headers in ``folder`` (no data read)."""
-    files = sorted(Path(folder).glob("*.safetensors"))
-    if not files:
-        raise UserError(f"{folder}: no .safetensors files; mergeability reads safetensors checkpoints")
-    shapes: Shapes = {}
-    for file in files:
-        with open(file, "rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(length))
-        shapes.update({name: tuple(info["shape"]) for name, info in header.items() if name != "__metadata__"})
-    return shapes
-
-
-def model_config(folder: Path) -> dict:
-    path = Path(folder) / "config.json"
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path}: missing; every model folder needs its config.json") from None
+    return {name: info.shape for name, info in tensor_index(folder).items()}
 
 
 class Compatibility:

@@ -1,0 +1,88 @@
+"""Teacher-forced forward passes over probe instances: continuation log-probs and pooled hidden states.
+
+Each sequence is prompt + continuation, tokenised like lm-eval's loglikelihood
+requests (the continuation's tokens are whatever the full text adds to the
+prompt's). Hidden states come at the embedding output and after every decoder
+block, mean-pooled over the prompt span and over the continuation span.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+from mergekit_mergeability.probes import Instance
+
+
+@dataclass
+class Scored:
+    continuation_logprobs: torch.Tensor  # (continuation tokens,) log p of each actual token
+    distribution: Optional[torch.Tensor]  # (continuation tokens, vocab) log-softmax, if asked for
+    continuation_ids: torch.Tensor
+    prompt_pool: Optional[torch.Tensor]  # (layers + 1, hidden)
+    continuation_pool: Optional[torch.Tensor]
+
+
+def encode(tokenizer, prompt: str, continuation: str) -> Tuple[List[int], List[int]]:
+    context = tokenizer(prompt)["input_ids"] if prompt else []
+    whole = tokenizer(prompt + continuation)["input_ids"]
+    if whole[: len(context)] != context:  # the boundary merged: tokenise the two sides apart
+        whole = context + tokenizer(continuation, add_special_tokens=False)["input_ids"]
+    if not context:  # the first continuation token needs something to be predicted from
+        start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        context, whole = [start], [start, *whole]
+    return context, whole[len(context) :]
+
+
+@torch.inference_mode()
+def score(
+    model,
+    tokenizer,
+    sequences: Sequence[Tuple[str, str]],
+    batch_size: int = 16,
+    hidden_states: bool = False,
+    distribution: bool = False,
+    progress=None,
+) -> Iterator[Scored]:
+    """Score (prompt, continuation) pairs in batches, in order."""
+    device = next(model.parameters()).device
+    encoded = [encode(tokenizer, p, c) for p, c in sequences]
+    for start in range(0, len(encoded), batch_size):
+        batch = encoded[start : start + batch_size]
+        length = max(len(p) + len(c) for p, c in batch)
+        ids = torch.zeros(len(batch), length, dtype=torch.long)
+        mask = torch.zeros(len(batch), length, dtype=torch.long)
+        for row, (p, c) in enumerate(batch):
+            ids[row, : len(p) + len(c)] = torch.tensor(p + c)
+            mask[row, : len(p) + len(c)] = 1
+        out = model(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=hidden_states)
+        logprobs = torch.log_softmax(out.logits.float(), dim=-1)
+        layers = torch.stack(out.hidden_states).float() if hidden_states else None  # (L+1, B, T, H)
+        for row, (p, c) in enumerate(batch):
+            span = slice(len(p), len(p) + len(c))
+            predicting = logprobs[row, len(p) - 1 : len(p) + len(c) - 1]  # position t predicts token t+1
+            answer = torch.tensor(c, device=predicting.device)
+            yield Scored(
+                continuation_logprobs=predicting.gather(1, answer[:, None]).squeeze(1).cpu(),
+                distribution=predicting.cpu() if distribution else None,
+                continuation_ids=answer.cpu(),
+                prompt_pool=layers[:, row, : len(p)].mean(dim=1).cpu() if hidden_states else None,
+                continuation_pool=layers[:, row, span].mean(dim=1).cpu() if hidden_states else None,
+            )
+        if progress is not None:
+            progress(len(batch))
+
+
+def choice_logprobs(model, tokenizer, instances: Sequence[Instance], batch_size: int = 16, progress=None):
+    """Per instance: the summed log-prob of each choice (multiple choice) or the answer's
+    per-token distribution (generation)."""
+    pairs = [(i.prompt, c) for i in instances for c in i.continuations]
+    scored = iter(score(model, tokenizer, pairs, batch_size, distribution=any(i.kind != "multiple_choice" for i in instances), progress=progress))
+    for instance in instances:
+        results = [next(scored) for _ in instance.continuations]
+        if instance.kind == "multiple_choice":
+            yield torch.stack([r.continuation_logprobs.sum() for r in results])
+        else:
+            yield results[0].distribution, results[0].continuation_ids

@@ -1,0 +1,1 @@
+"""Pure functions for the science: CKA, knowledge scores, statistics. No I/O."""

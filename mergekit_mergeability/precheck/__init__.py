@@ -1,0 +1,105 @@
+"""``precheck``: will the models of a mergekit config merge well? Answered before merging.
+
+load (config, models, probes) → measure (every diagnostic from the plugins) →
+predict (per model) → recommend (per merge) → report (``report.build``, ``report.write``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from mergekit_mergeability import checkpoints, probes
+from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
+from mergekit_mergeability.errors import UserError
+from mergekit_mergeability.precheck.config import MergeSpec
+
+
+@dataclass
+class Measurements:
+    spec: MergeSpec
+    base: Optional[ModelInput]
+    models: Tuple[ModelInput, ...]
+    probe_specs: Dict[str, str] = field(default_factory=dict)  # model -> probe spec, as given
+    results: Dict[str, DiagnosticResult] = field(default_factory=dict)
+    skipped: List[str] = field(default_factory=list)
+
+    def findings(self) -> List[Tuple[str, Finding]]:
+        return [(name, f) for name, result in self.results.items() for f in result.findings]
+
+    def errors(self) -> List[str]:
+        return [f.message for _, f in self.findings() if f.severity == "error"]
+
+
+def probe_specs(spec: MergeSpec, overrides: Mapping[str, str]) -> Dict[str, str]:
+    """The config's ``probe:`` keys, then ``--probe MODEL=SPEC`` (MODEL as written, or its folder name)."""
+    chosen = dict(spec.probes)
+    for key, value in overrides.items():
+        matches = [m for m in spec.models if key in (m, Path(m.split("+")[0]).name)]
+        if len(matches) != 1:
+            raise UserError(f"--probe {key}={value}: {key!r} matches {len(matches)} models of the config; use the path as written: {', '.join(spec.models)}")
+        chosen[matches[0]] = value
+    return chosen
+
+
+def load_inputs(spec: MergeSpec, specs: Mapping[str, str], limit: Optional[int]) -> Tuple[Optional[ModelInput], Tuple[ModelInput, ...]]:
+    folder = spec.folder
+    base = ModelInput(spec.base_model, checkpoints.resolve(spec.base_model, folder)) if spec.base_model else None
+    models = tuple(
+        ModelInput(name, checkpoints.resolve(name, folder), probes.load(specs[name], limit, folder) if name in specs else None)
+        for name in spec.models
+    )
+    return base, models
+
+
+def measure(spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping[str, Any] = {}) -> Measurements:
+    """Run every plugin's diagnostic in plugin order; stop at the first error finding."""
+    from mergekit_mergeability.plugins import contributions
+
+    specs = probe_specs(spec, overrides)
+    base, models = load_inputs(spec, specs, options.get("limit"))
+    measured = Measurements(spec, base, models, specs)
+    inputs = DiagnosticInputs(base, models, options)
+    for plugin, diagnostic in contributions("mergeability_diagnostics"):
+        if measured.errors():
+            measured.skipped.append(diagnostic.name)
+            continue
+        if Need.BASE_MODEL in diagnostic.needs and base is None:
+            measured.results[diagnostic.name] = DiagnosticResult(findings=[Finding("info", f"{diagnostic.name}: skipped, the config has no base_model")])
+            continue
+        if Need.PROBES in diagnostic.needs and not any(m.probes for m in models):
+            measured.results[diagnostic.name] = DiagnosticResult(findings=[Finding("info", f"{diagnostic.name}: skipped, no model declares a probe (probe: key or --probe)")])
+            continue
+        measured.results[diagnostic.name] = _run(plugin, diagnostic, inputs)
+    return measured
+
+
+def _run(plugin: str, diagnostic, inputs: DiagnosticInputs) -> DiagnosticResult:
+    if plugin == "builtin":
+        return diagnostic.run(inputs)
+    try:
+        return diagnostic.run(inputs)
+    except UserError:
+        raise
+    except Exception as error:  # a third party's bug must not cost the user the other signals
+        return DiagnosticResult(findings=[Finding("warning", f"diagnostic {diagnostic.name!r} from plugin {plugin!r} failed: {error}")])
+
+
+def run(spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping[str, Any] = {}, out: Optional[Path] = None) -> Dict[str, Any]:
+    """The whole precheck: measure, predict, recommend, ask plugins whether to stop, write ``out``."""
+    from types import MappingProxyType
+
+    from mergekit_mergeability.plugins import plugin_manager
+    from mergekit_mergeability.precheck import report as reports
+    from mergekit_mergeability.precheck.predict import DO_NOT_MERGE
+
+    measured = measure(spec, overrides, options)
+    report = reports.build(measured, dict(options))
+    reasons = plugin_manager().hook.mergeability_precheck_report(report=MappingProxyType(report), config_path=str(spec.source))
+    if report["recommendation"]["verdict"] == DO_NOT_MERGE:
+        reasons = ["; ".join(report["recommendation"]["reasons"]), *reasons]
+    report["stop"] = [r for r in reasons if r]
+    if out is not None:
+        reports.write(report, measured, Path(out))
+    return report

@@ -1,0 +1,82 @@
+"""The user's mergekit config, as the precheck reads it.
+
+mergekit ignores keys it does not know, so a model entry may carry ``probe:``
+(a probe spec, see ``mergekit_mergeability.probes``) next to ``model:``; the same
+file still runs with the stock ``mergekit-yaml``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+from mergekit_mergeability.errors import UserError
+
+PROBE_KEY = "probe"
+
+
+@dataclass
+class MergeSpec:
+    document: Dict[str, Any]  # the YAML as written (never modified)
+    source: Path  # the config file, or the working directory for an in-memory document
+    merge_method: str
+    base_model: Optional[str]
+    models: List[str]  # the non-base models, as written, in config order
+    probes: Dict[str, str] = field(default_factory=dict)  # model -> probe spec
+
+    @property
+    def folder(self) -> Path:
+        return self.source.parent if self.source.is_file() else self.source
+
+
+def read(path: Path) -> MergeSpec:
+    import yaml
+
+    try:
+        document = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such config file") from None
+    except yaml.YAMLError as error:
+        raise UserError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+    return from_document(document, Path(path))
+
+
+def from_document(document: Any, source: Path) -> MergeSpec:
+    from mergekit.config import MergeConfiguration
+    from pydantic import ValidationError
+
+    if not isinstance(document, dict):
+        raise UserError(f"{source}: expected a mergekit config (a YAML mapping)")
+    try:
+        MergeConfiguration.model_validate(document)
+    except (ValidationError, RuntimeError) as error:
+        raise UserError(f"{source}: not a valid mergekit config ({_first_line(error)})") from None
+    base = document.get("base_model")
+    names: List[str] = []
+    probes: Dict[str, str] = {}
+    for entry in model_entries(document):
+        name = str(entry["model"])
+        if name not in names and name != base:
+            names.append(name)
+        if PROBE_KEY in entry:
+            probes[name] = str(entry[PROBE_KEY])
+    if not names:
+        raise UserError(f"{source}: no models to merge besides the base")
+    return MergeSpec(document, source, str(document["merge_method"]), base and str(base), names, probes)
+
+
+def model_entries(document: Dict[str, Any]) -> Iterator[Dict[str, Any]]:
+    """Every ``{model: ...}`` mapping of a config: ``models:``, ``slices:`` sources and ``modules:``."""
+    scopes = [document, *(document.get("modules") or {}).values()]
+    for scope in scopes:
+        yield from scope.get("models") or ()
+        for output_slice in scope.get("slices") or ():
+            yield from output_slice.get("sources") or ()
+
+
+def _first_line(error: Exception) -> str:
+    if hasattr(error, "errors"):
+        problem = error.errors()[0]
+        return f"{'.'.join(map(str, problem['loc']))}: {problem['msg']}"
+    return str(error).splitlines()[0]

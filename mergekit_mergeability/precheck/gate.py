@@ -1,0 +1,59 @@
+"""The opt-in pre-merge gate: the stock ``mergekit-yaml`` (or ``run_merge``) runs the
+precheck first and stops on a ``do_not_merge`` verdict or a plugin's reason to stop.
+
+    MERGEKIT_MERGEABILITY_PRECHECK=1 mergekit-yaml config.yml ./merged
+    MERGEKIT_MERGEABILITY_PRECHECK=./precheck mergekit-yaml config.yml ./merged   # also writes the report there
+
+mergekit drops keys it does not know (``probe:``) while parsing, so the raw
+document is kept as it is validated; relative paths resolve against the working
+directory, as mergekit's do.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Dict, Optional
+
+ENVIRONMENT = "MERGEKIT_MERGEABILITY_PRECHECK"
+_documents: Dict[int, Any] = {}  # id(parsed MergeConfiguration) -> the raw document
+
+
+def enabled() -> Optional[str]:
+    value = os.environ.get(ENVIRONMENT, "").strip()
+    return None if value.lower() in ("", "0", "false", "no") else value
+
+
+def keep_documents(module: ModuleType) -> None:
+    """Wrap ``MergeConfiguration.model_validate`` to remember each raw document."""
+    configuration = module.MergeConfiguration
+    if getattr(configuration.model_validate, "_mergeability_kept", False):
+        return
+    validate = configuration.model_validate
+
+    def model_validate(obj, *args, **kwargs):
+        parsed = validate(obj, *args, **kwargs)
+        if isinstance(obj, dict) and enabled():
+            _documents[id(parsed)] = obj
+        return parsed
+
+    model_validate._mergeability_kept = True
+    configuration.model_validate = model_validate
+
+
+def check(merge_config) -> None:
+    """Run the precheck on the config being planned; raise UserError to stop the merge."""
+    setting = enabled()
+    if setting is None:
+        return
+    from mergekit_mergeability.errors import UserError
+    from mergekit_mergeability.precheck import config, run
+    from mergekit_mergeability.summary import print_precheck
+
+    document = _documents.get(id(merge_config)) or merge_config.model_dump(mode="json", exclude_none=True)
+    out = None if setting == "1" else Path(setting)
+    report = run(config.from_document(document, Path.cwd()), options={"limit": 64, "device": "cpu", "quiet": True}, out=out)
+    print_precheck(report, out)
+    if report["stop"]:
+        raise UserError(f"{ENVIRONMENT} is set and the precheck says stop: {report['stop'][0]}")

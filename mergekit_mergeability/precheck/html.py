@@ -1,0 +1,140 @@
+"""``report.html``: one self-contained page (plots embedded as PNG) from ``precheck.json``."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from typing import Any, Dict, List, Optional
+
+VERDICT_COLOURS = {"merge_as_configured": "#2e7d32", "knowledge_weighted": "#ef6c00", "layer_selective": "#1565c0", "do_not_merge": "#c62828"}
+
+
+def render(report: Dict[str, Any]) -> str:
+    rec = report["recommendation"]
+    figures = [f for f in (_cka_plot(report), _knowledge_plot(report), _conflict_plot(report)) if f]
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in _model_row(m)) + "</tr>" for m in report["models"]
+    )
+    findings = "".join(f"<li><b>{html.escape(f['severity'])}</b> {html.escape(f['message'])}</li>" for f in report["findings"])
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>mergeability precheck: {html.escape(report['config'])}</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}}
+table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}}
+.verdict{{color:white;background:{VERDICT_COLOURS.get(rec['verdict'], '#555')};padding:.3em .8em;border-radius:4px}}
+img{{max-width:100%}}</style></head><body>
+<h1>Mergeability precheck</h1>
+<p>Config <code>{html.escape(report['config'])}</code>, method <code>{html.escape(report['merge_method'])}</code>,
+base <code>{html.escape(str(report['base_model']))}</code>.</p>
+<h2>Verdict: <span class="verdict">{html.escape(rec['verdict'])}</span></h2>
+<ul>{''.join(f'<li>{html.escape(r)}</li>' for r in rec['reasons'])}</ul>
+<p>Recommended method <code>{html.escape(str(rec['method']))}</code>, cut-off {html.escape(str(rec['cutoff']))};
+ready-to-run config: <code>recommended.yml</code>.</p>
+<h2>Models</h2>
+<table><tr><th>model</th><th>probe</th><th>base accuracy</th><th>mean gap</th><th>update norm</th><th>predicted mergeability</th><th>why</th></tr>{rows}</table>
+{''.join(figures)}
+<h2>Findings</h2><ul>{findings or '<li>none</li>'}</ul>
+<p><small>{html.escape(report['tool']['name'])} {html.escape(report['tool']['version'])}, schema {html.escape(report['schema_version'])}</small></p>
+</body></html>
+"""
+
+
+def _model_row(model: Dict[str, Any]) -> List[str]:
+    k, w = model["knowledge"] or {}, model["weights"] or {}
+    return [
+        model["path"] + (" (base)" if model["role"] == "base" else ""),
+        model["probe"] or "–",
+        _number(k.get("accuracy")),
+        _number(k.get("mean_gap")),
+        _number(w.get("update_norm")),
+        _number(model["predicted_mergeability"]),
+        "; ".join(model["reasons"]),
+    ]
+
+
+def _number(value: Optional[float]) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
+def _figure(draw, title: str, width: float = 8, height: float = 4) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(width, height))
+    draw(fig, ax)
+    ax.set_title(title)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    encoded = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return f'<h2>{html.escape(title)}</h2><img alt="{html.escape(title)}" src="data:image/png;base64,{encoded}">'
+
+
+def _cka_plot(report) -> Optional[str]:
+    pairs = [p for p in report["pairs"] if p.get("cka")]
+    if not pairs:
+        return None
+    layers = report["layers"]
+
+    def draw(fig, ax):
+        for pair in pairs:
+            values = [float("nan") if v is None else v for v in pair["cka"]]
+            ax.plot(range(len(values)), values, marker=".", label=f"{_short(pair['a'])} vs {_short(pair['b'])}")
+        ax.axhline(layers["cka_threshold"], color="grey", linestyle="--", label="threshold")
+        if layers["cutoff"] is not None:
+            ax.axvline(layers["cutoff"] + 0.5, color="red", linestyle=":", label=f"cut-off {layers['cutoff']}")
+        ax.set_xlabel("layer (0 = embeddings, i = output of block i−1)")
+        ax.set_ylabel("linear CKA (answer span)")
+        ax.set_ylim(min(0, *(v for p in pairs for v in p["cka"] if v is not None)), 1.02)
+        ax.legend(fontsize="small")
+
+    return _figure(draw, "Representation similarity per layer")
+
+
+def _knowledge_plot(report) -> Optional[str]:
+    experts = [m for m in report["models"] if m["role"] == "expert"]
+    if not any(m["knowledge"] or m["predicted_mergeability"] is not None for m in experts):
+        return None
+
+    def draw(fig, ax):
+        x = range(len(experts))
+        accuracy = [(m["knowledge"] or {}).get("accuracy") or 0 for m in experts]
+        predicted = [m["predicted_mergeability"] or 0 for m in experts]
+        ax.bar([i - 0.2 for i in x], accuracy, width=0.4, label="base accuracy on probes")
+        ax.bar([i + 0.2 for i in x], predicted, width=0.4, label="predicted mergeability")
+        ax.set_xticks(list(x), [_short(m["path"]) for m in experts], rotation=30, ha="right")
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize="small")
+
+    return _figure(draw, "Base-model knowledge and predicted mergeability")
+
+
+def _conflict_plot(report) -> Optional[str]:
+    pairs = [p for p in report["pairs"] if p.get("sign_conflict") is not None]
+    if not pairs:
+        return None
+    names = list(dict.fromkeys([p["a"] for p in pairs] + [p["b"] for p in pairs]))
+
+    def draw(fig, ax):
+        import numpy as np
+
+        grid = np.full((len(names), len(names)), np.nan)
+        for p in pairs:
+            i, j = names.index(p["a"]), names.index(p["b"])
+            grid[i, j] = grid[j, i] = p["sign_conflict"]
+        image = ax.imshow(grid, vmin=0, vmax=0.6, cmap="Reds")
+        for (i, j), value in np.ndenumerate(grid):
+            if not np.isnan(value):
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize="small")
+        ax.set_xticks(range(len(names)), [_short(n) for n in names], rotation=30, ha="right")
+        ax.set_yticks(range(len(names)), [_short(n) for n in names])
+        fig.colorbar(image, ax=ax, label="sign-conflict rate (0.5 = unrelated)")
+
+    return _figure(draw, "Task-vector sign conflicts between models", width=6, height=5)
+
+
+def _short(path: str) -> str:
+    return path.rstrip("/").split("/")[-1]

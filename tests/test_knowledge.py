@@ -1,0 +1,104 @@
+"""Knowledge scores: the maths by hand, and the scoring adapter on a model whose output distribution the test sets."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mergekit_mergeability.checkpoints import load_causal_lm
+from mergekit_mergeability.diagnostics.activations import choice_logprobs, score
+from mergekit_mergeability.maths import knowledge
+from mergekit_mergeability.probes import GENERATION, Instance
+
+ALPHABET = "^abcd "  # ^ is the start token
+
+
+class CharTokenizer:
+    bos_token_id = 0
+    eos_token_id = 0
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": [ALPHABET.index(c) for c in text]}
+
+
+class BigramLM(torch.nn.Module):
+    """Next-token logits depend only on the current token: table[current]."""
+
+    def __init__(self, table):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.tensor(table, dtype=torch.float32))
+
+    def forward(self, input_ids, attention_mask=None, output_hidden_states=False):
+        embedded = torch.nn.functional.one_hot(input_ids, len(ALPHABET)).float()
+        return SimpleNamespace(logits=self.table[input_ids], hidden_states=(embedded, embedded * 2) if output_hidden_states else None)
+
+
+V = len(ALPHABET)
+TABLE = [[float(3 * ((i + j) % V == 1) + j * 0.1) for j in range(V)] for i in range(V)]
+
+
+def logp(previous: str, following: str) -> float:
+    row = torch.log_softmax(torch.tensor(TABLE[ALPHABET.index(previous)]), dim=0)
+    return float(row[ALPHABET.index(following)])
+
+
+def test_multiple_choice_gap_and_correctness_by_hand():
+    scores = knowledge.multiple_choice(torch.log(torch.tensor([0.5, 0.3, 0.2])), label=1)
+    assert scores.gap == pytest.approx(0.2) and not scores.correct
+    assert scores.gold_logprob == pytest.approx(math.log(0.3))
+    right = knowledge.multiple_choice(torch.log(torch.tensor([0.5, 0.3, 0.2])), label=0)
+    assert right.gap == 0 and right.correct
+
+
+def test_generation_gap_is_the_mean_per_token_gap():
+    distribution = torch.log(torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3]]))
+    scores = knowledge.generation(distribution, torch.tensor([1, 1]))
+    assert scores.gap == pytest.approx(((0.7 - 0.2) + 0) / 2)
+    assert scores.gold_logprob == pytest.approx(math.log(0.2) + math.log(0.6))
+    assert not scores.correct
+    assert knowledge.generation(distribution, torch.tensor([0, 1])).correct
+
+
+def test_aggregate():
+    scores = [knowledge.InstanceKnowledge(-1.0, 0.0, True), knowledge.InstanceKnowledge(-3.0, 0.5, False)]
+    assert knowledge.aggregate(scores) == knowledge.TaskKnowledge(accuracy=0.5, mean_gap=0.25, mean_gold_logprob=-2.0, instances=2)
+
+
+def test_adapter_scores_continuations_of_a_controlled_model():
+    model, tok = BigramLM(TABLE), CharTokenizer()
+    instance = Instance("ab", (" c", " d"), label=1)
+    (logprobs,) = choice_logprobs(model, tok, [instance])
+    expected = [logp("b", " ") + logp(" ", c) for c in "cd"]
+    assert logprobs.tolist() == pytest.approx(expected, abs=1e-5)
+    scores = knowledge.multiple_choice(logprobs, instance.label)
+    p = torch.softmax(torch.tensor(expected), dim=0)
+    assert scores.gap == pytest.approx(float(p.max() - p[1]), abs=1e-5)
+
+
+def test_adapter_generation_distribution_and_empty_prompt():
+    model, tok = BigramLM(TABLE), CharTokenizer()
+    # empty prompt: the start token is prepended so the first answer token is predicted from it
+    (distribution, ids), = choice_logprobs(model, tok, [Instance("", ("ab",), 0, GENERATION)])
+    assert ids.tolist() == [1, 2]
+    assert float(distribution[0, 1]) == pytest.approx(logp("^", "a"), abs=1e-5)
+    assert float(distribution[1, 2]) == pytest.approx(logp("a", "b"), abs=1e-5)
+
+
+def test_pooled_spans_average_the_right_positions():
+    model, tok = BigramLM(TABLE), CharTokenizer()
+    (scored,) = score(model, tok, [("ab", "cd")], hidden_states=True)
+    one_hot = torch.eye(V)
+    assert torch.allclose(scored.prompt_pool[0], (one_hot[1] + one_hot[2]) / 2)
+    assert torch.allclose(scored.continuation_pool[1], (one_hot[3] + one_hot[4]))  # layer 1 is 2 × embedding
+
+
+def test_batched_scoring_with_padding_equals_one_at_a_time(llama):
+    model, tok = load_causal_lm(llama["base"])
+    pairs = [("The capital of France is", " Paris."), ("Water", " boils at one hundred degrees."), ("The quick brown fox", " jumps")]
+    together = list(score(model, tok, pairs, batch_size=3, hidden_states=True))
+    alone = [next(score(model, tok, [pair], batch_size=1, hidden_states=True)) for pair in pairs]
+    for a, b in zip(together, alone):
+        assert torch.allclose(a.continuation_logprobs, b.continuation_logprobs, atol=1e-5)
+        assert torch.allclose(a.continuation_pool, b.continuation_pool, atol=1e-5)
+        assert torch.allclose(a.prompt_pool, b.prompt_pool, atol=1e-5)

@@ -1,0 +1,37 @@
+"""Spearman with its permutation null and bootstrap interval: known answers."""
+
+import pytest
+
+from mergekit_mergeability.maths.stats import correlate, spearman
+
+
+def test_spearman_known_values():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1)
+    assert spearman([1, 2, 3, 4, 5], [2, 1, 4, 3, 5]) == pytest.approx(0.8)
+
+
+def test_permutation_p_value_of_a_perfect_ranking_is_two_in_n_factorial():
+    # with 5 models only 2 of the 120 orderings reach |ρ| = 1 (two-sided)
+    result = correlate([1, 2, 3, 4, 5], [1, 2, 3, 4, 5], permutations=20_000, resamples=500)
+    assert result.spearman == pytest.approx(1)
+    assert result.p_permutation == pytest.approx(2 / 120, abs=0.004)
+    assert result.interval[1] == pytest.approx(1)
+
+
+def test_unrelated_values_are_not_significant_and_the_interval_covers_zero():
+    x = [0.1, 0.9, 0.4, 0.7, 0.2, 0.8, 0.5, 0.3, 0.6, 1.0]
+    y = [0.5, 0.4, 0.9, 0.1, 0.7, 0.3, 0.2, 0.8, 1.0, 0.6]
+    result = correlate(x, y, permutations=2_000, resamples=500)
+    assert result.p_permutation > 0.2
+    assert result.interval[0] < 0 < result.interval[1]
+
+
+def test_seeded_results_are_reproducible():
+    x, y = [1, 3, 2, 5, 4, 6], [2, 1, 4, 3, 6, 5]
+    assert correlate(x, y, permutations=500, resamples=200, seed=3) == correlate(x, y, permutations=500, resamples=200, seed=3)
+
+
+def test_too_few_pairs_is_an_error():
+    with pytest.raises(ValueError, match="at least 3"):
+        correlate([1, 2], [1, 2])

@@ -1,0 +1,57 @@
+"""Task-vector statistics streamed from safetensors: known answers on crafted updates."""
+
+import math
+import pytest
+import torch
+
+from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
+from mergekit_mergeability.diagnostics.weights import WeightStatistics
+from mergekit_mergeability.tiny import derive, state_dict
+
+
+def _run(base, experts):
+    inputs = DiagnosticInputs(ModelInput("base", base), tuple(ModelInput(name, path) for name, path in experts.items()), {"quiet": True})
+    return WeightStatistics().run(inputs)
+
+
+@pytest.fixture(scope="module")
+def crafted(llama, tmp_path_factory):
+    root = tmp_path_factory.mktemp("crafted")
+    g = torch.Generator().manual_seed(5)
+    directions = {k: torch.randn(v.shape, generator=g) * 0.01 for k, v in state_dict(llama["base"]).items()}
+    return {
+        "a": derive(llama["base"], root / "a", lambda k, v: directions[k]),
+        "opposite": derive(llama["base"], root / "opposite", lambda k, v: -directions[k]),
+        "double": derive(llama["base"], root / "double", lambda k, v: 2 * directions[k]),
+        "layer1": derive(llama["base"], root / "layer1", lambda k, v: directions[k] * (".layers.1." in k)),
+    }, directions
+
+
+def test_cosine_and_sign_conflicts_of_known_updates(llama, crafted):
+    experts, _ = crafted
+    result = _run(llama["base"], {k: experts[k] for k in ("a", "opposite", "double")})
+    assert result.per_pair[("a", "opposite")]["cosine"] == pytest.approx(-1, abs=1e-5)
+    assert result.per_pair[("a", "opposite")]["sign_conflict"] == pytest.approx(1, abs=1e-3)
+    assert result.per_pair[("a", "double")]["cosine"] == pytest.approx(1, abs=1e-5)
+    assert result.per_pair[("a", "double")]["sign_conflict"] == pytest.approx(0, abs=1e-3)
+    assert not result.findings
+
+
+def test_norms_per_layer_match_the_state_dicts(llama, crafted):
+    experts, directions = crafted
+    result = _run(llama["base"], {"layer1": experts["layer1"], "a": experts["a"]})
+    per_layer = result.per_layer["layer1"]["update_norm"]
+    assert per_layer[0] == pytest.approx(0, abs=1e-6) and per_layer[2] == pytest.approx(0, abs=1e-6)
+    expected = math.sqrt(sum(float(d.square().sum()) for k, d in directions.items() if ".layers.1." in k))
+    assert per_layer[1] == pytest.approx(expected, rel=1e-3)
+    total = math.sqrt(sum(float(d.square().sum()) for d in directions.values()))
+    assert result.per_model["a"]["update_norm"] == pytest.approx(total, rel=1e-3)
+    assert len(result.per_layer["a"]["update_norm"]) == 4
+
+
+def test_nan_weights_are_an_error_finding(llama, tmp_path):
+    broken = derive(llama["base"], tmp_path / "broken", lambda k, v: torch.full_like(v, float("nan")) if "layers.0.mlp" in k else 0 * v)
+    result = _run(llama["base"], {"broken": broken})
+    assert result.per_model["broken"]["nonfinite"] > 0
+    assert [f.severity for f in result.findings] == ["error"]
+    assert "NaN/Inf" in result.findings[0].message and "broken" in result.findings[0].message
