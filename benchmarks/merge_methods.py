@@ -16,34 +16,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-import transformers
 import yaml
+
+from _models import build_models
 
 PAIRS = {  # ours -> (built-in counterpart, our parameters, its parameters)
     "knowledge_weighted": ("task_arithmetic", {"temperature": 1e9}, {}),
     "knowledge_weighted+ties": ("ties", {"ties": True, "temperature": 1e9}, {}),
     "layer_selective": ("task_arithmetic", {"cutoff": 8}, {}),
 }
-
-
-def build_models(root: Path) -> dict:
-    config = transformers.LlamaConfig(
-        vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=8,
-        num_attention_heads=12, num_key_value_heads=4, tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    base = transformers.LlamaForCausalLM(config)
-    paths = {}
-    for name in ("base", "expert0", "expert1"):
-        if name != "base":
-            with torch.no_grad():
-                for p in base.parameters():
-                    p.add_(torch.randn_like(p), alpha=0.01)
-        paths[name] = root / name
-        base.save_pretrained(paths[name])
-    print(f"models: {sum(p.numel() for p in base.parameters()) / 1e6:.0f}M parameters each, in {root}")
-    return paths
 
 
 PER_MODEL = {

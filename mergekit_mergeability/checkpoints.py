@@ -7,6 +7,7 @@ safetensors headers, ``TensorReader`` maps one tensor at a time.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 from typing import Dict, NamedTuple, Optional, Tuple
@@ -75,13 +76,28 @@ class TensorReader:
         self.index = tensor_index(folder)
         self._handles: Dict[Path, object] = {}
 
-    def __getitem__(self, name: str):
+    def _handle(self, name: str):
         from safetensors import safe_open
 
         file = self.index[name].file
         if file not in self._handles:
             self._handles[file] = safe_open(str(file), framework="pt")
-        return self._handles[file].get_tensor(name)
+        return self._handles[file]
+
+    def __getitem__(self, name: str):
+        return self._handle(name).get_tensor(name)
+
+    def rows(self, name: str, start: int, stop: int):
+        """Rows ``start:stop`` of a tensor (along its first dimension), reading only those bytes."""
+        return self._handle(name).get_slice(name)[start:stop]
+
+    def blocks(self, name: str, elements: int = 1 << 16):
+        """``(start, stop)`` row ranges of about ``elements`` values each, covering the tensor."""
+        shape = self.index[name].shape
+        per_row = math.prod(shape[1:]) if len(shape) > 1 else 1
+        step = max(1, elements // max(per_row, 1))
+        rows = shape[0] if shape else 1
+        return [(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
 def load_causal_lm(folder: Path, device: str = "cpu", dtype: str = "float32", tokenizer_from: Optional[Path] = None):
