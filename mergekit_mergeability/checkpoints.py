@@ -106,6 +106,7 @@ def load_causal_lm(folder: Path, device: str = "cpu", dtype: str = "float32", to
     import torch
     import transformers
 
+    transformers.utils.logging.disable_progress_bar()
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
     except (OSError, ValueError) as error:

@@ -129,19 +129,56 @@ def _probe_pairs(values) -> dict:
     return pairs
 
 
+def model_options(default_limit: int | None):
+    """The options every command that runs models shares (lm-eval's names where it has them)."""
+
+    def decorate(command):
+        for option in reversed(
+            [
+                click.option("--limit", type=click.IntRange(min=1), default=default_limit, show_default=True, help="Instances per task or probe set."),
+                click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:1, mps… (auto: cuda if available)."),
+                click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True),
+                click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True),
+                click.option("--quiet", "-q", is_flag=True, help="No progress bars."),
+            ]
+        ):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def _options(limit, device, dtype, batch_size, quiet, **extra) -> dict:
+    from mergekit_mergeability.checkpoints import auto_device
+
+    return {"limit": limit, "device": auto_device(device), "dtype": dtype, "batch_size": batch_size, "quiet": quiet, **extra}
+
+
+def cache_option(command):
+    return click.option(
+        "--cache-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=lambda: default_cache_dir() / "scores",
+        show_default="~/.cache/mergekit-mergeability/scores",
+        help="Scores cached by model content, task and settings; delete to recompute. '' disables.",
+    )(command)
+
+
+def default_cache_dir() -> Path:
+    import os
+
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mergekit-mergeability"
+
+
 @main.command()
 @click.argument("config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("precheck"), show_default=True, help="Folder for precheck.json, recommended.yml and report.html.")
 @click.option("--probe", "probes", multiple=True, metavar="MODEL=SPEC", help="Probe data for a model (path as written in the config, or its folder name): a .jsonl file, an lm-eval task YAML or task name. Repeatable; overrides the config's probe: key.")
-@click.option("--limit", type=click.IntRange(min=1), default=64, show_default=True, help="Probe instances per model.")
-@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:1, mps… (auto: cuda if available).")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
 @click.option("--layers", help="Only compare these representation layers, e.g. 0-12,20 (0 = embedding output).")
 @click.option("--cka-threshold", type=click.FloatRange(0, 1), default=0.9, show_default=True, help="CKA below this, from some layer on, marks where representations stop being shared.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
-@click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
+@model_options(default_limit=64)
 @user_errors
-def precheck(config_file: Path, out: Path, probes, limit, device, dtype, layers, cka_threshold, batch_size, quiet):
+def precheck(config_file: Path, out: Path, probes, layers, cka_threshold, **model):
     """Predict, before merging, how well each model of CONFIG_FILE will survive the merge.
 
     \b
@@ -161,18 +198,101 @@ def precheck(config_file: Path, out: Path, probes, limit, device, dtype, layers,
     from mergekit_mergeability.precheck import config as merge_config, run
     from mergekit_mergeability.summary import print_precheck
 
-    from mergekit_mergeability.checkpoints import auto_device
-
-    options = {
-        "limit": limit,
-        "device": auto_device(device),
-        "dtype": dtype,
-        "layers": _layer_set(layers),
-        "cka_threshold": cka_threshold,
-        "batch_size": batch_size,
-        "quiet": quiet,
-    }
+    options = _options(**model, layers=_layer_set(layers), cka_threshold=cka_threshold)
     report = run(merge_config.read(config_file), _probe_pairs(probes), options, out)
     print_precheck(report, out)
     if report["stop"]:
         raise SystemExit(1)
+
+
+@main.command()
+@click.argument("config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--merged", type=click.Path(path_type=Path), required=True, help="The merged model folder (mergekit-yaml's output).")
+@click.option("--tasks", help="Comma-separated task specs for every model, instead of each model's probe: key.")
+@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("eval"), show_default=True)
+@cache_option
+@model_options(default_limit=None)
+@user_errors
+def evaluate(config_file: Path, merged: Path, tasks, out: Path, cache_dir, **model):
+    """Score the base, every expert and the merged model on the experts' tasks.
+
+    \b
+    Tasks are lm-eval harness tasks: each model's probe: (a .jsonl probe file
+    becomes a task: multiple choice scored by acc, generation by exact_match),
+    a task YAML, an installed task name, or one shipped in configs/tasks.
+    Translation tasks (bleu/chrf metrics) are re-scored with sacrebleu at corpus
+    level, signatures recorded. Per task: retention = merged / expert and
+    normalised gain = (merged − base) / (expert − base).
+        mergekit-mergeability evaluate config.yml --merged ./merged --out eval/
+    Writes OUT/evaluation.json and OUT/evaluation.png.
+    """
+    from mergekit_mergeability.evaluation import evaluate as evaluation, harness
+    from mergekit_mergeability.precheck import config as merge_config
+    from mergekit_mergeability.summary import print_evaluation
+
+    spec = merge_config.read(config_file)
+    task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
+    report = evaluation.evaluate(spec, merged, task_list, _options(**model), harness.Cache(cache_dir or None))
+    evaluation.write(report, out)
+    print_evaluation(report, out)
+
+
+@main.command()
+@click.argument("pool_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--partners", "-M", type=click.IntRange(min=1), default=8, show_default=True, help="Partners drawn for each merge.")
+@click.option("--trials", "-N", type=click.IntRange(min=1), default=5, show_default=True, help="Draws per model.")
+@click.option("--method", default="task_arithmetic", show_default=True, help="Any registered mergekit method (see `methods`); parameters come from the pool file.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("mergeability"), show_default=True)
+@cache_option
+@model_options(default_limit=None)
+@user_errors
+def mergeability(pool_file: Path, partners, trials, method, seed, out: Path, cache_dir, **model):
+    """Measure each pool model's mergeability: its own-task score after merging with random partners.
+
+    \b
+    Will it Merge? (arXiv 2601.06672): S_i = mean over N draws of model i's
+    score on its own task after merging it with M partners drawn from the pool.
+    POOL_FILE is a mergekit config: base_model, and models each with a probe:
+    (its task) and optional parameters:; top-level parameters: go to the method.
+        mergekit-mergeability mergeability pool.yml --partners 8 --trials 5 --method ties
+    Merges run in memory (mergekit's merge_tensors) on the tensors the models
+    changed. Finished trials go to OUT/trials.jsonl: an interrupted run resumes.
+    Writes OUT/mergeability.json.
+    """
+    from mergekit_mergeability.evaluation import harness, mergeability as protocol
+    from mergekit_mergeability.precheck import config as merge_config
+    from mergekit_mergeability.summary import print_mergeability
+
+    spec = merge_config.read(pool_file)
+    report = protocol.measure(spec, method, partners, trials, seed, _options(**model), harness.Cache(cache_dir or None), out)
+    protocol.write(report, out)
+    print_mergeability(report, out)
+
+
+@main.command()
+@click.argument("precheck_json", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("mergeability_json", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--target", type=click.Choice(["mergeability", "normalised"]), default="mergeability", show_default=True, help="Raw own-task score after merging, or the share of the fine-tune's gain kept.")
+@click.option("--permutations", type=click.IntRange(min=100), default=10_000, show_default=True)
+@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=None, help="Also write OUT/validation.json.")
+def validate(precheck_json: Path, mergeability_json: Path, target, permutations, out):
+    """Check a precheck's predictions against measured mergeability.
+
+    \b
+    Spearman between predicted and measured mergeability over the models both
+    files share, with a two-sided permutation p-value and a bootstrap 95%
+    interval, next to naive baselines (update norm, base accuracy alone):
+        mergekit-mergeability validate precheck/precheck.json mg/mergeability.json
+    """
+    from mergekit_mergeability.evaluation.validate import validate as run_validation, write
+    from mergekit_mergeability.summary import print_validation
+
+    @user_errors
+    def run():
+        report = run_validation(precheck_json, mergeability_json, target, permutations)
+        if out:
+            write(report, out)
+        print_validation(report)
+
+    run()

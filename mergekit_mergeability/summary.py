@@ -39,3 +39,43 @@ def print_precheck(report: Dict[str, Any], out: Optional[Path] = None) -> None:
         console.print(f"[red]stop:[/red] {reason}")
     if out is not None:
         console.print(f"wrote {out}/precheck.json, {out}/recommended.yml, {out}/report.html")
+
+
+def _table(title: str, *columns: str):
+    from rich.table import Table
+
+    return Table(*columns, title=title)
+
+
+def print_evaluation(report: Dict[str, Any], out: Optional[Path] = None) -> None:
+    from rich.console import Console
+
+    table = _table("What the merge kept", "task", "metric", "base", "expert", "merged", "retention", "normalised gain")
+    for row in report["tasks"]:
+        table.add_row(row["task"], row["metric"], *(_number(row[k]) for k in ("base", "expert", "merged", "retention", "normalised_gain")))
+    Console().print(table)
+    if out is not None:
+        Console().print(f"wrote {out}/evaluation.json, {out}/evaluation.png")
+
+
+def print_mergeability(report: Dict[str, Any], out: Optional[Path] = None) -> None:
+    from rich.console import Console
+
+    title = f"Mergeability: {report['method']}, {report['partners']} partners × {report['trials']} trials"
+    table = _table(title, "model", "task", "base", "alone", "merged (S)", "95% interval", "gain kept")
+    for row in report["models"]:
+        low, high = row["interval"]
+        table.add_row(row["path"], row["task"], _number(row["base_score"]), _number(row["expert_score"]), _number(row["mergeability"]), f"{low:.2f}–{high:.2f}", _number(row["normalised"]))
+    Console().print(table)
+    if out is not None:
+        Console().print(f"wrote {out}/mergeability.json")
+
+
+def print_validation(report: Dict[str, Any]) -> None:
+    from rich.console import Console
+
+    table = _table(f"Predicting {report['target']} over {report['models']} models ({report['method']})", "predictor", "Spearman", "95% bootstrap interval", "permutation p")
+    for row in report["correlations"]:
+        low, high = row["interval"]
+        table.add_row(row["predictor"], f"{row['spearman']:+.2f}", f"{low:+.2f} – {high:+.2f}", f"{row['p_permutation']:.3f}")
+    Console().print(table)

@@ -25,6 +25,9 @@ class Correlation:
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's ρ; 0 when either side is constant (a resample can draw one value only)."""
+    if np.ptp(np.asarray(x, dtype=float)) == 0 or np.ptp(np.asarray(y, dtype=float)) == 0:
+        return 0.0
     value = spearmanr(x, y).statistic
     return float(value) if np.isfinite(value) else 0.0
 

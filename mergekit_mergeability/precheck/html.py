@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 from typing import Any, Dict, List, Optional
 
 VERDICT_COLOURS = {"merge_as_configured": "#2e7d32", "knowledge_weighted": "#ef6c00", "layer_selective": "#1565c0", "do_not_merge": "#c62828"}
@@ -57,19 +56,9 @@ def _number(value: Optional[float]) -> str:
 
 
 def _figure(draw, title: str, width: float = 8, height: float = 4) -> str:
-    import matplotlib
+    from mergekit_mergeability.plots import png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(width, height))
-    draw(fig, ax)
-    ax.set_title(title)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    encoded = base64.b64encode(buffer.getvalue()).decode("ascii")
+    encoded = base64.b64encode(png(draw, title, width, height)).decode("ascii")
     return f'<h2>{html.escape(title)}</h2><img alt="{html.escape(title)}" src="data:image/png;base64,{encoded}">'
 
 

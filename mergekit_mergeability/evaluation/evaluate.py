@@ -1,0 +1,91 @@
+"""``evaluate``: base, every expert and the merged model on each expert's task.
+
+Per task: raw scores, retention = merged / expert and normalised gain =
+(merged − base) / (expert − base), the expert being the model whose probe the
+task is (with ``--tasks``, every expert's score is kept and the best one is used).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional
+
+from mergekit_mergeability import checkpoints
+from mergekit_mergeability.errors import UserError
+from mergekit_mergeability.evaluation import harness, tasks as task_specs
+from mergekit_mergeability.evaluation.scorer import Scorer
+from mergekit_mergeability.files import write_atomic
+from mergekit_mergeability.maths.retention import normalised_gain, retention
+from mergekit_mergeability.precheck.config import MergeSpec
+from mergekit_mergeability.progress import task as progress
+
+SCHEMA_VERSION = "1.0"
+
+
+def owned_tasks(spec: MergeSpec, overrides: Optional[List[str]]) -> Dict[str, Optional[str]]:
+    """task spec -> the model it belongs to (None for --tasks, which belong to every model)."""
+    if overrides:
+        return dict.fromkeys(overrides)
+    if not spec.probes:
+        raise UserError(f"{spec.source}: no model declares a probe: key; name tasks with --tasks")
+    return {probe: model for model, probe in spec.probes.items()}
+
+
+def evaluate(spec: MergeSpec, merged: Path, overrides: Optional[List[str]], options: Mapping[str, Any], cache: harness.Cache) -> Dict[str, Any]:
+    if not spec.base_model:
+        raise UserError(f"{spec.source}: evaluate needs a base_model to compare against")
+    if not Path(merged).is_dir():
+        raise UserError(f"--merged {merged}: no such folder; run the merge first")
+    folders = {name: checkpoints.resolve(name, spec.folder) for name in [spec.base_model, *spec.models]}
+    folders["merged"] = Path(merged).resolve()
+    owners = owned_tasks(spec, overrides)
+    resolved = {s: task_specs.resolve(s, spec.folder) for s in owners}  # unknown tasks fail here, before work
+    scorer = Scorer(folders[spec.base_model], options, cache)
+    scores: Dict[str, Dict[str, Any]] = {}
+    with progress("evaluate", len(folders) * len(resolved), options.get("quiet", False)) as advance:
+        for name, folder in folders.items():
+            for spec_text, task in resolved.items():
+                scores.setdefault(name, {})[spec_text] = scorer.folder(folder, task)
+                advance(1)
+    rows = [_row(s, t, owners[s], spec, scores) for s, t in resolved.items()]
+    return {"schema_version": SCHEMA_VERSION, "config": str(spec.source), "merged": str(merged), "tasks": rows, "scores": scores}
+
+
+def _row(spec_text: str, task, owner: Optional[str], spec: MergeSpec, scores) -> Dict[str, Any]:
+    base = scores[spec.base_model][spec_text]["score"]
+    merged = scores["merged"][spec_text]["score"]
+    candidates = [owner] if owner else spec.models
+    expert_name = max(candidates, key=lambda m: scores[m][spec_text]["score"])
+    expert = scores[expert_name][spec_text]["score"]
+    return {
+        "task": spec_text,
+        "lm_eval_task": task.name,
+        "metric": scores["merged"][spec_text]["primary"],
+        "expert_model": expert_name,
+        "base": base,
+        "expert": expert,
+        "merged": merged,
+        "retention": retention(merged, expert),
+        "normalised_gain": normalised_gain(merged, expert, base),
+        "signatures": scores["merged"][spec_text].get("signatures"),
+    }
+
+
+def write(report: Dict[str, Any], out: Path) -> List[Path]:
+    return [write_atomic(out / "evaluation.json", json.dumps(report, indent=2) + "\n"), write_atomic(out / "evaluation.png", plot(report))]
+
+
+def plot(report: Dict[str, Any]) -> bytes:
+    from mergekit_mergeability.plots import png
+
+    rows = report["tasks"]
+
+    def draw(fig, ax):
+        for offset, key in zip((-0.27, 0, 0.27), ("base", "expert", "merged")):
+            ax.bar([i + offset for i in range(len(rows))], [r[key] for r in rows], width=0.27, label=key)
+        ax.set_xticks(range(len(rows)), [Path(r["task"]).stem for r in rows], rotation=30, ha="right")
+        ax.set_ylabel("score (each task's primary metric)")
+        ax.legend(fontsize="small")
+
+    return png(draw, "What the merge kept, per task", width=max(6, 1.2 * len(rows) + 2))

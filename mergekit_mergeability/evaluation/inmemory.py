@@ -1,0 +1,73 @@
+"""Merging and scoring many small merges in memory, without writing checkpoints.
+
+Each model of a pool is kept as its update: only the tensors that differ from the
+base. A merge touches just the tensors some member changed (mergekit's
+``merge_tensors``, any registered method); every other tensor of the result is the
+base's, which is what any merge method returns when all its inputs are the base.
+The merged tensors are patched into one loaded base module, scored, and restored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Mapping, Sequence
+
+import torch
+
+from mergekit_mergeability.checkpoints import TensorReader
+from mergekit_mergeability.errors import UserError
+
+Update = Dict[str, torch.Tensor]  # tensor name -> the model's full tensor, for changed tensors only
+
+
+def load_update(base: TensorReader, folder: Path, name: str) -> Update:
+    model = TensorReader(folder)
+    missing = set(base.index) - set(model.index)
+    if missing:
+        raise UserError(f"model {name}: tensor {sorted(missing)[0]} of the base is missing; pools share one architecture")
+    return {t: model[t] for t in base.index if not torch.equal(model[t], base[t])}
+
+
+def merge_updates(
+    base: TensorReader, updates: Mapping[str, Update], method: str, parameters: Mapping[str, Any], per_model: Mapping[str, Mapping[str, Any]]
+) -> Dict[str, torch.Tensor]:
+    """Merge the members' updates with ``method``; returns only the tensors that differ from the base."""
+    from mergekit.merge_methods import merge_tensors
+
+    members = list(updates)
+    ids = ["__base__", *members]
+    merged = {}
+    for name in sorted(set().union(*(u.keys() for u in updates.values()))):
+        reference = base[name]
+        tensors = [reference, *(updates[m].get(name, reference) for m in members)]
+        merged[name] = merge_tensors(tensors, method, ids=ids, base_index=0, parameters=_parameters(parameters, per_model, members), name=name)
+    return merged
+
+
+def _parameters(shared: Mapping[str, Any], per_model: Mapping[str, Mapping[str, Any]], members: Sequence[str]) -> Dict[str, Any]:
+    keys = {k for m in members for k in per_model.get(m, {})}
+    values: Dict[str, Any] = {k: v for k, v in shared.items() if k not in keys}
+    for key in keys:
+        values[key] = {m: per_model.get(m, {}).get(key, shared.get(key)) for m in members if key in per_model.get(m, {}) or key in shared}
+    return values
+
+
+@contextlib.contextmanager
+def patched(module: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> Iterator[torch.nn.Module]:
+    """``module`` with some tensors replaced (by state-dict name), restored on exit."""
+    state = module.state_dict()
+    unknown = [n for n in tensors if n not in state]
+    if unknown:
+        raise UserError(f"tensor {unknown[0]} is not in the loaded model; is the pool's base the same architecture?")
+    saved: List = []
+    with torch.no_grad():
+        for name, value in tensors.items():
+            saved.append((name, state[name].clone()))
+            state[name].copy_(value.to(state[name].dtype))
+    try:
+        yield module
+    finally:
+        with torch.no_grad():
+            for name, value in saved:
+                state[name].copy_(value)

@@ -1,0 +1,62 @@
+"""Mergeability (Will it Merge?, arXiv 2601.06672): a model's own-task score after it is
+merged with M partners drawn at random from a pool, averaged over N draws.
+
+    S_i = mean_n score_i(merge({i} ∪ P_n)),   P_n ⊂ pool \\ {i}, |P_n| = M
+
+Draws are seeded per (seed, model, trial), so a rerun, or a resumed run, draws the
+same partners. Each finished trial is appended to ``trials.jsonl`` and scores are
+cached by content, so an interrupted run picks up where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional
+
+import numpy as np
+
+from mergekit_mergeability.errors import UserError
+
+
+def partners(pool: List[str], model: str, count: int, trial: int, seed: int) -> List[str]:
+    others = [m for m in pool if m != model]
+    if count > len(others):
+        raise UserError(f"--partners {count}: the pool has only {len(others)} other models for each one")
+    rng = random.Random(f"{seed}:{model}:{trial}")
+    return rng.sample(others, count)
+
+
+def summarise(scores: List[float], seed: int = 0, resamples: int = 2000) -> Dict[str, Any]:
+    """Mean with a percentile bootstrap 95% interval over trials."""
+    values = np.asarray(scores, dtype=float)
+    rng = np.random.default_rng(seed)
+    boot = values[rng.integers(0, len(values), size=(resamples, len(values)))].mean(axis=1)
+    low, high = np.percentile(boot, [2.5, 97.5])
+    return {"mergeability": float(values.mean()), "interval": [float(low), float(high)], "std": float(values.std(ddof=1)) if len(values) > 1 else 0.0}
+
+
+class TrialLog:
+    """``trials.jsonl``: one line per finished trial; read back to resume."""
+
+    def __init__(self, path: Path, settings: Mapping[str, Any]):
+        self.path = Path(path)
+        self.settings = json.dumps(settings, sort_keys=True, default=str)
+        self.done: Dict[tuple, dict] = {}
+        if self.path.is_file():
+            for line in self.path.read_text().splitlines():
+                row = json.loads(line)
+                if row.get("settings") == self.settings:
+                    self.done[row["model"], row["trial"]] = row
+
+    def get(self, model: str, trial: int) -> Optional[dict]:
+        return self.done.get((model, trial))
+
+    def add(self, row: dict) -> dict:
+        row = {**row, "settings": self.settings}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as handle:  # one whole line per write
+            handle.write(json.dumps(row) + "\n")
+        self.done[row["model"], row["trial"]] = row
+        return row

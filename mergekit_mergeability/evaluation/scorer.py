@@ -1,0 +1,57 @@
+"""Scores models on tasks, from folders or as patches of one loaded base, through the cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional
+
+import torch
+
+from mergekit_mergeability.checkpoints import load_causal_lm
+from mergekit_mergeability.evaluation import harness
+from mergekit_mergeability.evaluation.inmemory import patched
+from mergekit_mergeability.evaluation.tasks import Task
+
+
+class Scorer:
+    def __init__(self, base: Path, options: Mapping[str, Any], cache: harness.Cache):
+        self.base = Path(base)
+        self.options = options
+        self.cache = cache
+        self._module = None
+        self._tokenizer = None
+
+    def _settings(self, task: Task):
+        return task.fingerprint, self.options.get("limit"), self.options.get("dtype", "float32")
+
+    def _run(self, module, tokenizer, task: Task) -> Dict[str, Any]:
+        return harness.score(
+            module, tokenizer, task, self.options.get("limit"), self.options.get("batch_size", 16), self.options.get("device", "cpu")
+        )
+
+    def folder(self, path: Path, task: Task) -> Dict[str, Any]:
+        """A model folder's score on ``task``."""
+        key = self.cache.key("folder", harness.fingerprint(path), *self._settings(task))
+        cached = self.cache.get(key)
+        if cached is not None:
+            return cached
+        if Path(path).resolve() == self.base.resolve():
+            module, tokenizer = self.base_module()
+        else:
+            module, tokenizer = load_causal_lm(path, self.options.get("device", "cpu"), self.options.get("dtype", "float32"), self.base)
+        return self.cache.put(key, self._run(module, tokenizer, task))
+
+    def patch(self, recipe: Any, tensors: Optional[Mapping[str, torch.Tensor]], task: Task, make=None) -> Dict[str, Any]:
+        """The base with ``tensors`` patched in (or ``make()``'s, computed only on a cache miss)."""
+        key = self.cache.key("patch", harness.fingerprint(self.base), recipe, *self._settings(task))
+        cached = self.cache.get(key)
+        if cached is not None:
+            return cached
+        module, tokenizer = self.base_module()
+        with patched(module, tensors if tensors is not None else make()):
+            return self.cache.put(key, self._run(module, tokenizer, task))
+
+    def base_module(self):
+        if self._module is None:
+            self._module, self._tokenizer = load_causal_lm(self.base, self.options.get("device", "cpu"), self.options.get("dtype", "float32"))
+        return self._module, self._tokenizer

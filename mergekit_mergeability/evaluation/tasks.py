@@ -1,0 +1,102 @@
+"""Task specs → lm-eval tasks. The same specs as probes (``mergekit_mergeability.probes``):
+
+- a JSONL probe file becomes an in-memory lm-eval task config (multiple choice →
+  ``acc``; generation → ``exact_match``), so a model's probe is also its task;
+- a task YAML is loaded with its folder as ``include_path``;
+- a name is looked up in the shipped tasks (``configs/tasks``), then in lm-eval's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional, Union
+
+from mergekit_mergeability.errors import UserError
+
+HERE = Path(__file__).resolve().parent
+
+
+def shipped_tasks() -> Path:
+    """The tasks shipped with the package (inside the wheel, or ``configs/tasks`` in a checkout)."""
+    packaged = HERE.parent / "_tasks"
+    return packaged if packaged.is_dir() else HERE.parents[1] / "configs" / "tasks"
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str  # the lm-eval task name
+    entry: Union[str, Dict[str, Any]]  # what TaskManager.load gets: a name or a config dict
+    include_path: Optional[Path]
+    fingerprint: str  # changes when the task's definition or data change
+    defaults: bool = False  # index lm-eval's ~14k own tasks too (seconds): only for their names
+
+    def load(self):
+        from lm_eval.tasks import TaskManager
+
+        folder = str(self.include_path) if self.include_path else None
+        manager = TaskManager(include_path=folder, include_defaults=self.defaults)
+        if isinstance(self.entry, str) and self.entry not in manager.all_tasks:
+            raise UserError(f"lm-eval task {self.entry!r} not found; list tasks with `lm_eval ls tasks`")
+        return manager, self.entry
+
+
+def resolve(spec: str, relative_to: Optional[Path] = None) -> Task:
+    path = next((p for p in (Path(spec), *([relative_to / spec] if relative_to else [])) if p.is_file()), None)
+    if path is not None and path.suffix == ".jsonl":
+        return _jsonl_task(path.resolve())
+    if path is not None and path.suffix in (".yaml", ".yml"):
+        from mergekit_mergeability.probes import _task_name
+
+        path = path.resolve()
+        return Task(_task_name(path), _task_name(path), path.parent, _digest(*sorted(path.parent.iterdir())))
+    if path is None and not spec.endswith((".jsonl", ".yaml", ".yml")) and "/" not in spec:
+        shipped = shipped_tasks()
+        if any(_declares(y, spec) for y in shipped.glob("*.yaml")):
+            return Task(spec, spec, shipped, _digest(*sorted(shipped.iterdir())))
+        from importlib.metadata import version
+
+        return Task(spec, spec, None, f"lm-eval {version('lm-eval')}:{spec}", defaults=True)
+    raise UserError(f"task {spec}: no such file; give a .jsonl file, an lm-eval task YAML or an lm-eval task name")
+
+
+def _declares(yaml_file: Path, name: str) -> bool:
+    return any(line.strip() == f"task: {name}" for line in yaml_file.read_text().splitlines())
+
+
+def _jsonl_task(path: Path) -> Task:
+    first = json.loads(next(line for line in path.read_text().splitlines() if line.strip()))
+    name = f"{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
+    common = {"task": name, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(path)}}, "test_split": "test"}
+    if "choices" in first:
+        label = "{{choices.index(label) if label is string else label}}"
+        config = {
+            **common,
+            "output_type": "multiple_choice",
+            "doc_to_text": "{{question}}\nAnswer:",
+            "doc_to_choice": "{{choices}}",
+            "doc_to_target": label,
+            "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
+        }
+    else:
+        config = {
+            **common,
+            "output_type": "generate_until",
+            "doc_to_text": "{{prompt}}",
+            "doc_to_target": "{{answer}}",
+            "generation_kwargs": {"until": ["\n"], "max_gen_toks": 32, "do_sample": False},
+            "filter_list": [{"name": "strip", "filter": [{"function": "regex", "regex_pattern": r"^\s*(.*?)\s*$"}, {"function": "take_first"}]}],
+            "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
+        }
+    return Task(name, config, None, _digest(path) + json.dumps(config, sort_keys=True))
+
+
+def _digest(*files: Path) -> str:
+    digest = hashlib.sha256()
+    for file in files:
+        if file.is_file():
+            digest.update(file.name.encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()

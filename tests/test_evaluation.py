@@ -1,0 +1,160 @@
+"""evaluate / mergeability / validate on tiny models and tasks whose answers the test controls.
+
+Expected scores are computed independently of lm-eval: with this package's own
+teacher-forced scorer on models merged by mergekit's ``merge_state_dicts``.
+"""
+
+import json
+
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+
+from mergekit_mergeability.checkpoints import load_causal_lm
+from mergekit_mergeability.cli import main
+from mergekit_mergeability.diagnostics.activations import choice_logprobs
+from mergekit_mergeability.evaluation.protocol import partners
+from mergekit_mergeability.evaluation.translation import corpus_scores
+from mergekit_mergeability.maths.retention import normalised_gain, retention
+from mergekit_mergeability.probes import load as load_probes
+from mergekit_mergeability.tiny import derive, state_dict
+
+CHOICES = ["Paris", "water", "fox", "dog"]
+QUESTIONS = [f"Item {i}: which one?" for i in range(8)]
+
+
+def _noise(seed, scale=0.5):
+    g = torch.Generator().manual_seed(seed)
+    return lambda name, t: scale * torch.randn(t.shape, generator=g) * (".mlp." in name)
+
+
+def _accuracy(model_and_tokenizer, probe_file):
+    model, tok = model_and_tokenizer
+    instances = load_probes(str(probe_file))
+    scores = choice_logprobs(model, tok, instances)
+    return sum(int(torch.argmax(s)) == i.label for s, i in zip(scores, instances)) / len(instances)
+
+
+def _favourites(model_dir, path):
+    """A task whose gold answers are the model's own favourites: it scores 1 on it."""
+    model, tok = load_causal_lm(model_dir)
+    instances = [q for q in load_probes(str(_write(path, [0] * len(QUESTIONS))))]
+    labels = [int(torch.argmax(s)) for s in choice_logprobs(model, tok, instances)]
+    return _write(path, labels)
+
+
+def _write(path, labels):
+    path.write_text("\n".join(json.dumps({"question": q, "choices": CHOICES, "label": l}) for q, l in zip(QUESTIONS, labels)) + "\n")
+    return path
+
+
+def _merged(base, members, weight):
+    """The task-arithmetic merge, by mergekit's in-memory API, as a loaded model."""
+    from mergekit.merge_methods import merge_state_dicts
+
+    model, tok = load_causal_lm(base)
+    states = {"base": state_dict(base), **{str(m): state_dict(m) for m in members}}
+    merged = merge_state_dicts(states, "task_arithmetic", base="base", parameters={"weight": weight})
+    model.load_state_dict(merged, strict=False)
+    return model, tok
+
+
+@pytest.fixture(scope="module")
+def pool(llama, tmp_path_factory):
+    root = tmp_path_factory.mktemp("evalpool")
+    experts = {f"e{i}": derive(llama["base"], root / f"e{i}", _noise(10 + i)) for i in range(3)}
+    probes = {name: _favourites(path, root / f"{name}.jsonl") for name, path in experts.items()}
+    config = {
+        "merge_method": "task_arithmetic",
+        "base_model": str(llama["base"]),
+        "models": [{"model": str(p), "probe": str(probes[n])} for n, p in experts.items()],
+        "parameters": {"weight": 0.5},
+        "dtype": "float32",
+    }
+    (root / "pool.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return {"root": root, "base": llama["base"], "experts": experts, "probes": probes, "config": root / "pool.yml"}
+
+
+def test_retention_arithmetic():
+    assert retention(0.3, 0.6) == pytest.approx(0.5)
+    assert normalised_gain(0.45, 0.6, 0.3) == pytest.approx(0.5)
+    assert retention(0.3, 0.0) is None and normalised_gain(0.3, 0.5, 0.5) is None
+
+
+def test_sacrebleu_corpus_scores_and_signatures():
+    same = corpus_scores(["the cat sat on the mat"], ["the cat sat on the mat"])
+    assert same["bleu"] == pytest.approx(100) and same["chrf"] == pytest.approx(100)
+    assert "tok:13a" in same["bleu_signature"] and "nc:6|nw:0" in same["chrf_signature"]  # sacrebleu defaults
+    assert corpus_scores(["a b"], ["c d"])["bleu"] == 0
+
+
+def test_evaluate_matches_independent_scoring(pool, tmp_path):
+    merged_dir = tmp_path / "merged"
+    merged_model = _merged(pool["base"], list(pool["experts"].values()), 0.5)
+    merged_model[0].save_pretrained(merged_dir)
+    out = tmp_path / "eval"
+    result = CliRunner().invoke(main, ["evaluate", str(pool["config"]), "--merged", str(merged_dir), "--out", str(out), "--cache-dir", str(tmp_path / "cache"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "evaluation.json").read_text())
+    base_model = load_causal_lm(pool["base"])
+    for row in report["tasks"]:
+        name = next(n for n, p in pool["probes"].items() if str(p) == row["task"])
+        assert row["metric"] == "acc" and row["expert"] == 1.0  # gold = the expert's own favourites
+        assert row["base"] == pytest.approx(_accuracy(base_model, pool["probes"][name]))
+        assert row["merged"] == pytest.approx(_accuracy(merged_model, pool["probes"][name]))
+        assert row["retention"] == pytest.approx(row["merged"])
+        if row["base"] < 1:
+            assert row["normalised_gain"] == pytest.approx((row["merged"] - row["base"]) / (1 - row["base"]))
+    assert (out / "evaluation.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_mergeability_protocol_arithmetic_and_resume(pool, tmp_path):
+    out, cache = tmp_path / "mg", tmp_path / "cache"
+    args = ["mergeability", str(pool["config"]), "--partners", "1", "--out", str(out), "--cache-dir", str(cache), "--quiet", "--seed", "3"]
+    first = CliRunner().invoke(main, [*args, "--trials", "1"])
+    assert first.exit_code == 0, first.output
+    second = CliRunner().invoke(main, [*args, "--trials", "2"])
+    assert second.exit_code == 0, second.output
+    assert len((out / "trials.jsonl").read_text().splitlines()) == 2 * 3  # trial 0 was reused, not redone
+    report = json.loads((out / "mergeability.json").read_text())
+    names = [str(p) for p in pool["experts"].values()]
+    model = names[0]
+    row = next(r for r in report["models"] if r["path"] == model)
+    drawn = [partners(names, model, 1, trial, seed=3) for trial in range(2)]
+    assert [t["partners"] for t in row["trials"]] == drawn
+    expected = [_accuracy(_merged(pool["base"], [model, *d], 0.5), row["task"]) for d in drawn]
+    assert [t["score"] for t in row["trials"]] == pytest.approx(expected)
+    assert row["mergeability"] == pytest.approx(sum(expected) / 2)
+    assert row["expert_score"] == 1.0
+
+
+def test_validate_reports_correlation_with_null_and_interval(tmp_path):
+    names = [f"./m{i}" for i in range(6)]
+    precheck = {"models": [{"path": n, "role": "expert", "predicted_mergeability": i / 10, "knowledge": {"accuracy": i / 5, "mean_gap": 1 - i / 5}, "weights": {"update_norm": 6 - i}} for i, n in enumerate(names)]}
+    measured = {"method": "task_arithmetic", "models": [{"path": n, "mergeability": i * 0.1 + 0.05} for i, n in enumerate(names)]}
+    (tmp_path / "p.json").write_text(json.dumps(precheck))
+    (tmp_path / "m.json").write_text(json.dumps(measured))
+    result = CliRunner().invoke(main, ["validate", str(tmp_path / "p.json"), str(tmp_path / "m.json"), "--out", str(tmp_path), "--permutations", "2000"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "validation.json").read_text())
+    first = report["correlations"][0]
+    assert first["predictor"] == "precheck prediction" and first["spearman"] == pytest.approx(1)
+    assert first["p_permutation"] == pytest.approx(2 / 720, abs=0.003)  # 2 of 6! orderings reach |ρ| = 1
+    assert {r["predictor"] for r in report["correlations"]} >= {"− update norm (weights only)", "base accuracy (knowledge only)"}
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["mergeability", "{config}", "--partners", "3"], "--partners 3: the pool has 3 models, so at most 2 partners"),
+        (["mergeability", "{config}", "--partners", "1", "--method", "nope"], "--method nope: not a registered merge method"),
+        (["evaluate", "{config}", "--merged", "{root}/absent"], "no such folder; run the merge first"),
+        (["evaluate", "{config}", "--merged", "{root}", "--tasks", "no_such_task_anywhere"], "lm-eval task 'no_such_task_anywhere' not found"),
+    ],
+)
+def test_bad_input_fails_before_work(pool, tmp_path, args, message):
+    filled = [a.format(config=pool["config"], root=pool["root"]) for a in args]
+    result = CliRunner().invoke(main, [*filled, "--out", str(tmp_path / "out"), "--quiet"])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert not (tmp_path / "out").exists()
