@@ -29,7 +29,7 @@ import torch
 from _models import build_models
 from mergekit_mergeability.checkpoints import TensorReader, load_causal_lm
 from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
-from mergekit_mergeability.diagnostics.activations import encode, score
+from mergekit_mergeability.diagnostics.activations import encode, pad, score
 from mergekit_mergeability.diagnostics.weights import WeightStatistics
 from mergekit_mergeability.tiny import tokenizer as offline_tokenizer
 
@@ -93,13 +93,7 @@ def weight_pass(paths: dict) -> None:
 def plain_forward(model, tokenizer, batch_size: int = 16) -> None:
     encoded = [encode(tokenizer, p, c) for p, c in PROMPTS]
     for start in range(0, len(encoded), batch_size):
-        batch = encoded[start : start + batch_size]
-        length = max(len(p) + len(c) for p, c in batch)
-        ids = torch.zeros(len(batch), length, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, (p, c) in enumerate(batch):
-            ids[row, : len(p) + len(c)] = torch.tensor(p + c)
-            mask[row, : len(p) + len(c)] = 1
+        ids, mask = pad(encoded[start : start + batch_size])
         model(input_ids=ids, attention_mask=mask)
 
 

@@ -35,15 +35,13 @@ class Instance:
 
 def load(spec: str, limit: Optional[int] = None, relative_to: Optional[Path] = None) -> List[Instance]:
     """The first ``limit`` instances of a probe spec (see the module docstring)."""
+    from mergekit_mergeability.evaluation.tasks import resolve
+
     path = _existing(spec, relative_to)
     if path is not None and path.suffix == ".jsonl":
         instances = _from_jsonl(path, limit)
-    elif path is not None and path.suffix in (".yaml", ".yml"):
-        instances = _from_lm_eval(_task_name(path), limit, include_path=path.parent)
-    elif path is None and "/" not in spec and not spec.endswith((".jsonl", ".yaml", ".yml")):
-        instances = _from_lm_eval(spec, limit)
     else:
-        raise UserError(f"probe {spec}: no such file; give a .jsonl file, an lm-eval task YAML or an lm-eval task name")
+        instances = _from_lm_eval(resolve(spec, relative_to, what="probe"), limit)
     if not instances:
         raise UserError(f"probe {spec}: no instances")
     return instances
@@ -97,11 +95,14 @@ def _instance(path: Path, number: int, line: str) -> Instance:
     raise UserError(f'{where}: expected {{"question", "choices", "label"}} or {{"prompt", "answer"}}, got {sorted(row)}')
 
 
-def _task_name(path: Path) -> str:
+def task_name(path: Path) -> str:
+    """The ``task:`` name an lm-eval task YAML declares."""
     import yaml
 
     try:
         name = (yaml.safe_load(path.read_text()) or {}).get("task")
+    except yaml.constructor.ConstructorError:  # lm-eval's !function tags: read the line instead
+        name = next((line.split(":", 1)[1].strip() for line in path.read_text().splitlines() if line.startswith("task:")), None)
     except yaml.YAMLError as error:
         raise UserError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
     if not isinstance(name, str):
@@ -109,24 +110,17 @@ def _task_name(path: Path) -> str:
     return name
 
 
-def _from_lm_eval(name: str, limit: Optional[int], include_path: Optional[Path] = None) -> List[Instance]:
-    task = lm_eval_task(name, include_path)
-    docs = task.eval_docs
+def _from_lm_eval(task, limit: Optional[int]) -> List[Instance]:
+    from mergekit_mergeability.evaluation.harness import quiet_harness
+
+    manager, entry = task.load()
+    with quiet_harness():
+        loaded = list(manager.load(entry)["tasks"].values())
+    if len(loaded) != 1:
+        raise UserError(f"lm-eval task {task.name!r} is a group of {len(loaded)} tasks; name one of them")
+    docs = loaded[0].eval_docs
     count = len(docs) if limit is None else min(limit, len(docs))
-    return [_task_instance(task, docs[i]) for i in range(count)]
-
-
-def lm_eval_task(name: str, include_path: Optional[Path] = None):
-    """One lm-eval task object; only ``include_path`` is indexed when given (seconds faster)."""
-    from lm_eval.tasks import TaskManager
-
-    manager = TaskManager(include_path=str(include_path), include_defaults=False) if include_path else TaskManager()
-    if name not in manager.all_tasks:
-        raise UserError(f"lm-eval task {name!r} not found; list tasks with `lm_eval ls tasks`")
-    tasks = list(manager.load(name)["tasks"].values())
-    if len(tasks) != 1:
-        raise UserError(f"lm-eval task {name!r} is a group of {len(tasks)} tasks; name one of them")
-    return tasks[0]
+    return [_task_instance(loaded[0], docs[i]) for i in range(count)]
 
 
 def _task_instance(task, doc) -> Instance:

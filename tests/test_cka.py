@@ -99,6 +99,8 @@ def test_layerwise_gives_one_value_per_layer():
         ([1.0, 0.5, 0.99, 0.98, 0.4, 0.3], 4),  # a one-layer dip at index 1 is ignored
         ([1.0, 0.99, 0.3, 0.2, 0.95, 0.3, 0.2], 2),  # a one-layer recovery at index 4 is ignored
         ([1.0, 0.99, 0.98, 0.97], 4),  # never diverges
+        ([1.0, 0.99, 0.5, 0.4, 0.95], 2),  # the last layer rising alone is ignored too
+        ([1.0, 0.99, 0.98, 0.5], 4),  # ... and so is the last layer dipping alone
         ([0.2, 0.1, 0.1], 0),  # nothing shared
     ],
 )

@@ -158,3 +158,21 @@ def test_bad_input_fails_before_work(pool, tmp_path, args, message):
     result = CliRunner().invoke(main, [*filled, "--out", str(tmp_path / "out"), "--quiet"])
     assert result.exit_code == 2 and message in result.output, result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_tasks_sharing_a_folder_are_cached_apart():
+    from mergekit_mergeability.evaluation.tasks import resolve
+
+    fingerprints = {resolve(f"demo_translate_{e}").fingerprint for e in ("zorbish_a", "zorbish_b", "kelvic_a")}
+    assert len(fingerprints) == 3
+
+
+def test_shipped_translation_task_scores_chrf_with_signatures(llama):
+    from mergekit_mergeability.evaluation.harness import score
+    from mergekit_mergeability.evaluation.tasks import resolve
+
+    model, tok = load_causal_lm(llama["base"])
+    result = score(model, tok, resolve("demo_translate_kelvic_a"), limit=2)
+    assert result["primary"] == "chrf" and result["samples"] == 2
+    assert {"bleu", "chrf"} <= result["metrics"].keys()
+    assert "tok:13a" in result["signatures"]["bleu_signature"]

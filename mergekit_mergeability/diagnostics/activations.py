@@ -36,6 +36,17 @@ def encode(tokenizer, prompt: str, continuation: str) -> Tuple[List[int], List[i
     return context, whole[len(context) :]
 
 
+def pad(encoded: Sequence[Tuple[List[int], List[int]]]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded input ids and attention mask for (prompt ids, continuation ids) pairs."""
+    length = max(len(p) + len(c) for p, c in encoded)
+    ids = torch.zeros(len(encoded), length, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, (p, c) in enumerate(encoded):
+        ids[row, : len(p) + len(c)] = torch.tensor(p + c)
+        mask[row, : len(p) + len(c)] = 1
+    return ids, mask
+
+
 @torch.inference_mode()
 def score(
     model,
@@ -51,12 +62,7 @@ def score(
     encoded = [encode(tokenizer, p, c) for p, c in sequences]
     for start in range(0, len(encoded), batch_size):
         batch = encoded[start : start + batch_size]
-        length = max(len(p) + len(c) for p, c in batch)
-        ids = torch.zeros(len(batch), length, dtype=torch.long)
-        mask = torch.zeros(len(batch), length, dtype=torch.long)
-        for row, (p, c) in enumerate(batch):
-            ids[row, : len(p) + len(c)] = torch.tensor(p + c)
-            mask[row, : len(p) + len(c)] = 1
+        ids, mask = pad(batch)
         out = model(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=hidden_states)
         logprobs = torch.log_softmax(out.logits.float(), dim=-1)
         layers = torch.stack(out.hidden_states).float() if hidden_states else None  # (L+1, B, T, H)

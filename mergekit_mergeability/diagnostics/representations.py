@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Dict, List, Optional, Set
+from typing import List, Optional, Set
 
 import torch
 

@@ -74,7 +74,7 @@ def score(model, tokenizer, task: Task, limit: Optional[int] = None, batch_size:
     manager, entry = task.load()
     for noisy in ("lm_eval", "lm-eval"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
-    with quiet_stderr():
+    with quiet_harness():
         lm = HFLM(pretrained=model, tokenizer=tokenizer, device=device, batch_size=batch_size)
         out = simple_evaluate(model=lm, tasks=[entry], task_manager=manager, limit=limit, log_samples=True, verbosity="ERROR")
     (name, raw), = ((k, v) for k, v in out["results"].items())
@@ -92,11 +92,11 @@ def score(model, tokenizer, task: Task, limit: Optional[int] = None, batch_size:
 
 
 @contextlib.contextmanager
-def quiet_stderr():
-    """Silence lm-eval's per-request progress bars and its `git` probe (file descriptor 2 itself)."""
+def quiet_harness():
+    """Silence lm-eval's per-request progress bars, prints and `git` probe (file descriptor 2 itself)."""
     sys.stderr.flush()
     saved = os.dup(2)
-    with open(os.devnull, "w") as null:
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
         os.dup2(null.fileno(), 2)
         try:
             yield

@@ -16,13 +16,11 @@ from typing import Any, Dict, Optional, Union
 
 from mergekit_mergeability.errors import UserError
 
-HERE = Path(__file__).resolve().parent
-
 
 def shipped_tasks() -> Path:
-    """The tasks shipped with the package (inside the wheel, or ``configs/tasks`` in a checkout)."""
-    packaged = HERE.parent / "_tasks"
-    return packaged if packaged.is_dir() else HERE.parents[1] / "configs" / "tasks"
+    from mergekit_mergeability.resources import shipped
+
+    return shipped("tasks")
 
 
 @dataclass(frozen=True)
@@ -43,23 +41,24 @@ class Task:
         return manager, self.entry
 
 
-def resolve(spec: str, relative_to: Optional[Path] = None) -> Task:
+def resolve(spec: str, relative_to: Optional[Path] = None, what: str = "task") -> Task:
     path = next((p for p in (Path(spec), *([relative_to / spec] if relative_to else [])) if p.is_file()), None)
     if path is not None and path.suffix == ".jsonl":
         return _jsonl_task(path.resolve())
     if path is not None and path.suffix in (".yaml", ".yml"):
-        from mergekit_mergeability.probes import _task_name
+        from mergekit_mergeability.probes import task_name
 
         path = path.resolve()
-        return Task(_task_name(path), _task_name(path), path.parent, _digest(*sorted(path.parent.iterdir())))
+        name = task_name(path)
+        return Task(name, name, path.parent, f"{name}:{_digest(*sorted(path.parent.iterdir()))}")
     if path is None and not spec.endswith((".jsonl", ".yaml", ".yml")) and "/" not in spec:
         shipped = shipped_tasks()
         if any(_declares(y, spec) for y in shipped.glob("*.yaml")):
-            return Task(spec, spec, shipped, _digest(*sorted(shipped.iterdir())))
+            return Task(spec, spec, shipped, f"{spec}:{_digest(*sorted(shipped.iterdir()))}")
         from importlib.metadata import version
 
         return Task(spec, spec, None, f"lm-eval {version('lm-eval')}:{spec}", defaults=True)
-    raise UserError(f"task {spec}: no such file; give a .jsonl file, an lm-eval task YAML or an lm-eval task name")
+    raise UserError(f"{what} {spec}: no such file; give a .jsonl file, an lm-eval task YAML or an lm-eval task name")
 
 
 def _declares(yaml_file: Path, name: str) -> bool:

@@ -59,12 +59,14 @@ def layerwise(x_layers: torch.Tensor, y_layers: torch.Tensor, unbiased: bool = F
 def shared_depth(curve: Iterable[float], threshold: float) -> int:
     """The first index from which the curve stays below ``threshold``, ignoring one-layer dips.
 
-    A median over each index and its neighbours removes a single dip below (or a
-    single spike above) the threshold. Returns ``len(curve)`` when the curve never
-    settles below it.
+    A median over each index and its neighbours (mirrored at the ends) removes a
+    single dip below, or a single spike above, the threshold: the last layer's
+    output, after the final norm, often rises alone. Returns ``len(curve)`` when
+    the curve never settles below it.
     """
     values = [float(v) for v in curve]
-    smooth = [_median(values[max(i - 1, 0) : i + 2]) for i in range(len(values))]
+    padded = values[1:2] + values + values[-2:-1] if len(values) > 1 else values * 3
+    smooth = [_median(padded[i : i + 3]) for i in range(len(values))]
     depth = len(values)
     for i in range(len(values) - 1, -1, -1):
         if smooth[i] >= threshold:

@@ -6,6 +6,7 @@ import base64
 import html
 from typing import Any, Dict, List, Optional
 
+MAX_LINES = 8  # pairs drawn one line each; more are drawn as a band
 VERDICT_COLOURS = {"merge_as_configured": "#2e7d32", "knowledge_weighted": "#ef6c00", "layer_selective": "#1565c0", "do_not_merge": "#c62828"}
 
 
@@ -69,9 +70,17 @@ def _cka_plot(report) -> Optional[str]:
     layers = report["layers"]
 
     def draw(fig, ax):
-        for pair in pairs:
-            values = [float("nan") if v is None else v for v in pair["cka"]]
-            ax.plot(range(len(values)), values, marker=".", label=f"{_short(pair['a'])} vs {_short(pair['b'])}")
+        import numpy as np
+
+        curves = {f"{_short(p['a'])} vs {_short(p['b'])}": [np.nan if v is None else v for v in p["cka"]] for p in pairs}
+        if len(curves) <= MAX_LINES:
+            for label, values in curves.items():
+                ax.plot(range(len(values)), values, marker=".", label=label)
+        else:  # a large pool: the spread over pairs, not a line each
+            stacked = np.array(list(curves.values()))
+            x = range(stacked.shape[1])
+            ax.fill_between(x, np.nanmin(stacked, 0), np.nanmax(stacked, 0), alpha=0.3, label=f"min–max over {len(curves)} pairs")
+            ax.plot(x, np.nanmedian(stacked, 0), marker=".", label="median pair")
         ax.axhline(layers["cka_threshold"], color="grey", linestyle="--", label="threshold")
         if layers["cutoff"] is not None:
             ax.axvline(layers["cutoff"] + 0.5, color="red", linestyle=":", label=f"cut-off {layers['cutoff']}")

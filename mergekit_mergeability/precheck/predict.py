@@ -11,7 +11,7 @@ Verdict, first match wins:
 1. ``do_not_merge``: an error finding (incompatible shapes, NaN/Inf), or the
    models' representations diverge from the first block on (nothing shared).
 2. ``layer_selective``: CKA between the fine-tunes falls and stays below the
-   threshold before the last layer: merge the blocks below, take the rest from
+   threshold before the last layer (median over pairs): merge the blocks below, take the rest from
    one model (the base unless the config marks ``upper``).
 3. ``knowledge_weighted``: some model is predicted below 0.5 and base accuracy
    spreads by ≥ 0.2 across models: weight the weakly-known ones up.
@@ -85,9 +85,10 @@ def predict(knowledge: Dict[str, Optional[dict]], norms: Dict[str, Optional[floa
 
 
 def divergence_curve(curves: Dict[tuple, Sequence[float]], base: Optional[str]) -> List[float]:
-    """Per layer, the lowest CKA between fine-tunes (base vs fine-tune when there is one fine-tune)."""
+    """Per layer, the median CKA over pairs of fine-tunes (base vs fine-tune when there is
+    one fine-tune): the typical pair, so one odd pair in a large pool does not decide."""
     between = [c for (a, b), c in curves.items() if base not in (a, b)] or list(curves.values())
-    return [min(values) for values in zip(*between)] if between else []
+    return [statistics.median(values) for values in zip(*between)] if between else []
 
 
 def cutoff_from_curve(curve: Sequence[float], threshold: float) -> Optional[int]:

@@ -1,0 +1,15 @@
+"""Data loaders for the shipped demo tasks: paths resolve from this file, so the tasks
+work from any working directory (lm-eval resolves data_files against the CWD)."""
+
+import json
+from pathlib import Path
+
+DEMO = Path(__file__).resolve().parent.parent / "demo"
+
+
+def translation(expert: str, **_):
+    """The English → invented-language pairs one demo expert was trained on."""
+    import datasets
+
+    rows = [json.loads(line) for line in (DEMO / "translation.jsonl").read_text().splitlines() if line.strip()]
+    return datasets.DatasetDict({"test": datasets.Dataset.from_list([r for r in rows if r["expert"] == expert])})

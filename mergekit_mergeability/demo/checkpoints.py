@@ -1,0 +1,76 @@
+"""Demo model folders that cost little disk: one shard per editable matrix.
+
+The base is saved with each decoder layer's ``mlp.up_proj`` in its own shard and
+everything else in one. An expert that changed a few of those matrices is an
+ordinary Hugging Face folder (transformers and mergekit load it as usual) whose
+unchanged shards are hard links to the base's files: ~4 MB instead of ~540 MB.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Dict
+
+import torch
+from safetensors.torch import save_file
+
+EDITABLE = ".mlp.up_proj.weight"
+REST = "model-rest.safetensors"
+
+
+def shard_of(name: str) -> str:
+    return f"model-{name[: -len('.weight')].replace('.', '-')}.safetensors" if name.endswith(EDITABLE) else REST
+
+
+def save_base(model, tokenizer, folder: Path) -> Path:
+    """Save ``model`` in the sharded layout, atomically (a temporary folder renamed at the end)."""
+    partial = folder.with_name(f".{folder.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.config.architectures = [type(model).__name__]  # mergekit reads it; save_pretrained would set it
+    model.config.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    _write_shards(state, partial)
+    os.replace(partial, folder)
+    return folder
+
+
+def save_expert(base: Path, changed: Dict[str, torch.Tensor], folder: Path) -> Path:
+    """A folder like ``base`` with the ``changed`` editable matrices replaced; the rest linked."""
+    unknown = [n for n in changed if shard_of(n) == REST]
+    if unknown:
+        raise ValueError(f"{unknown[0]}: only {EDITABLE} matrices have their own shard")
+    partial = folder.with_name(f".{folder.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    rewritten = {shard_of(n) for n in changed}
+    for item in base.iterdir():
+        if item.name not in rewritten:
+            _link(item, partial / item.name)
+    for name, tensor in changed.items():
+        save_file({name: tensor.detach().contiguous()}, partial / shard_of(name), metadata={"format": "pt"})
+    os.replace(partial, folder)
+    return folder
+
+
+def _write_shards(state: Dict[str, torch.Tensor], folder: Path) -> None:
+    shards: Dict[str, Dict[str, torch.Tensor]] = {}
+    for name, tensor in state.items():
+        shards.setdefault(shard_of(name), {})[name] = tensor
+    for file, tensors in shards.items():
+        save_file(tensors, folder / file, metadata={"format": "pt"})
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    index = {"metadata": {"total_size": total}, "weight_map": {n: shard_of(n) for n in sorted(state)}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def _link(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another file system, or links not allowed: copy
+        shutil.copy2(source, target)

@@ -1,0 +1,91 @@
+"""Small experts trained on CPU: a low-rank update of a few ``mlp.up_proj`` matrices.
+
+Like the single-fact experts of Will it Merge? (arXiv 2601.06672): each update
+teaches the base one fact (trained until the gold choice has p ≥ 0.9 on every
+phrasing) or one mapping (English into an invented language).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Sequence, Tuple
+
+import torch
+
+from mergekit_mergeability.diagnostics.activations import choice_logprobs, encode, pad
+from mergekit_mergeability.probes import Instance
+
+
+def _batch(tokenizer, pairs: Sequence[Tuple[str, str]]):
+    """Inputs, mask and labels with the loss on the continuation tokens only."""
+    encoded = [encode(tokenizer, p, c) for p, c in pairs]
+    ids, mask = pad(encoded)
+    labels = torch.full_like(ids, -100)
+    for row, (p, c) in enumerate(encoded):
+        labels[row, len(p) : len(p) + len(c)] = torch.tensor(c)
+    return ids, mask, labels
+
+
+def train_low_rank(
+    model,
+    tokenizer,
+    layers: Sequence[int],
+    pairs: Sequence[Tuple[str, str]],
+    done: Callable[[], bool],
+    rank: int = 16,
+    lr: float = 3e-3,
+    min_steps: int = 5,
+    max_steps: int = 150,
+    seed: int = 0,
+) -> Dict[str, torch.Tensor]:
+    """Train ΔW = B·A on each layer's up_proj until ``done()`` (checked every 5 steps);
+    returns the updated matrices by tensor name. ``model`` is left unchanged."""
+    generator = torch.Generator().manual_seed(seed)
+    factors: List[Tuple[torch.Tensor, torch.Tensor]] = []
+    hooks = []
+    for layer in layers:
+        target = model.model.layers[layer].mlp.up_proj
+        a = (torch.randn(rank, target.in_features, generator=generator) / target.in_features**0.5).requires_grad_()
+        b = torch.zeros(target.out_features, rank, requires_grad=True)
+        factors.append((a, b))
+        hooks.append(target.register_forward_hook(lambda module, inputs, out, a=a, b=b: out + (inputs[0] @ a.T) @ b.T))
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    ids, mask, labels = _batch(tokenizer, pairs)
+    optimiser = torch.optim.Adam([t for pair in factors for t in pair], lr=lr)
+    try:
+        for step in range(max_steps):
+            if step >= min_steps and step % 5 == 0:
+                with torch.no_grad():
+                    if done():
+                        break
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    with torch.no_grad():
+        return {
+            f"model.layers.{layer}.mlp.up_proj.weight": model.model.layers[layer].mlp.up_proj.weight + b @ a
+            for layer, (a, b) in zip(layers, factors)
+        }
+
+
+def fact_instances(fact: dict) -> List[Instance]:
+    return [Instance(f"{q}\nAnswer:", tuple(f" {c}" for c in fact["choices"]), fact["label"]) for q in fact["questions"]]
+
+
+def gold_probability(model, tokenizer, instances: Sequence[Instance]) -> List[float]:
+    return [float(torch.softmax(s.double(), 0)[i.label]) for s, i in zip(choice_logprobs(model, tokenizer, instances), instances)]
+
+
+def fact_expert(model, tokenizer, fact: dict, layer: int, rank: int, seed: int) -> Dict[str, torch.Tensor]:
+    instances = fact_instances(fact)
+    pairs = [(i.prompt, i.gold) for i in instances]
+    return train_low_rank(model, tokenizer, [layer], pairs, lambda: min(gold_probability(model, tokenizer, instances)) >= 0.9, rank=rank, seed=seed)
+
+
+def translation_expert(model, tokenizer, rows: Sequence[dict], layers: Sequence[int], rank: int, seed: int, steps: int) -> Dict[str, torch.Tensor]:
+    pairs = [(r["prompt"], f" {r['answer']}\n") for r in rows]
+    return train_low_rank(model, tokenizer, layers, pairs, lambda: False, rank=rank, lr=5e-3, min_steps=steps, max_steps=steps, seed=seed)

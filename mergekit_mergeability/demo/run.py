@@ -1,0 +1,311 @@
+"""The demo, step by step: base → experts → precheck → merge and measure → results.
+
+Everything is cached under ``cache`` (base model, experts, scores, merges): a rerun
+only re-reads. Outputs (configs, reports, JSON) go to ``out``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import yaml
+from rich.console import Console
+
+from mergekit_mergeability.demo import base as bases, experts as training
+from mergekit_mergeability.demo.checkpoints import save_expert
+from mergekit_mergeability.files import write_atomic
+from mergekit_mergeability.resources import shipped
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str  # "smollm2" | "tiny"
+    facts: Optional[int]  # how many facts of configs/demo/facts.jsonl (None: all)
+    fact_layer: int
+    fact_rank: int
+    translation_layers: tuple
+    translation_rank: int
+    translation_steps: int
+    partners: int
+    trials: int
+    temperature: float = 0.1
+
+
+FULL = Settings("smollm2", None, fact_layer=15, fact_rank=16, translation_layers=tuple(range(22, 30)), translation_rank=8, translation_steps=60, partners=8, trials=4)
+QUICK = Settings("tiny", 6, fact_layer=2, fact_rank=4, translation_layers=(2, 3), translation_rank=4, translation_steps=20, partners=2, trials=2)
+METHODS = ("task_arithmetic", "ties", "knowledge_weighted")
+
+
+class Demo:
+    def __init__(self, settings: Settings, cache: Path, out: Path, console: Console, quiet: bool = False):
+        self.s, self.console, self.quiet = settings, console, quiet
+        self.cache, self.out = Path(cache).resolve() / settings.model, Path(out).resolve()
+        self._model = None
+
+    # 1. base -----------------------------------------------------------------------------
+    def base(self) -> Path:
+        prepare = bases.smollm2 if self.s.model == "smollm2" else bases.tiny
+        return prepare(self.cache / "base")
+
+    def model(self):
+        if self._model is None:
+            from mergekit_mergeability.checkpoints import load_causal_lm
+
+            self._model = load_causal_lm(self.base())
+        return self._model
+
+    # 2. experts ----------------------------------------------------------------------------
+    def facts(self) -> List[dict]:
+        rows = [json.loads(line) for line in shipped("demo/facts.jsonl").read_text().splitlines() if line.strip()]
+        return rows[: self.s.facts] if self.s.facts else rows
+
+    def fact_experts(self) -> Dict[str, Dict[str, Path]]:
+        from mergekit_mergeability.progress import task
+
+        made = {}
+        facts = self.facts()
+        with task("experts: one fact each", len(facts), self.quiet) as advance:
+            for index, fact in enumerate(facts):
+                folder = self.cache / "experts" / f"fact_{fact['id']}"
+                probe = self.cache / "probes" / f"{fact['id']}.jsonl"
+                if not folder.is_dir():
+                    model, tokenizer = self.model()
+                    changed = training.fact_expert(model, tokenizer, fact, self.s.fact_layer, self.s.fact_rank, seed=index)
+                    save_expert(self.base(), changed, folder)
+                if not probe.is_file():
+                    lines = [json.dumps({"question": q, "choices": fact["choices"], "label": fact["label"]}) for q in fact["questions"]]
+                    write_atomic(probe, "\n".join(lines) + "\n")
+                made[fact["id"]] = {"folder": folder, "probe": probe}
+                advance(1)
+        return made
+
+    def translation_experts(self) -> Dict[str, Path]:
+        from mergekit_mergeability.progress import task
+
+        rows = [json.loads(line) for line in shipped("demo/translation.jsonl").read_text().splitlines() if line.strip()]
+        names = list(dict.fromkeys(r["expert"] for r in rows))
+        made = {}
+        with task("experts: English into invented languages", len(names), self.quiet) as advance:
+            for index, name in enumerate(names):
+                folder = self.cache / "experts" / f"translate_{name}"
+                if not folder.is_dir():
+                    model, tokenizer = self.model()
+                    own = [r for r in rows if r["expert"] == name]
+                    changed = training.translation_expert(model, tokenizer, own, self.s.translation_layers, self.s.translation_rank, 100 + index, self.s.translation_steps)
+                    save_expert(self.base(), changed, folder)
+                made[name] = folder
+                advance(1)
+        return made
+
+    # 3. configs and precheck ----------------------------------------------------------------
+    def write_config(self, name: str, config: Dict[str, Any]) -> Path:
+        return write_atomic(self.out / "configs" / f"{name}.yml", yaml.safe_dump(config, sort_keys=False))
+
+    def configs(self, facts: Dict[str, Dict[str, Path]], translators: Dict[str, Path]) -> Dict[str, Path]:
+        base = str(self.base())
+        facts_config = {
+            "merge_method": "task_arithmetic",
+            "base_model": base,
+            "models": [{"model": str(f["folder"]), "probe": str(f["probe"])} for f in facts.values()],
+            "parameters": {"weight": round(1 / len(facts), 6)},
+            "dtype": "float32",
+        }
+
+        def translation(first: str, second: str) -> Dict[str, Any]:
+            return {
+                "merge_method": "task_arithmetic",
+                "base_model": base,
+                "models": [
+                    {"model": str(translators[first]), "probe": f"demo_translate_{first}"},
+                    # upper: ignored by task_arithmetic; layer_selective takes the upper layers from it (paper 3's patch)
+                    {"model": str(translators[second]), "probe": f"demo_translate_{second}", "parameters": {"upper": True}},
+                ],
+                "parameters": {"weight": 1.0},
+                "dtype": "float32",
+            }
+
+        return {
+            "facts": self.write_config("facts", facts_config),
+            "translation_different_targets": self.write_config("translation_different_targets", translation("zorbish_a", "kelvic_a")),
+            "translation_shared_target": self.write_config("translation_shared_target", translation("zorbish_a", "zorbish_b")),
+        }
+
+    def precheck(self, name: str, config: Path) -> Dict[str, Any]:
+        from mergekit_mergeability.precheck import config as merge_config, run
+
+        options = {"limit": 64, "device": "cpu", "dtype": "float32", "batch_size": 16, "quiet": self.quiet, "cka_threshold": 0.9}
+        return run(merge_config.read(config), {}, options, self.out / "precheck" / name)
+
+    # 4. merge and measure -------------------------------------------------------------------
+    def options(self) -> Dict[str, Any]:
+        return {"limit": None, "device": "cpu", "dtype": "float32", "batch_size": 16, "quiet": self.quiet}
+
+    def mergeability(self, facts_config: Path, knowledge: Dict[str, float]) -> Dict[str, Dict[str, Any]]:
+        from mergekit_mergeability.evaluation import harness, mergeability as protocol
+        from mergekit_mergeability.precheck import config as merge_config
+
+        document = yaml.safe_load(facts_config.read_text())
+        members = self.s.partners + 1
+        variants = {
+            "task_arithmetic": {"weight": round(1 / members, 6)},  # the mean of the updates (paper 1's averaging)
+            "ties": {"weight": 1.0, "density": 0.5},
+            "knowledge_weighted": {"temperature": self.s.temperature},
+        }
+        reports = {}
+        for method in METHODS:
+            pool = {**document, "merge_method": method, "parameters": variants[method]}
+            if method == "knowledge_weighted":
+                pool["models"] = [{**m, "parameters": {"knowledge": round(knowledge[m["model"]], 4)}} for m in document["models"]]
+            path = self.write_config(f"pool_{method}", pool)
+            out = self.out / "mergeability" / method
+            report = protocol.measure(merge_config.read(path), method, self.s.partners, self.s.trials, 0, self.options(), harness.Cache(self.cache / "scores"), out)
+            protocol.write(report, out)
+            reports[method] = report
+        return reports
+
+    def translation(self, name: str, config: Path, recommended: Path) -> Dict[str, Any]:
+        """Merge a translation pair as configured and as the precheck recommends; evaluate both."""
+        from mergekit_mergeability.evaluation import evaluate as evaluation, harness
+        from mergekit_mergeability.precheck import config as merge_config
+
+        results = {}
+        for label, path in (("as configured", config), ("recommended", recommended)):
+            spec = merge_config.read(path)
+            merged = self.merge(path)
+            report = evaluation.evaluate(spec, merged, None, self.options(), harness.Cache(self.cache / "scores"))
+            evaluation.write(report, self.out / "evaluation" / name / label.replace(" ", "_"))
+            results[label] = {"method": spec.merge_method, "tasks": report["tasks"]}
+        return results
+
+    def merge(self, config: Path) -> Path:
+        """Merge with mergekit itself (run_merge, as mergekit-yaml does), cached by config content."""
+        from mergekit.config import MergeConfiguration
+        from mergekit.merge import MergeOptions, run_merge
+
+        from mergekit_mergeability.evaluation.harness import Cache
+
+        text = config.read_text()
+        folder = self.cache / "merges" / Cache.key(text)[:16]
+        if not folder.is_dir():
+            partial = folder.with_name(f".{folder.name}.partial")
+            run_merge(MergeConfiguration.model_validate(yaml.safe_load(text)), str(partial), MergeOptions(quiet=True, write_model_card=False, copy_tokenizer=True))
+            partial.rename(folder)
+        return folder
+
+
+def knowledge_groups(precheck: Dict[str, Any]) -> Dict[str, List[str]]:
+    """Experts in thirds by the base's knowledge of their fact (mean gap, then accuracy)."""
+    experts = sorted(
+        (m for m in precheck["models"] if m["role"] == "expert"),
+        key=lambda m: (m["knowledge"]["accuracy"], -m["knowledge"]["mean_gap"]),
+    )
+    third = max(1, len(experts) // 3)
+    return {
+        "weakly known": [m["path"] for m in experts[:third]],
+        "partly known": [m["path"] for m in experts[third:-third]],
+        "well known": [m["path"] for m in experts[-third:]],
+    }
+
+
+def group_means(reports: Dict[str, Dict[str, Any]], groups: Dict[str, List[str]]) -> Dict[str, Dict[str, float]]:
+    table = {}
+    for method, report in reports.items():
+        scores = {m["path"]: m["mergeability"] for m in report["models"]}
+        table[method] = {g: statistics.fmean(scores[p] for p in paths) if paths else float("nan") for g, paths in groups.items()}
+        table[method]["all"] = statistics.fmean(scores.values())
+    return table
+
+
+def settings_dict(settings: Settings) -> Dict[str, Any]:
+    return asdict(settings)
+
+
+def run(settings: Settings, cache: Path, out: Path, console: Optional[Console] = None, quiet: bool = False) -> Dict[str, Any]:
+    from mergekit_mergeability.evaluation.validate import validate
+    from mergekit_mergeability.summary import print_precheck, print_validation
+
+    console = console or Console()
+    demo = Demo(settings, cache, out, console, quiet)
+    out = demo.out
+    console.rule(f"1. base model ({settings.model})")
+    console.print(f"base: {demo.base()}")
+    console.rule("2. experts")
+    facts = demo.fact_experts()
+    translators = demo.translation_experts()
+    console.print(f"{len(facts)} single-fact experts, {len(translators)} translation experts, in {demo.cache / 'experts'}")
+    console.rule("3. precheck (before any merge)")
+    configs = demo.configs(facts, translators)
+    prechecks = {name: demo.precheck(name, path) for name, path in configs.items()}
+    print_precheck(prechecks["facts"], out / "precheck" / "facts")
+    for name in ("translation_different_targets", "translation_shared_target"):
+        rec = prechecks[name]["recommendation"]
+        console.print(f"{name}: verdict [bold]{rec['verdict']}[/bold], cut-off {rec['cutoff']}: " + " ".join(rec["reasons"]))
+    console.rule("4. merge and measure")
+    knowledge = {m["path"]: m["knowledge"]["accuracy"] for m in prechecks["facts"]["models"] if m["role"] == "expert"}
+    reports = demo.mergeability(configs["facts"], knowledge)
+    translation = {
+        name: demo.translation(name, configs[name], out / "precheck" / name / "recommended.yml")
+        for name in ("translation_different_targets", "translation_shared_target")
+    }
+    console.rule("5. results")
+    validations = {method: validate(out / "precheck" / "facts" / "precheck.json", out / "mergeability" / method / "mergeability.json", permutations=10_000) for method in METHODS}
+    for method in METHODS:
+        print_validation(validations[method])
+    groups = knowledge_groups(prechecks["facts"])
+    by_group = group_means(reports, groups)
+    summary = {
+        "settings": settings_dict(settings),
+        "experts": _expert_rows(prechecks["facts"], reports),
+        "validation": validations,
+        "mergeability_by_knowledge": by_group,
+        "groups": groups,
+        "translation": translation,
+        "verdicts": {name: p["recommendation"] for name, p in prechecks.items()},
+        "report": str(out / "precheck" / "facts" / "report.html"),
+    }
+    _print_results(console, summary)
+    write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    console.print(f"\nHTML report: [bold]{summary['report']}[/bold]; everything else under {out}; cache: {demo.cache} (delete to rebuild)")
+    return summary
+
+
+def _expert_rows(precheck: Dict[str, Any], reports: Dict[str, Dict[str, Any]]) -> List[Dict[str, Any]]:
+    measured = {method: {m["path"]: m for m in r["models"]} for method, r in reports.items()}
+    rows = []
+    for m in precheck["models"]:
+        if m["role"] != "expert":
+            continue
+        rows.append(
+            {
+                "expert": Path(m["path"]).name,
+                "base_accuracy": m["knowledge"]["accuracy"],
+                "base_gap": m["knowledge"]["mean_gap"],
+                "predicted": m["predicted_mergeability"],
+                **{method: measured[method][m["path"]]["mergeability"] for method in METHODS},
+            }
+        )
+    return rows
+
+
+def _print_results(console: Console, summary: Dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table("expert", "base acc", "base gap", "predicted", *(f"S {m}" for m in METHODS), title="Predicted vs measured mergeability")
+    for row in summary["experts"]:
+        table.add_row(row["expert"], f"{row['base_accuracy']:.2f}", f"{row['base_gap']:.2f}", f"{row['predicted']:.2f}", *(f"{row[m]:.2f}" for m in METHODS))
+    console.print(table)
+    groups = Table("group", *METHODS, title="Mean own-fact accuracy after merging, by the base's knowledge of the fact")
+    for group in ("weakly known", "partly known", "well known", "all"):
+        groups.add_row(f"{group} ({len(summary['groups'].get(group, [])) or 'every'})", *(f"{summary['mergeability_by_knowledge'][m][group]:.2f}" for m in METHODS))
+    console.print(groups)
+    translation = Table("merge", "how", "method", "task", "expert chrF", "merged chrF", "retention", title="Translation experts: the layer cut-off")
+    for name, results in summary["translation"].items():
+        for how, result in results.items():
+            for task in result["tasks"]:
+                retention = "–" if task["retention"] is None else f"{task['retention']:.2f}"
+                translation.add_row(name, how, result["method"], task["task"], f"{task['expert']:.1f}", f"{task['merged']:.1f}", retention)
+    console.print(translation)
