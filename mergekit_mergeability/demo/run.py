@@ -302,10 +302,12 @@ def _print_results(console: Console, summary: Dict[str, Any]) -> None:
     for group in ("weakly known", "partly known", "well known", "all"):
         groups.add_row(f"{group} ({len(summary['groups'].get(group, [])) or 'every'})", *(f"{summary['mergeability_by_knowledge'][m][group]:.2f}" for m in METHODS))
     console.print(groups)
-    translation = Table("merge", "how", "method", "task", "expert chrF", "merged chrF", "retention", title="Translation experts: the layer cut-off")
+    translation = Table("translators", "merged", "method", "expert", "expert chrF", "merged chrF", "retention", title="Translation experts: the layer cut-off")
     for name, results in summary["translation"].items():
         for how, result in results.items():
             for task in result["tasks"]:
                 retention = "–" if task["retention"] is None else f"{task['retention']:.2f}"
-                translation.add_row(name, how, result["method"], task["task"], f"{task['expert']:.1f}", f"{task['merged']:.1f}", retention)
+                merge = name.removeprefix("translation_").replace("_", " ")
+                expert = task["task"].removeprefix("demo_translate_")
+                translation.add_row(merge, how, result["method"], expert, f"{task['expert']:.1f}", f"{task['merged']:.1f}", retention)
     console.print(translation)

@@ -3,9 +3,10 @@ merged with M partners drawn at random from a pool, averaged over N draws.
 
     S_i = mean_n score_i(merge({i} ∪ P_n)),   P_n ⊂ pool \\ {i}, |P_n| = M
 
-Draws are seeded per (seed, model, trial), so a rerun, or a resumed run, draws the
-same partners. Each finished trial is appended to ``trials.jsonl`` and scores are
-cached by content, so an interrupted run picks up where it stopped.
+Draws are seeded per (seed, model's position in the pool, trial), so a rerun, a
+resumed run, or a run on another machine draws the same partners. Each finished
+trial is appended to ``trials.jsonl`` and scores are cached by content, so an
+interrupted run picks up where it stopped.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ def partners(pool: List[str], model: str, count: int, trial: int, seed: int) -> 
     others = [m for m in pool if m != model]
     if count > len(others):
         raise UserError(f"--partners {count}: the pool has only {len(others)} other models for each one")
-    rng = random.Random(f"{seed}:{model}:{trial}")
+    # keyed by position in the pool, not by path: the same draws wherever the models live
+    rng = random.Random(f"{seed}:{pool.index(model)}:{trial}")
     return rng.sample(others, count)
 
 

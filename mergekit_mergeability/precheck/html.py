@@ -86,7 +86,8 @@ def _cka_plot(report) -> Optional[str]:
             ax.axvline(layers["cutoff"] + 0.5, color="red", linestyle=":", label=f"cut-off {layers['cutoff']}")
         ax.set_xlabel("layer (0 = embeddings, i = output of block i−1)")
         ax.set_ylabel("linear CKA (answer span)")
-        ax.set_ylim(min(0, *(v for p in pairs for v in p["cka"] if v is not None)), 1.02)
+        lowest = min([layers["cka_threshold"], *(v for p in pairs for v in p["cka"] if v is not None)])
+        ax.set_ylim(max(lowest - 0.05, -0.05), 1.01)
         ax.legend(fontsize="small")
 
     return _figure(draw, "Representation similarity per layer")
