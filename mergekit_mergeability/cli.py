@@ -299,7 +299,7 @@ def validate(precheck_json: Path, mergeability_json: Path, target, permutations,
 
 
 @main.command()
-@click.option("--quick", is_flag=True, help="Tiny random models instead of SmolLM2: the same pipeline in about a minute (numbers are meaningless).")
+@click.option("--quick", is_flag=True, help="Tiny random models instead of SmolLM2: the same pipeline in about half a minute (numbers are meaningless).")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=lambda: default_cache_dir() / "demo", show_default="~/.cache/mergekit-mergeability/demo", help="Base model, experts, merges and scores; delete to rebuild.")
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("mergeability-demo"), show_default=True, help="Configs, precheck reports, measurements and summary.json.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
@@ -318,7 +318,7 @@ def demo(quick: bool, cache_dir: Path, out: Path, quiet: bool):
        the precheck recommends (layer_selective), scoring chrF with sacrebleu;
     5. prints predicted vs measured mergeability with Spearman, its bootstrap
        interval and permutation p-value, and writes the HTML report.
-    First run about 15 minutes on 2 CPU cores; reruns read the cache.
+    First run about 8 minutes on 2 CPU cores; reruns read the cache (~1.5 min).
     """
     from mergekit_mergeability.demo.run import FULL, QUICK, run
 

@@ -200,3 +200,13 @@ def test_the_opt_in_gate_stops_stock_mergekit_yaml(tmp_path, pool):
     assert not (tmp_path / "merged").exists()
     plain = subprocess.run(command, capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "MERGEKIT_MERGEABILITY_PRECHECK"})
     assert plain.returncode == 0, plain.stderr[-2000:]
+
+
+def test_layers_option_limits_the_compared_layers(tmp_path, pool):
+    config = _config(tmp_path, pool, ["known", "unknown"], ["probe_known", "probe_unknown"])
+    result = _precheck(config, tmp_path / "out", "--layers", "0-2", "--limit", "4")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "precheck.json").read_text())
+    for pair in (p for p in report["pairs"] if "cka" in p):
+        assert all(v is not None for v in pair["cka"][:3]) and pair["cka"][3:] == [None, None]
+    assert {m["knowledge"]["instances"] for m in report["models"] if m["knowledge"]} == {4}

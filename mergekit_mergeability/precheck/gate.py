@@ -53,7 +53,10 @@ def check(merge_config) -> None:
 
     document = _documents.get(id(merge_config)) or merge_config.model_dump(mode="json", exclude_none=True)
     out = None if setting == "1" else Path(setting)
-    report = run(config.from_document(document, Path.cwd()), options={"limit": 64, "device": "cpu", "quiet": True}, out=out)
+    from mergekit_mergeability.checkpoints import auto_device
+
+    options = {"limit": 64, "device": auto_device(), "quiet": True}
+    report = run(config.from_document(document, Path.cwd()), options=options, out=out)
     print_precheck(report, out)
     if report["stop"]:
         raise UserError(f"{ENVIRONMENT} is set and the precheck says stop: {report['stop'][0]}")

@@ -24,7 +24,6 @@ from mergekit_mergeability.precheck.predict import (
 SCHEMA_VERSION = "1.0"
 SCHEMA = Path(__file__).with_name("schema.json")
 DEFAULT_THRESHOLD = 0.9
-FILES = ("precheck.json", "recommended.yml", "report.html")
 
 
 def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
