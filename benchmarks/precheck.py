@@ -125,13 +125,19 @@ def main():
     work = args.work or Path(tempfile.mkdtemp(prefix="mm-bench-precheck-"))
 
     if args.memory_of:
-        paths = {p.name: p for p in sorted(args.memory_of.iterdir()) if p.is_dir()}
+        paths = {p.name: p for p in sorted(args.memory_of.iterdir()) if p.is_dir() and any(p.glob("*.safetensors"))}
         with PeakMemory() as peak:
             weight_pass(paths)
         print(peak.growth)
         return
 
     print("1. weight pass")
+    # the fixed cost of a pass (torch's own buffers, file handles): tiny models, ~40K parameters
+    from mergekit_mergeability.tiny import make_family
+
+    make_family(work / "tiny", "llama", experts=3)
+    done = subprocess.run([sys.executable, __file__, "--memory-of", str(work / "tiny")], capture_output=True, text=True, check=True)
+    print(f"   tiny models: peak memory growth {float(done.stdout.split()[-1]):.0f} MiB (the fixed cost)")
     for layers in (8, 16):
         paths = build_models(work / f"models{layers}", experts=3, layers=layers)
         size = sum(p.stat().st_size for p in paths["base"].glob("*.safetensors")) / 2**20

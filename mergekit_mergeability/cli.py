@@ -214,7 +214,7 @@ def precheck(config_file: Path, out: Path, probes, layers, cka_threshold, **mode
 @model_options(default_limit=None)
 @user_errors
 def evaluate(config_file: Path, merged: Path, tasks, out: Path, cache_dir, **model):
-    """Score the base, every expert and the merged model on the experts' tasks.
+    """Score the base, the merged model and each expert on that expert's task.
 
     \b
     Tasks are lm-eval harness tasks: each model's probe: (a .jsonl probe file

@@ -1,4 +1,4 @@
-"""``evaluate``: base, every expert and the merged model on each expert's task.
+"""``evaluate``: the base, the merged model and each expert on that expert's task.
 
 Per task: raw scores, retention = merged / expert and normalised gain =
 (merged − base) / (expert − base), the expert being the model whose probe the
@@ -42,12 +42,13 @@ def evaluate(spec: MergeSpec, merged: Path, overrides: Optional[List[str]], opti
     owners = owned_tasks(spec, overrides)
     resolved = {s: task_specs.resolve(s, spec.folder) for s in owners}  # unknown tasks fail here, before work
     scorer = Scorer(folders[spec.base_model], options, cache)
+    # each task on the base, the merge, and its own expert (every expert for --tasks)
+    plan = [(name, s) for s in resolved for name in (spec.base_model, "merged", *([owners[s]] if owners[s] else spec.models))]
     scores: Dict[str, Dict[str, Any]] = {}
-    with progress("evaluate", len(folders) * len(resolved), options.get("quiet", False)) as advance:
-        for name, folder in folders.items():
-            for spec_text, task in resolved.items():
-                scores.setdefault(name, {})[spec_text] = scorer.folder(folder, task)
-                advance(1)
+    with progress("evaluate", len(plan), options.get("quiet", False)) as advance:
+        for name, spec_text in plan:
+            scores.setdefault(name, {})[spec_text] = scorer.folder(folders[name], resolved[spec_text])
+            advance(1)
     rows = [_row(s, t, owners[s], spec, scores) for s, t in resolved.items()]
     return {"schema_version": SCHEMA_VERSION, "config": str(spec.source), "merged": str(merged), "tasks": rows, "scores": scores}
 
