@@ -145,27 +145,29 @@ class Demo:
         return {"limit": None, "device": "cpu", "dtype": "float32", "batch_size": 16, "quiet": self.quiet}
 
     def mergeability(self, facts_config: Path, knowledge: Dict[str, float]) -> Dict[str, Dict[str, Any]]:
-        from mergekit_mergeability.evaluation import harness, mergeability as protocol
-        from mergekit_mergeability.precheck import config as merge_config
-
-        document = yaml.safe_load(facts_config.read_text())
         members = self.s.partners + 1
         variants = {
             "task_arithmetic": {"weight": round(1 / members, 6)},  # the mean of the updates (paper 1's averaging)
             "ties": {"weight": 1.0, "density": 0.5},
             "knowledge_weighted": {"temperature": self.s.temperature},
         }
-        reports = {}
-        for method in METHODS:
-            pool = {**document, "merge_method": method, "parameters": variants[method]}
-            if method == "knowledge_weighted":
-                pool["models"] = [{**m, "parameters": {"knowledge": round(knowledge[m["model"]], 4)}} for m in document["models"]]
-            path = self.write_config(f"pool_{method}", pool)
-            out = self.out / "mergeability" / method
-            report = protocol.measure(merge_config.read(path), method, self.s.partners, self.s.trials, 0, self.options(), harness.Cache(self.cache / "scores"), out)
-            protocol.write(report, out)
-            reports[method] = report
-        return reports
+        return {method: self.measure(facts_config, method, variants[method], knowledge) for method in METHODS}
+
+    def measure(self, facts_config: Path, method: str, parameters: Dict[str, Any], knowledge: Dict[str, float], label: Optional[str] = None) -> Dict[str, Any]:
+        """The mergeability protocol on the fact pool with one method and its parameters."""
+        from mergekit_mergeability.evaluation import harness, mergeability as protocol
+        from mergekit_mergeability.precheck import config as merge_config
+
+        document = yaml.safe_load(facts_config.read_text())
+        pool = {**document, "merge_method": method, "parameters": parameters}
+        if method == "knowledge_weighted":
+            pool["models"] = [{**m, "parameters": {"knowledge": round(knowledge[m["model"]], 4)}} for m in document["models"]]
+        label = label or method
+        path = self.write_config(f"pool_{label}", pool)
+        out = self.out / "mergeability" / label
+        report = protocol.measure(merge_config.read(path), method, self.s.partners, self.s.trials, 0, self.options(), harness.Cache(self.cache / "scores"), out)
+        protocol.write(report, out)
+        return report
 
     def translation(self, name: str, config: Path, recommended: Path) -> Dict[str, Any]:
         """Merge a translation pair as configured and as the precheck recommends; evaluate both."""
