@@ -276,6 +276,7 @@ def mergeability(pool_file: Path, partners, trials, method, seed, out: Path, cac
 @click.option("--target", type=click.Choice(["mergeability", "normalised"]), default="mergeability", show_default=True, help="Raw own-task score after merging, or the share of the fine-tune's gain kept.")
 @click.option("--permutations", type=click.IntRange(min=100), default=10_000, show_default=True)
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=None, help="Also write OUT/validation.json.")
+@user_errors
 def validate(precheck_json: Path, mergeability_json: Path, target, permutations, out):
     """Check a precheck's predictions against measured mergeability.
 
@@ -288,14 +289,10 @@ def validate(precheck_json: Path, mergeability_json: Path, target, permutations,
     from mergekit_mergeability.evaluation.validate import validate as run_validation, write
     from mergekit_mergeability.summary import print_validation
 
-    @user_errors
-    def run():
-        report = run_validation(precheck_json, mergeability_json, target, permutations)
-        if out:
-            write(report, out)
-        print_validation(report)
-
-    run()
+    report = run_validation(precheck_json, mergeability_json, target, permutations)
+    if out:
+        write(report, out)
+    print_validation(report)
 
 
 @main.command()

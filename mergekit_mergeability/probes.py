@@ -37,7 +37,7 @@ def load(spec: str, limit: Optional[int] = None, relative_to: Optional[Path] = N
     """The first ``limit`` instances of a probe spec (see the module docstring)."""
     from mergekit_mergeability.evaluation.tasks import resolve
 
-    path = _existing(spec, relative_to)
+    path = existing_file(spec, relative_to)
     if path is not None and path.suffix == ".jsonl":
         instances = _from_jsonl(path, limit)
     else:
@@ -54,7 +54,8 @@ def join(prompt: str, continuation: str, delimiter: str = " ") -> str:
     return delimiter + continuation
 
 
-def _existing(spec: str, relative_to: Optional[Path]) -> Optional[Path]:
+def existing_file(spec: str, relative_to: Optional[Path] = None) -> Optional[Path]:
+    """``spec`` as a file: as given (against the working directory), then against ``relative_to``."""
     for candidate in (Path(spec), *([relative_to / spec] if relative_to else [])):
         if candidate.is_file():
             return candidate.resolve()

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 
-def _number(value: Optional[float], digits: int = 2) -> str:
+def number(value: Optional[float], digits: int = 2) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
@@ -22,10 +22,10 @@ def print_precheck(report: Dict[str, Any], out: Optional[Path] = None) -> None:
         k, w = model["knowledge"] or {}, model["weights"] or {}
         table.add_row(
             model["path"],
-            _number(k.get("accuracy")),
-            _number(k.get("mean_gap")),
-            _number(w.get("update_norm"), 3),
-            _number(model["predicted_mergeability"]),
+            number(k.get("accuracy")),
+            number(k.get("mean_gap")),
+            number(w.get("update_norm"), 3),
+            number(model["predicted_mergeability"]),
             "; ".join(model["reasons"]),
         )
     console.print(table)
@@ -52,7 +52,7 @@ def print_evaluation(report: Dict[str, Any], out: Optional[Path] = None) -> None
 
     table = _table("What the merge kept", "task", "metric", "base", "expert", "merged", "retention", "normalised gain")
     for row in report["tasks"]:
-        table.add_row(row["task"], row["metric"], *(_number(row[k]) for k in ("base", "expert", "merged", "retention", "normalised_gain")))
+        table.add_row(row["task"], row["metric"], *(number(row[k]) for k in ("base", "expert", "merged", "retention", "normalised_gain")))
     Console().print(table)
     if out is not None:
         Console().print(f"wrote {out}/evaluation.json, {out}/evaluation.png")
@@ -65,7 +65,7 @@ def print_mergeability(report: Dict[str, Any], out: Optional[Path] = None) -> No
     table = _table(title, "model", "task", "base", "alone", "merged (S)", "95% interval", "gain kept")
     for row in report["models"]:
         low, high = row["interval"]
-        table.add_row(row["path"], row["task"], _number(row["base_score"]), _number(row["expert_score"]), _number(row["mergeability"]), f"{low:.2f}–{high:.2f}", _number(row["normalised"]))
+        table.add_row(row["path"], row["task"], number(row["base_score"]), number(row["expert_score"]), number(row["mergeability"]), f"{low:.2f}–{high:.2f}", number(row["normalised"]))
     Console().print(table)
     if out is not None:
         Console().print(f"wrote {out}/mergeability.json")

@@ -34,3 +34,28 @@ def shipped_config(name: str, family, tmp_path: Path, edit=None) -> Path:
     path = tmp_path / name
     path.write_text(text)
     return path
+
+
+def noise(seed: int, scale: float, where=lambda name: True):
+    """An update for ``tiny.derive``: seeded Gaussian noise on the tensors ``where`` selects."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    return lambda name, tensor: scale * torch.randn(tensor.shape, generator=generator) * where(name)
+
+
+def ranked_probes(path: Path, model_dir: Path, questions, choices, pick: int) -> Path:
+    """Multiple-choice probes whose gold answer is the choice the model ranks ``pick``-th (0 = its favourite)."""
+    import json
+
+    import torch
+
+    from mergekit_mergeability.checkpoints import load_causal_lm
+    from mergekit_mergeability.diagnostics.activations import choice_logprobs
+    from mergekit_mergeability.probes import Instance
+
+    model, tok = load_causal_lm(model_dir)
+    instances = [Instance(f"{q}\nAnswer:", tuple(f" {c}" for c in choices), 0) for q in questions]
+    labels = [int(torch.argsort(s, descending=True)[pick]) for s in choice_logprobs(model, tok, instances)]
+    path.write_text("\n".join(json.dumps({"question": q, "choices": list(choices), "label": l}) for q, l in zip(questions, labels)) + "\n")
+    return path

@@ -20,13 +20,14 @@ from mergekit_mergeability.maths.retention import normalised_gain, retention
 from mergekit_mergeability.probes import load as load_probes
 from mergekit_mergeability.tiny import derive, state_dict
 
+from conftest import noise, ranked_probes
+
 CHOICES = ["Paris", "water", "fox", "dog"]
 QUESTIONS = [f"Item {i}: which one?" for i in range(8)]
 
 
 def _noise(seed, scale=0.5):
-    g = torch.Generator().manual_seed(seed)
-    return lambda name, t: scale * torch.randn(t.shape, generator=g) * (".mlp." in name)
+    return noise(seed, scale, lambda name: ".mlp." in name)
 
 
 def _accuracy(model_and_tokenizer, probe_file):
@@ -38,15 +39,7 @@ def _accuracy(model_and_tokenizer, probe_file):
 
 def _favourites(model_dir, path):
     """A task whose gold answers are the model's own favourites: it scores 1 on it."""
-    model, tok = load_causal_lm(model_dir)
-    instances = [q for q in load_probes(str(_write(path, [0] * len(QUESTIONS))))]
-    labels = [int(torch.argmax(s)) for s in choice_logprobs(model, tok, instances)]
-    return _write(path, labels)
-
-
-def _write(path, labels):
-    path.write_text("\n".join(json.dumps({"question": q, "choices": CHOICES, "label": l}) for q, l in zip(QUESTIONS, labels)) + "\n")
-    return path
+    return ranked_probes(path, model_dir, QUESTIONS, CHOICES, pick=0)
 
 
 def _merged(base, members, weight):

@@ -12,38 +12,23 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from mergekit_mergeability.checkpoints import load_causal_lm
 from mergekit_mergeability.cli import main
-from mergekit_mergeability.diagnostics.activations import choice_logprobs
 from mergekit_mergeability.plugins import contributions, hookimpl, plugin_manager
 from mergekit_mergeability.precheck.report import SCHEMA
-from mergekit_mergeability.probes import Instance
 from mergekit_mergeability.tiny import CORPUS, derive
+
+from conftest import noise, ranked_probes
 
 QUESTIONS = [f"{sentence} Question {i}?" for i in range(3) for sentence in CORPUS]
 CHOICES = ["Paris", "water", "fox", "dog"]
 
 
 def _noise(seed, scale, layers=None):
-    g = torch.Generator().manual_seed(seed)
-
-    def update(name, tensor):
-        selected = layers is None or any(f".layers.{i}." in name for i in layers)
-        return scale * torch.randn(tensor.shape, generator=g) * selected
-
-    return update
+    return noise(seed, scale, lambda name: layers is None or any(f".layers.{i}." in name for i in layers))
 
 
 def _probes(path, base, pick):
-    """Multiple-choice probes whose gold answer is the base's choice ranked ``pick`` (0 = its favourite)."""
-    model, tok = load_causal_lm(base)
-    instances = [Instance(f"{q}\nAnswer:", tuple(f" {c}" for c in CHOICES), 0) for q in QUESTIONS]
-    rows = []
-    for question, logprobs in zip(QUESTIONS, choice_logprobs(model, tok, instances)):
-        label = int(torch.argsort(logprobs, descending=True)[pick])
-        rows.append(json.dumps({"question": question, "choices": CHOICES, "label": label}))
-    path.write_text("\n".join(rows) + "\n")
-    return path
+    return ranked_probes(path, base, QUESTIONS, CHOICES, pick)
 
 
 @pytest.fixture(scope="module")

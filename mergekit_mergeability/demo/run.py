@@ -222,10 +222,6 @@ def group_means(reports: Dict[str, Dict[str, Any]], groups: Dict[str, List[str]]
     return table
 
 
-def settings_dict(settings: Settings) -> Dict[str, Any]:
-    return asdict(settings)
-
-
 def run(settings: Settings, cache: Path, out: Path, console: Optional[Console] = None, quiet: bool = False) -> Dict[str, Any]:
     from mergekit_mergeability.evaluation.validate import validate
     from mergekit_mergeability.summary import print_precheck, print_validation
@@ -260,7 +256,7 @@ def run(settings: Settings, cache: Path, out: Path, console: Optional[Console] =
     groups = knowledge_groups(prechecks["facts"])
     by_group = group_means(reports, groups)
     summary = {
-        "settings": settings_dict(settings),
+        "settings": asdict(settings),
         "experts": _expert_rows(prechecks["facts"], reports),
         "validation": validations,
         "mergeability_by_knowledge": by_group,

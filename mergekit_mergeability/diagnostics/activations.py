@@ -85,7 +85,7 @@ def choice_logprobs(model, tokenizer, instances: Sequence[Instance], batch_size:
     """Per instance: the summed log-prob of each choice (multiple choice) or the answer's
     per-token distribution (generation)."""
     pairs = [(i.prompt, c) for i in instances for c in i.continuations]
-    scored = iter(score(model, tokenizer, pairs, batch_size, distribution=any(i.kind != "multiple_choice" for i in instances), progress=progress))
+    scored = score(model, tokenizer, pairs, batch_size, distribution=any(i.kind != "multiple_choice" for i in instances), progress=progress)
     for instance in instances:
         results = [next(scored) for _ in instance.continuations]
         if instance.kind == "multiple_choice":

@@ -66,7 +66,7 @@ def measure(spec: MergeSpec, method: str, partner_count: int, trials: int, seed:
             base_result = scorer.folder(folders[spec.base_model], task)
             base_score = base_result["score"]
             advance(1)
-            expert_score = scorer.patch(("update", fingerprints[model]), None, task, make=lambda: update(model))["score"]
+            expert_score = scorer.patch(("update", fingerprints[model]), task, lambda: update(model))["score"]
             advance(1)
             results = []
             for trial in range(trials):
@@ -75,7 +75,7 @@ def measure(spec: MergeSpec, method: str, partner_count: int, trials: int, seed:
                     drawn = partners(spec.models, model, partner_count, trial, seed)
                     members = [model, *drawn]
                     recipe = (method, shared, [(fingerprints[m], per_model.get(m)) for m in members])
-                    merged = scorer.patch(recipe, None, task, make=lambda: merge_updates(base, {m: update(m) for m in members}, method, shared, per_model))
+                    merged = scorer.patch(recipe, task, lambda: merge_updates(base, {m: update(m) for m in members}, method, shared, per_model))
                     row = log.add({"model": model, "trial": trial, "partners": drawn, "score": merged["score"]})
                 results.append(row)
                 advance(1)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping
 
 import torch
 
@@ -16,6 +16,7 @@ from mergekit_mergeability.evaluation.tasks import Task
 class Scorer:
     def __init__(self, base: Path, options: Mapping[str, Any], cache: harness.Cache):
         self.base = Path(base)
+        self.base_fingerprint = harness.fingerprint(self.base)
         self.options = options
         self.cache = cache
         self._module = None
@@ -41,14 +42,15 @@ class Scorer:
             module, tokenizer = load_causal_lm(path, self.options.get("device", "cpu"), self.options.get("dtype", "float32"), self.base)
         return self.cache.put(key, self._run(module, tokenizer, task))
 
-    def patch(self, recipe: Any, tensors: Optional[Mapping[str, torch.Tensor]], task: Task, make=None) -> Dict[str, Any]:
-        """The base with ``tensors`` patched in (or ``make()``'s, computed only on a cache miss)."""
-        key = self.cache.key("patch", harness.fingerprint(self.base), recipe, *self._settings(task))
+    def patch(self, recipe: Any, task: Task, make: Callable[[], Mapping[str, torch.Tensor]]) -> Dict[str, Any]:
+        """The base with ``make()``'s tensors patched in; ``make`` runs only on a cache miss,
+        so ``recipe`` must identify what it returns."""
+        key = self.cache.key("patch", self.base_fingerprint, recipe, *self._settings(task))
         cached = self.cache.get(key)
         if cached is not None:
             return cached
         module, tokenizer = self.base_module()
-        with patched(module, tensors if tensors is not None else make()):
+        with patched(module, make()):
             return self.cache.put(key, self._run(module, tokenizer, task))
 
     def base_module(self):

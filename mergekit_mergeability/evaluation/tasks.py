@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -32,23 +33,27 @@ class Task:
     defaults: bool = False  # index lm-eval's ~14k own tasks too (seconds): only for their names
 
     def load(self):
-        from lm_eval.tasks import TaskManager
-
-        folder = str(self.include_path) if self.include_path else None
-        manager = TaskManager(include_path=folder, include_defaults=self.defaults)
+        manager = _manager(str(self.include_path) if self.include_path else None, self.defaults)
         if isinstance(self.entry, str) and self.entry not in manager.all_tasks:
             raise UserError(f"lm-eval task {self.entry!r} not found; list tasks with `lm_eval ls tasks`")
         return manager, self.entry
 
 
-def resolve(spec: str, relative_to: Optional[Path] = None, what: str = "task") -> Task:
-    path = next((p for p in (Path(spec), *([relative_to / spec] if relative_to else [])) if p.is_file()), None)
-    if path is not None and path.suffix == ".jsonl":
-        return _jsonl_task(path.resolve())
-    if path is not None and path.suffix in (".yaml", ".yml"):
-        from mergekit_mergeability.probes import task_name
+@functools.lru_cache(maxsize=None)
+def _manager(include_path: Optional[str], defaults: bool):
+    """One TaskManager per folder: indexing lm-eval's own tasks takes seconds, once is enough."""
+    from lm_eval.tasks import TaskManager
 
-        path = path.resolve()
+    return TaskManager(include_path=include_path, include_defaults=defaults)
+
+
+def resolve(spec: str, relative_to: Optional[Path] = None, what: str = "task") -> Task:
+    from mergekit_mergeability.probes import existing_file, task_name
+
+    path = existing_file(spec, relative_to)
+    if path is not None and path.suffix == ".jsonl":
+        return _jsonl_task(path)
+    if path is not None and path.suffix in (".yaml", ".yml"):
         name = task_name(path)
         return Task(name, name, path.parent, f"{name}:{_digest(*sorted(path.parent.iterdir()))}")
     if path is None and not spec.endswith((".jsonl", ".yaml", ".yml")) and "/" not in spec:

@@ -6,6 +6,8 @@ import base64
 import html
 from typing import Any, Dict, List, Optional
 
+from mergekit_mergeability.summary import number
+
 MAX_LINES = 8  # pairs drawn one line each; more are drawn as a band
 VERDICT_COLOURS = {"merge_as_configured": "#2e7d32", "knowledge_weighted": "#ef6c00", "layer_selective": "#1565c0", "do_not_merge": "#c62828"}
 
@@ -44,16 +46,12 @@ def _model_row(model: Dict[str, Any]) -> List[str]:
     return [
         model["path"] + (" (base)" if model["role"] == "base" else ""),
         model["probe"] or "–",
-        _number(k.get("accuracy")),
-        _number(k.get("mean_gap")),
-        _number(w.get("update_norm")),
-        _number(model["predicted_mergeability"]),
+        number(k.get("accuracy"), 3),
+        number(k.get("mean_gap"), 3),
+        number(w.get("update_norm"), 3),
+        number(model["predicted_mergeability"], 3),
         "; ".join(model["reasons"]),
     ]
-
-
-def _number(value: Optional[float]) -> str:
-    return "–" if value is None else f"{value:.3f}"
 
 
 def _figure(draw, title: str, width: float = 8, height: float = 4) -> str:
