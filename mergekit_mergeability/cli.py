@@ -9,15 +9,22 @@ from typing import Callable
 
 import click
 
-from mergekit_mergeability.errors import UserError
+from mergekit_mergeability.errors import MeasurementError, UserError
+
+# Exit statuses: 0 go ahead, 1 the precheck says stop, 2 a usage error, 3 could not measure.
+STOP, USAGE, UNMEASURED = 1, 2, 3
 
 
 class _UserErrorExit(click.ClickException):
-    exit_code = 2  # 1 is kept for "the precheck says stop"
+    exit_code = USAGE
+
+
+class _UnmeasuredExit(click.ClickException):
+    exit_code = UNMEASURED
 
 
 def user_errors(command: Callable) -> Callable:
-    """Report user errors as one line on stderr (exit 2) instead of a traceback."""
+    """Report user errors (exit 2) and failed measurements (exit 3) as one line on stderr, not a traceback."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
@@ -25,6 +32,8 @@ def user_errors(command: Callable) -> Callable:
             return command(*args, **kwargs)
         except UserError as error:
             raise _UserErrorExit(str(error)) from None
+        except MeasurementError as error:
+            raise _UnmeasuredExit(f"the precheck could not measure: {error}") from None
 
     return wrapper
 
@@ -172,13 +181,17 @@ def default_cache_dir() -> Path:
 
 @main.command()
 @click.argument("config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("precheck"), show_default=True, help="Folder for precheck.json, recommended.yml and report.html.")
+@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("precheck"), show_default=True, help="Folder for precheck.json, recommended.yml (recommended/ per expert) and report.html.")
 @click.option("--probe", "probes", multiple=True, metavar="MODEL=SPEC", help="Probe data for a model (path as written in the config, or its folder name): a .jsonl file, an lm-eval task YAML or task name. Repeatable; overrides the config's probe: key.")
-@click.option("--layers", help="Only compare these representation layers, e.g. 0-12,20 (0 = embedding output).")
-@click.option("--cka-threshold", type=click.FloatRange(0, 1), default=0.9, show_default=True, help="CKA below this, from some layer on, marks where representations stop being shared.")
+@click.option("--fewshot", type=click.IntRange(min=0), default=None, help="Solved examples before each multiple-choice probe question (default: 3, chosen by measurement). lm-eval tasks keep their own num_fewshot.")
+@click.option("--calibration", type=click.Path(dir_okay=False, path_type=Path), default=None, help="A calibration file from `calibrate` (default: the one shipped, fitted on the project's pools).")
+@click.option("--layers", help="Only compare these representation layers, e.g. 0-12,20 (0 = embedding output, i = output of block i-1).")
+@click.option("--cka-threshold", type=click.FloatRange(0, 1), default=None, help="Unbiased CKA below this, from some layer on, marks where representations stop being shared (default 0.8).")
+@click.option("--cka-batch-size", type=click.IntRange(min=0), default=0, show_default=True, help="Rows per minibatch of the unbiased CKA (0: one batch of all rows; each batch needs ≥ 4).")
+@click.option("--skip", multiple=True, metavar="DIAGNOSTIC", help="Do not run this diagnostic (e.g. representations on a large pool). Repeatable.")
 @model_options(default_limit=64)
 @user_errors
-def precheck(config_file: Path, out: Path, probes, layers, cka_threshold, **model):
+def precheck(config_file: Path, out: Path, probes, fewshot, calibration, layers, cka_threshold, cka_batch_size, skip, **model):
     """Predict, before merging, how well each model of CONFIG_FILE will survive the merge.
 
     \b
@@ -188,21 +201,29 @@ def precheck(config_file: Path, out: Path, probes, layers, cka_threshold, **mode
         models:
           - model: ./math-expert
             probe: probes/math.jsonl     # {"question", "choices", "label"} or {"prompt", "answer"} lines
+            fewshot: probes/shots.jsonl  # optional: solved examples for the few-shot prompt
     \b
-    Signals: the base model's knowledge of each probe set, layer-wise CKA
-    between the models' hidden states, and task-vector statistics streamed from
-    the safetensors files. Writes OUT/precheck.json, OUT/recommended.yml (runs
-    as is with mergekit-yaml) and OUT/report.html. Exits with status 1 when the
-    verdict is do_not_merge or a plugin asks to stop.
+    Signals: the base model's knowledge of each probe set (few-shot, options
+    lettered, as Will it Merge? asks it), task-vector statistics streamed from
+    the safetensors files (update size, top singular value, interference), and
+    layer-wise unbiased CKA between the models' hidden states. Writes
+    OUT/precheck.json, OUT/report.html and, unless the verdict is do_not_merge,
+    OUT/recommended.yml (runs as is with mergekit-yaml; layer_selective adds
+    OUT/recommended/<expert>.yml, one model per expert).
+    \b
+    Exit status: 0 merge (as configured or as recommended); 1 do_not_merge or
+    a plugin asks to stop; 2 a usage error; 3 the precheck could not measure
+    (a built-in diagnostic failed).
     """
     from mergekit_mergeability.precheck import config as merge_config, run
     from mergekit_mergeability.summary import print_precheck
 
-    options = _options(**model, layers=_layer_set(layers), cka_threshold=cka_threshold)
-    report = run(merge_config.read(config_file), _probe_pairs(probes), options, out)
+    extra = {"layers": _layer_set(layers), "cka_batch_size": cka_batch_size, "skip": list(skip)}
+    extra.update({k: v for k, v in {"fewshot": fewshot, "calibration": calibration and str(calibration), "cka_threshold": cka_threshold}.items() if v is not None})
+    report = run(merge_config.read(config_file), _probe_pairs(probes), _options(**model, **extra), out)
     print_precheck(report, out)
     if report["stop"]:
-        raise SystemExit(1)
+        raise SystemExit(STOP)
 
 
 @main.command()
@@ -293,6 +314,44 @@ def validate(precheck_json: Path, mergeability_json: Path, target, permutations,
     if out:
         write(report, out)
     print_validation(report)
+
+
+@main.command()
+@click.argument("measured", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", "-o", type=click.Path(dir_okay=False, path_type=Path), default=Path("calibration.json"), show_default=True, help="Where to write the calibration (for precheck --calibration).")
+@click.option("--target", type=click.Choice(["mergeability", "normalised"]), default="mergeability", show_default=True, help="Raw own-task score after merging, or the share of the fine-tune's gain kept.")
+@click.option("--permutations", type=click.IntRange(min=20), default=500, show_default=True, help="Shuffles of the targets for the null of the whole fitting procedure.")
+@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True), default=0.05, show_default=True, help="Refuse a fit whose held-out Spearman has a permutation p-value at or above this.")
+@user_errors
+def calibrate(measured, out: Path, target, permutations, alpha):
+    """Fit the precheck's prediction on measured pools: PRECHECK_JSON MERGEABILITY_JSON [more pairs].
+
+    \b
+    Each pair is one pool: a precheck of its config and the mergeability measured
+    on it (`mergekit-mergeability mergeability`). Fits a monotone, interpretable
+    model (non-negative weights on standardised features, each in its prior
+    direction) and reports it out of sample: leave one model out, leave one pool
+    out (two pools or more), each against a permutation null of the whole fit.
+    Refuses to write a model that loses to its best single feature out of
+    sample, or whose p-value is not below --alpha (exit status 1).
+        mergekit-mergeability calibrate fit/precheck.json fit/mergeability.json --out calibration.json
+        mergekit-mergeability precheck config.yml --calibration calibration.json
+    """
+    from mergekit_mergeability.precheck.calibration import calibrate as fit, write
+    from mergekit_mergeability.summary import print_calibration
+
+    if len(measured) % 2:
+        raise UserError(f"calibrate takes pairs of files (precheck.json mergeability.json); got {len(measured)} files")
+    pairs = list(zip(measured[::2], measured[1::2]))
+    report = fit(pairs, target, permutations)
+    refusals = [f"{how}: p = {r['p_permutation']:.3f} is not below --alpha {alpha}" for how, r in report["out_of_sample"].items() if r["p_permutation"] >= alpha]
+    refusals += [f"{how}: Spearman {r['spearman']:+.2f} loses to {r['best_single_feature']} alone ({r['best_single_spearman']:+.2f})" for how, r in report["out_of_sample"].items() if not r["beats_best_single_feature"]]
+    print_calibration(report)
+    if refusals:
+        click.echo(f"not written: {'; '.join(refusals)}", err=True)
+        raise SystemExit(STOP)
+    write(report, out, [str(p) for p in measured])
+    click.echo(f"wrote {out}")
 
 
 @main.command()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import warnings
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any, Iterable, List, Tuple
+from typing import Any, Collection, Iterable, List, Tuple
 
 import pluggy
 
@@ -40,17 +40,25 @@ def load_plugins(found: Iterable[EntryPoint]) -> pluggy.PluginManager:
     return manager
 
 
-def contributions(hook_name: str, manager: pluggy.PluginManager | None = None, **kwargs: Any) -> List[Tuple[str, Any]]:
+def contributions(
+    hook_name: str, manager: pluggy.PluginManager | None = None, strict: Collection[str] = (), **kwargs: Any
+) -> List[Tuple[str, Any]]:
     """Call one hook on every plugin; return (plugin name, item) pairs in plugin order.
 
-    A plugin whose hook raises is skipped with a warning naming it.
+    A plugin whose hook raises is skipped with a warning naming it, except the
+    ``strict`` ones: their failure raises ``MeasurementError`` (nothing may be judged
+    without them).
     """
+    from mergekit_mergeability.errors import MeasurementError
+
     manager = manager or plugin_manager()
     found = []
     for impl in reversed(getattr(manager.hook, hook_name).get_hookimpls()):
         try:
             items = impl.function(**kwargs)
         except Exception as error:
+            if impl.plugin_name in strict:
+                raise MeasurementError(f"plugin {impl.plugin_name!r} failed in {hook_name}: {type(error).__name__}: {error}") from error
             _warn(f"plugin {impl.plugin_name!r} failed in {hook_name} and is skipped: {error}")
             continue
         found.extend((impl.plugin_name, item) for item in items or ())

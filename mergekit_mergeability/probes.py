@@ -6,19 +6,29 @@ A probe spec is one of
 - an lm-eval task YAML file (found with its folder as ``include_path``);
 - an installed lm-eval task name (``hellaswag``, ``arc_easy``...).
 Every spec becomes the same ``Instance`` list: a prompt and the continuations to
-score, as lm-eval's loglikelihood requests would (zero-shot).
+score, as lm-eval's loglikelihood requests would (zero-shot for JSONL lines; an
+lm-eval task keeps its own ``num_fewshot`` and formatting).
+
+The base model's knowledge of a multiple-choice line is asked as Will it Merge?
+(arXiv 2601.06672) asks it: ``with_shots`` puts K solved examples before a lettered
+question; the examples never include the instance itself, nor another phrasing of it
+(lines sharing an ``"id"``), and come from the probe's other lines, then a ``fewshot:``
+file, then a small neutral set shipped in ``configs/fewshot/``.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from mergekit_mergeability.errors import UserError
 
 MULTIPLE_CHOICE, GENERATION = "multiple_choice", "generation"
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+NEUTRAL_SHOTS = "fewshot/general.jsonl"
 
 
 @dataclass(frozen=True)
@@ -27,10 +37,66 @@ class Instance:
     continuations: Tuple[str, ...]  # the choices; one for generation (the answer)
     label: int  # index of the gold continuation
     kind: str = MULTIPLE_CHOICE
+    question: Optional[str] = None  # a JSONL line's question and options, as written (None: keep the prompt)
+    options: Tuple[str, ...] = ()
+    item: Optional[str] = None  # lines with the same "id" are phrasings of one item
+    letters: Tuple[str, ...] = ()  # " A", " B"…: scored too when the options are lettered
 
     @property
     def gold(self) -> str:
         return self.continuations[self.label]
+
+
+def lettered(question: str, options: Sequence[str]) -> str:
+    """Question: …\nA. …\nB. …\nAnswer:"""
+    return "\n".join([f"Question: {question}", *(f"{LETTERS[i]}. {o}" for i, o in enumerate(options)), "Answer:"])
+
+
+def with_shots(instances: Sequence[Instance], k: int, extra: Sequence[Instance] = (), seed: int = 0) -> List[Instance]:
+    """The instances as few-shot lettered questions, each option scored as its own text.
+
+    Shots for instance i: a seeded sample of the probe's other lines (never i itself
+    nor a line with its id), then ``extra`` in order, up to ``k``. Instances without a
+    question of their own (lm-eval tasks, generation) are returned unchanged.
+    """
+    asked = []
+    for index, instance in enumerate(instances):
+        if instance.question is None or instance.kind != MULTIPLE_CHOICE:
+            asked.append(instance)
+            continue
+        own = [o for o in instances if _other(o, instance)]
+        shots = random.Random(f"{seed}:{index}").sample(own, min(k, len(own)))
+        shots += [o for o in extra if _other(o, instance)][: k - len(shots)]
+        blocks = [f"{lettered(s.question, s.options)} {s.options[s.label]}" for s in shots]
+        prompt = "\n\n".join([*blocks, lettered(instance.question, instance.options)])
+        asked.append(
+            replace(
+                instance,
+                prompt=prompt,
+                continuations=tuple(f" {o}" for o in instance.options),
+                letters=tuple(f" {LETTERS[i]}" for i in range(len(instance.options))),
+            )
+        )
+    return asked
+
+
+def _other(candidate: Instance, instance: Instance) -> bool:
+    """May ``candidate`` serve as a solved example for ``instance``?"""
+    if candidate.question is None or candidate.kind != MULTIPLE_CHOICE or candidate.question == instance.question:
+        return False
+    return instance.item is None or candidate.item != instance.item
+
+
+def shots_from(spec: Optional[str], relative_to: Optional[Path] = None) -> List[Instance]:
+    """Solved examples: a ``fewshot:`` JSONL file, else the shipped neutral set."""
+    from mergekit_mergeability.resources import shipped
+
+    if spec is None:
+        return _from_jsonl(shipped(NEUTRAL_SHOTS), None)
+    path = existing_file(spec, relative_to)
+    if path is None or path.suffix != ".jsonl":
+        raise UserError(f"fewshot {spec}: no such .jsonl file of {{\"question\", \"choices\", \"label\"}} lines")
+    return _from_jsonl(path, None)
 
 
 def load(spec: str, limit: Optional[int] = None, relative_to: Optional[Path] = None) -> List[Instance]:
@@ -89,7 +155,8 @@ def _instance(path: Path, number: int, line: str) -> Instance:
         if not isinstance(label, int) or not 0 <= label < len(choices) or len(choices) < 2:
             raise UserError(f"{where}: label must index one of at least 2 choices, got {row['label']!r}")
         prompt = f"{row['question']}\nAnswer:"
-        return Instance(prompt, tuple(join(prompt, c) for c in choices), label)
+        item = None if row.get("id") is None else str(row["id"])
+        return Instance(prompt, tuple(join(prompt, c) for c in choices), label, question=str(row["question"]), options=tuple(choices), item=item)
     if {"prompt", "answer"} <= row.keys():
         prompt = str(row["prompt"])
         return Instance(prompt, (join(prompt, str(row["answer"])),), 0, GENERATION)
@@ -119,13 +186,16 @@ def _from_lm_eval(task, limit: Optional[int]) -> List[Instance]:
         loaded = list(manager.load(entry)["tasks"].values())
     if len(loaded) != 1:
         raise UserError(f"lm-eval task {task.name!r} is a group of {len(loaded)} tasks; name one of them")
-    docs = loaded[0].eval_docs
+    task = loaded[0]
+    task.set_fewshot_seed(seed=1234)  # lm-eval's default fewshot seed
+    docs = task.eval_docs
     count = len(docs) if limit is None else min(limit, len(docs))
-    return [_task_instance(loaded[0], docs[i]) for i in range(count)]
+    return [_task_instance(task, docs[i]) for i in range(count)]
 
 
 def _task_instance(task, doc) -> Instance:
-    prompt = task.doc_to_text(doc)
+    shots = task.config.num_fewshot or 0
+    prompt = task.fewshot_context(doc, shots) if shots else task.doc_to_text(doc)
     target = task.doc_to_target(doc)
     delimiter = task.config.target_delimiter
     if task.OUTPUT_TYPE == "multiple_choice":

@@ -12,33 +12,44 @@ def number(value: Optional[float], digits: int = 2) -> str:
 
 def print_precheck(report: Dict[str, Any], out: Optional[Path] = None) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
-    table = Table("model", "base accuracy", "mean gap", "update norm", "predicted", "why", title="Mergeability precheck")
-    for model in report["models"]:
-        if model["role"] == "base":
-            continue
-        k, w = model["knowledge"] or {}, model["weights"] or {}
-        table.add_row(
-            model["path"],
-            number(k.get("accuracy")),
-            number(k.get("mean_gap")),
-            number(w.get("update_norm"), 3),
-            number(model["predicted_mergeability"]),
-            "; ".join(model["reasons"]),
-        )
+    table = _table("Mergeability precheck", "model", "p(gold)", "acc", "predicted", "why")
+    table.columns[-1].overflow = "fold"
+    for model in (m for m in report["models"] if m["role"] == "expert"):
+        k = model["knowledge"] or {}
+        table.add_row(model["name"], number(k.get("mean_p_gold")), number(k.get("accuracy")), number(model["predicted_mergeability"]), "; ".join(model["reasons"]))
     console.print(table)
+    for folder, names in legend(report["models"]).items():
+        console.print(f"[dim]in {folder}: {', '.join(names)}[/dim]")
     for finding in report["findings"]:
         if finding["severity"] != "info":
             console.print(f"[yellow]{finding['severity']}[/yellow] {finding['message']}")
     rec = report["recommendation"]
     cutoff = f", cut-off {rec['cutoff']}" if rec["cutoff"] is not None else ""
     console.print(f"[bold]verdict: {rec['verdict']}[/bold] (method {rec['method']}{cutoff}): " + " ".join(rec["reasons"]))
+    main, *per_expert = rec["models"] or [None]
+    if main is not None:
+        console.print(f"  {main['file']} keeps {main['keeps']}; drops {main['drops']}")
+        for note in main["notes"]:
+            console.print(f"  [dim]{note}[/dim]")
+    if per_expert:
+        console.print(f"  recommended/ holds one such model per expert: {', '.join(Path(a['file']).name for a in per_expert)}")
     for reason in report["stop"]:
         console.print(f"[red]stop:[/red] {reason}")
     if out is not None:
-        console.print(f"wrote {out}/precheck.json, {out}/recommended.yml, {out}/report.html")
+        files = ["precheck.json", "report.html"] + (["recommended.yml"] if rec["models"] else [])
+        console.print(f"wrote {', '.join(f'{out}/{f}' for f in files)}")
+
+
+def legend(models) -> Dict[str, list]:
+    """Where the short names live: {folder: [names]} for every name that is not its path."""
+    groups: Dict[str, list] = {}
+    for m in models:
+        if m["name"] != m["path"]:
+            folder = m["path"][: -len(m["name"])].rstrip("/") if m["path"].endswith(m["name"]) else m["path"]
+            groups.setdefault(folder, []).append(m["name"])
+    return groups
 
 
 def _table(title: str, *columns: str):
@@ -78,4 +89,25 @@ def print_validation(report: Dict[str, Any]) -> None:
     for row in report["correlations"]:
         low, high = row["interval"]
         table.add_row(row["predictor"], f"{row['spearman']:+.2f}", f"{low:+.2f} – {high:+.2f}", f"{row['p_permutation']:.3f}")
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    versus = report.get("versus_best_single")
+    if versus:
+        low, high = versus["interval"]
+        verdict = "beats" if versus["beats"] else "does not clearly beat"
+        console.print(f"The prediction {verdict} its best single input ({versus['best_single']}): Spearman difference {versus['difference']:+.2f}, 95% interval {low:+.2f} – {high:+.2f} (n = {versus['n']})")
+
+
+def print_calibration(report: Dict[str, Any]) -> None:
+    from rich.console import Console
+
+    console = Console()
+    weights = _table(f"Calibration on {report['models']} models, {len(report['pools'])} pool(s) ({', '.join(report['method'])})", "feature", "direction", "weight", "alone (Spearman)")
+    for feature in report["model"]["features"]:
+        alone = report["single_features"].get(feature["name"])
+        weights.add_row(feature["name"], "+" if feature["direction"] > 0 else "−", f"{feature['weight']:.3f}", number(alone))
+    console.print(weights)
+    held = _table("Out of sample", "held out", "Spearman", "permutation p", "null 95th pct.", "best single feature")
+    for how, r in report["out_of_sample"].items():
+        held.add_row(how.replace("_", " "), f"{r['spearman']:+.2f}", f"{r['p_permutation']:.3f}", f"{r['null_95th_percentile']:+.2f}", f"{r['best_single_feature']} ({r['best_single_spearman']:+.2f})")
+    console.print(held)

@@ -45,17 +45,22 @@ def noise(seed: int, scale: float, where=lambda name: True):
 
 
 def ranked_probes(path: Path, model_dir: Path, questions, choices, pick: int) -> Path:
-    """Multiple-choice probes whose gold answer is the choice the model ranks ``pick``-th (0 = its favourite)."""
+    """Multiple-choice probes whose gold answer is the choice the model ranks ``pick``-th (0 = its
+    favourite), asked as the knowledge diagnostic asks. The lines share one id, so their shots come
+    from the neutral set alone and no line's label changes another line's prompt."""
     import json
 
     import torch
 
     from mergekit_mergeability.checkpoints import load_causal_lm
     from mergekit_mergeability.diagnostics.activations import choice_logprobs
-    from mergekit_mergeability.probes import Instance
+    from mergekit_mergeability.diagnostics.knowledge import DEFAULT_FEWSHOT
+    from mergekit_mergeability.probes import Instance, shots_from, with_shots
 
     model, tok = load_causal_lm(model_dir)
-    instances = [Instance(f"{q}\nAnswer:", tuple(f" {c}" for c in choices), 0) for q in questions]
-    labels = [int(torch.argsort(s, descending=True)[pick]) for s in choice_logprobs(model, tok, instances)]
-    path.write_text("\n".join(json.dumps({"question": q, "choices": list(choices), "label": l}) for q, l in zip(questions, labels)) + "\n")
+    instances = [Instance(f"{q}\nAnswer:", tuple(f" {c}" for c in choices), 0, question=q, options=tuple(choices), item="probe") for q in questions]
+    asked = with_shots(instances, DEFAULT_FEWSHOT, shots_from(None))
+    labels = [int(torch.argsort(s, descending=True)[pick]) for s, _ in choice_logprobs(model, tok, asked)]
+    lines = [json.dumps({"id": "probe", "question": q, "choices": list(choices), "label": l}) for q, l in zip(questions, labels)]
+    path.write_text("\n".join(lines) + "\n")
     return path

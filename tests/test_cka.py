@@ -112,10 +112,26 @@ def test_cutoff_counts_the_blocks_whose_outputs_stay_shared():
     # index 3 = output of block 2 is the first divergent one: blocks 0 and 1 are merged
     assert cutoff_from_curve([1.0, 0.99, 0.98, 0.5, 0.4], 0.9) == 2
     assert cutoff_from_curve([1.0, 0.99, 0.98, 0.97], 0.9) is None
-    assert cutoff_from_curve([float("nan"), 0.99, 0.98, 0.5, 0.4], 0.9) == 1  # --layers left index 0 out
+    # --layers leaves some indices out (NaN or None); the cut-off keeps the model's own indices
+    assert cutoff_from_curve([float("nan"), 0.99, 0.98, 0.5, 0.4], 0.9) == 2
+    nan = float("nan")
+    assert cutoff_from_curve([nan] * 5 + [0.99, 0.98, 0.97, 0.5, 0.4, 0.3, 0.3, 0.2], 0.9) == 7  # --layers 5-12
+    assert cutoff_from_curve([None, None, 0.95, 0.96, 0.5, 0.4], 0.9) == 3
 
 
 def test_divergence_is_measured_between_fine_tunes_not_against_the_base():
     curves = {("base", "a"): [1.0, 0.1], ("base", "b"): [1.0, 0.2], ("a", "b"): [0.9, 0.8]}
     assert divergence_curve(curves, "base") == [0.9, 0.8]
     assert divergence_curve({("base", "a"): [1.0, 0.1]}, "base") == [1.0, 0.1]
+
+
+def test_the_unbiased_estimator_does_not_drift_with_the_number_of_probe_rows():
+    """Why the verdict reads the unbiased CKA: with few rows against many features the
+    biased one calls unrelated representations similar, and how similar depends on n."""
+    g = torch.Generator().manual_seed(0)
+    biased, unbiased = {}, {}
+    for n in (64, 512):
+        x, y = (torch.randn(n, 576, generator=g, dtype=torch.float64) for _ in range(2))
+        biased[n], unbiased[n] = linear_cka(x, y), minibatch_cka(x, y)
+    assert biased[64] > 0.9 and biased[512] < 0.6  # the same (absent) relation, a different verdict
+    assert abs(unbiased[64]) < 0.05 and abs(unbiased[512]) < 0.05

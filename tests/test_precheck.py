@@ -75,35 +75,70 @@ def test_weakly_known_probes_lead_to_knowledge_weighting(tmp_path, pool):
     known, unknown = experts[str(pool["known"])], experts[str(pool["unknown"])]
     assert known["knowledge"]["accuracy"] == 1 and known["knowledge"]["mean_gap"] == 0
     assert unknown["knowledge"]["accuracy"] == 0 and unknown["knowledge"]["mean_gap"] > 0
+    assert known["knowledge"]["mean_p_gold"] > unknown["knowledge"]["mean_p_gold"]
+    assert len(known["knowledge"]["per_instance"]) == len(QUESTIONS) and known["knowledge"]["fewshot"] == 3
     assert known["predicted_mergeability"] > unknown["predicted_mergeability"]
     rec = report["recommendation"]
     assert rec["verdict"] == "knowledge_weighted"
-    assert rec["knowledge"] == {str(pool["known"]): 1.0, str(pool["unknown"]): 0.0}
-    assert rec["weights"][str(pool["unknown"])] > 0.99  # softmax((1 − k)/0.1)
+    assert rec["knowledge"] == {str(pool["known"]): known["knowledge"]["mean_p_gold"], str(pool["unknown"]): unknown["knowledge"]["mean_p_gold"]}
+    assert rec["weights"][str(pool["unknown"])] > rec["weights"][str(pool["known"])]
     # pairs: base–known, base–unknown, known–unknown; CKA at the embedding output and after each of 4 blocks
     assert {(p["a"], p["b"]) for p in report["pairs"]} >= {(str(pool["known"]), str(pool["unknown"]))}
     assert all(len(p["cka"]) == 5 and len(p["cka_unbiased"]) == 5 for p in report["pairs"] if "cka" in p)
     recommended = yaml.safe_load((tmp_path / "out" / "recommended.yml").read_text())
     assert recommended["merge_method"] == "knowledge_weighted"
-    assert {m["parameters"]["knowledge"] for m in recommended["models"]} == {1.0, 0.0}
+    assert {m["parameters"]["knowledge"] for m in recommended["models"]} == {round(v, 4) for v in rec["knowledge"].values()}
     assert (_merge(tmp_path / "out" / "recommended.yml", tmp_path / "merged") / "config.json").exists()
     html = (tmp_path / "out" / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 3 and "knowledge_weighted" in html
     assert yaml.safe_load(config.read_text())["merge_method"] == "task_arithmetic"  # input untouched
 
 
-def test_divergent_upper_layers_lead_to_a_layer_selective_cutoff(tmp_path, pool):
+def test_knowledge_weighted_advice_keeps_the_configured_update_size(tmp_path, pool):
+    """Item 2: task_arithmetic with weight 1.0 each adds both whole updates; the advice must too."""
+    from mergekit_mergeability.methods.knowledge_weighted import knowledge_weights
+    from mergekit_mergeability.tiny import state_dict
+
+    config = _config(tmp_path, pool, ["known", "unknown"], ["probe_known", "probe_unknown"])
+    assert _precheck(config, tmp_path / "out").exit_code == 0
+    recommended = yaml.safe_load((tmp_path / "out" / "recommended.yml").read_text())
+    assert recommended["parameters"]["scale"] == 2.0
+    merged = state_dict(_merge(tmp_path / "out" / "recommended.yml", tmp_path / "merged"))
+    base, known, unknown = (state_dict(pool[k]) for k in ("base", "known", "unknown"))
+    knowledge = [m["parameters"]["knowledge"] for m in recommended["models"]]
+    shares = knowledge_weights(knowledge, recommended["parameters"]["temperature"]).tolist()
+    name = "model.layers.1.mlp.up_proj.weight"
+    expected = base[name] + 2.0 * (shares[0] * (known[name] - base[name]) + shares[1] * (unknown[name] - base[name]))
+    assert torch.allclose(merged[name], expected, atol=1e-6)
+    assert "scale 2 keeps the configured update size" in (tmp_path / "out" / "recommended.yml").read_text()
+
+
+def test_divergent_upper_layers_get_one_model_per_expert_that_keeps_its_own_upper_blocks(tmp_path, pool):
+    """Item 1: paper 3's layer patch for every expert; no recommended model is the base."""
+    from mergekit_mergeability.tiny import state_dict
+
     config = _config(tmp_path, pool, ["upper_a", "upper_b"], ["probe_known", "probe_unknown"])
     result = _precheck(config, tmp_path / "out")
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
     pair = next(p for p in report["pairs"] if {p["a"], p["b"]} == {str(pool["upper_a"]), str(pool["upper_b"])})
-    assert min(pair["cka"][:3]) > 0.9 > max(pair["cka"][3:])  # blocks 0–1 untouched, 2–3 randomised
+    assert min(pair["cka_unbiased"][:3]) > 0.8 > max(pair["cka_unbiased"][3:])  # blocks 0–1 untouched, 2–3 randomised
     rec = report["recommendation"]
     assert (rec["verdict"], rec["cutoff"]) == ("layer_selective", 2)
-    recommended = yaml.safe_load((tmp_path / "out" / "recommended.yml").read_text())
-    assert recommended["parameters"] == {"cutoff": 2, "inner": "task_arithmetic"}
-    assert (_merge(tmp_path / "out" / "recommended.yml", tmp_path / "merged") / "config.json").exists()
+    assert [m["file"] for m in rec["models"]] == ["recommended.yml", "recommended/upper_a.yml", "recommended/upper_b.yml"]
+    assert "upper_b" in rec["models"][0]["drops"] or "upper_a" in rec["models"][0]["drops"]
+    base = state_dict(pool["base"])
+    for expert in ("upper_a", "upper_b"):
+        merged = state_dict(_merge(tmp_path / "out" / "recommended" / f"{expert}.yml", tmp_path / f"merged_{expert}"))
+        own, other = state_dict(pool[expert]), state_dict(pool["upper_b" if expert == "upper_a" else "upper_a"])
+        for name, tensor in merged.items():
+            if ".layers.2." in name or ".layers.3." in name or name.startswith(("lm_head", "model.norm")):
+                assert torch.equal(tensor, own[name]), name  # its own upper blocks, norm and head
+        assert not all(torch.equal(t, base[n]) for n, t in merged.items())
+    main = yaml.safe_load((tmp_path / "out" / "recommended.yml").read_text())
+    chosen = next(m["model"] for m in main["models"] if (m.get("parameters") or {}).get("upper"))
+    lowest = min((m for m in report["models"] if m["role"] == "expert"), key=lambda m: m["predicted_mergeability"])
+    assert chosen == lowest["path"] and "predicted to lose most" in " ".join(rec["models"][0]["notes"])
 
 
 def test_incompatible_models_stop_from_headers_alone(tmp_path, pool, families):
@@ -195,3 +230,146 @@ def test_layers_option_limits_the_compared_layers(tmp_path, pool):
     for pair in (p for p in report["pairs"] if "cka" in p):
         assert all(v is not None for v in pair["cka"][:3]) and pair["cka"][3:] == [None, None]
     assert {m["knowledge"]["instances"] for m in report["models"] if m["knowledge"]} == {4}
+
+
+def _opposite(seed, scale, factor):
+    """``factor`` times the update ``_noise(seed, scale)`` adds: −1 undoes it exactly."""
+    update = _noise(seed, scale)
+    return lambda name, tensor: factor * update(name, tensor)
+
+
+def test_a_cancelling_pair_is_do_not_merge_and_leaves_nothing_runnable(tmp_path, pool):
+    """Items 3 and 6: ft1 = 2·base − ft0 merges back to the base."""
+    undo = derive(pool["base"], tmp_path / "undo", _opposite(1, 0.01, -1.0))
+    config = _config(tmp_path, {**pool, "undo": undo}, ["known", "undo"], ["probe_known", "probe_unknown"])
+    stale = tmp_path / "out"
+    (stale / "recommended").mkdir(parents=True)
+    (stale / "recommended.yml").write_text("merge_method: linear\n")
+    (stale / "recommended" / "old.yml").write_text("merge_method: linear\n")
+    result = _precheck(config, stale)
+    assert result.exit_code == 1, result.output
+    report = json.loads((stale / "precheck.json").read_text())
+    rec = report["recommendation"]
+    assert rec["verdict"] == "do_not_merge" and rec["models"] == []
+    assert "known and undo cancel each other (task-vector cosine -1.00)" in rec["reasons"][0]
+    assert all(m["predicted_mergeability"] < 0.5 and m["kept_share"] == pytest.approx(0, abs=1e-3) for m in report["models"] if m["role"] == "expert")
+    assert not (stale / "recommended.yml").exists() and not (stale / "recommended").exists()
+    assert "cancel each other" in (stale / "report.html").read_text()
+
+
+def test_partial_conflict_recommends_sign_election_at_the_configured_size(tmp_path, pool):
+    """Item 3: updates at cosine ≈ −0.45 pull against each other: TIES, normalize as configured."""
+    pull, other = _opposite(1, 0.01, -0.5), _noise(9, 0.01)
+    against = derive(pool["base"], tmp_path / "against", lambda n, t: pull(n, t) + other(n, t))
+    config = _config(tmp_path, {**pool, "against": against}, ["known", "against"], [None, None])
+    result = _precheck(config, tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "precheck.json").read_text())
+    pair = next(p for p in report["pairs"] if "cosine" in p)
+    assert -0.9 < pair["cosine"] < -0.3
+    rec = report["recommendation"]
+    assert (rec["verdict"], rec["method"]) == ("sign_election", "ties")
+    recommended = yaml.safe_load((tmp_path / "out" / "recommended.yml").read_text())
+    assert recommended["merge_method"] == "ties" and recommended["parameters"]["normalize"] is False
+    assert (_merge(tmp_path / "out" / "recommended.yml", tmp_path / "merged") / "config.json").exists()
+
+
+def test_thresholds_of_interference_are_known_answers():
+    from mergekit_mergeability.precheck.predict import interference, kept_shares
+
+    cosines = {("a", "b"): -1.0, ("a", "c"): -0.5, ("b", "c"): 0.1}
+    assert interference(cosines) == ([("a", "b")], [("a", "c")])
+    kept = kept_shares({"a": 1.0, "b": 1.0}, {"a": 2.0, "b": 2.0}, {("a", "b"): -1.0})
+    assert kept == {"a": pytest.approx(0.0), "b": pytest.approx(0.0)}
+    kept = kept_shares({"a": 1.0, "b": 1.0}, {"a": 1.0, "b": 1.0}, {("a", "b"): -0.5})
+    assert kept["a"] == pytest.approx(0.5)
+
+
+class _BrokenBuiltin:
+    """Stands in for a broken install: the built-in plugin's diagnostics hook raises."""
+
+    @hookimpl
+    def mergeability_diagnostics(self):
+        raise ImportError("No module named 'scipy'")
+
+
+def test_the_precheck_fails_closed_when_the_builtin_signals_cannot_be_measured(tmp_path, pool, monkeypatch):
+    """Item 5: exit 3, one line, nothing runnable, instead of an unjudged merge_as_configured."""
+    manager = plugin_manager()
+    builtin = manager.unregister(name="builtin")
+    manager.register(_BrokenBuiltin(), name="builtin")
+    try:
+        (tmp_path / "out").mkdir()
+        (tmp_path / "out" / "recommended.yml").write_text("stale")
+        result = _precheck(_config(tmp_path, pool, ["known", "unknown"], [None, None]), tmp_path / "out")
+    finally:
+        manager.unregister(name="builtin")
+        manager.register(builtin, name="builtin")
+    assert result.exit_code == 3, result.output
+    assert "the precheck could not measure: plugin 'builtin' failed in mergeability_diagnostics: ImportError" in result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "out" / "recommended.yml").exists()
+
+
+def test_a_crash_inside_a_builtin_diagnostic_is_exit_3_and_stops_the_gate(tmp_path, pool, monkeypatch):
+    from mergekit.config import MergeConfiguration
+    from mergekit.merge import MergeOptions, run_merge
+
+    from mergekit_mergeability.diagnostics.weights import WeightStatistics
+
+    def crash(self, inputs):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(WeightStatistics, "run", crash)
+    config = _config(tmp_path, pool, ["known", "unknown"], [None, None])
+    result = _precheck(config, tmp_path / "out")
+    assert result.exit_code == 3 and "diagnostic 'weights' from plugin 'builtin' failed: RuntimeError: out of memory" in result.output
+    monkeypatch.setenv("MERGEKIT_MERGEABILITY_PRECHECK", "1")
+    with pytest.raises(Exception, match="could not measure"):
+        run_merge(MergeConfiguration.model_validate(yaml.safe_load(config.read_text())), str(tmp_path / "merged"), MergeOptions(quiet=True, write_model_card=False))
+    assert not (tmp_path / "merged").exists()
+
+
+def test_a_third_party_diagnostic_failure_is_a_listed_warning(tmp_path, pool):
+    class Flaky:
+        name = "flaky"
+        needs = frozenset()
+
+        def run(self, inputs):
+            raise ValueError("bad luck")
+
+    class Plugin:
+        @hookimpl
+        def mergeability_diagnostics(self):
+            return [Flaky()]
+
+    manager = plugin_manager()
+    manager.register(Plugin(), name="flaky_plugin")
+    try:
+        result = _precheck(_config(tmp_path, pool, ["known", "unknown"], [None, None]), tmp_path / "out")
+    finally:
+        manager.unregister(name="flaky_plugin")
+    assert result.exit_code == 0, result.output
+    assert "diagnostic 'flaky' from plugin 'flaky_plugin' failed: ValueError: bad luck" in " ".join(result.output.split())
+    report = json.loads((tmp_path / "out" / "precheck.json").read_text())
+    assert report["failed_diagnostics"] == ["flaky"]
+    assert "bad luck" in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_models_with_the_same_folder_name_stay_apart_at_80_columns(tmp_path, pool):
+    """Item 11: short unique names in the terminal and the page, full paths once."""
+    import shutil
+
+    for parent in ("team_a", "team_b"):
+        shutil.copytree(pool["known"] if parent == "team_a" else pool["unknown"], tmp_path / parent / "expert")
+    twins = {**pool, "a": tmp_path / "team_a" / "expert", "b": tmp_path / "team_b" / "expert"}
+    config = _config(tmp_path, twins, ["a", "b"], ["probe_known", "probe_unknown"])
+    result = CliRunner().invoke(main, ["precheck", str(config), "--out", str(tmp_path / "out"), "--quiet", "--skip", "representations"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(map(len, lines)) <= 80
+    assert any("team_a/expert" in line for line in lines) and any("team_b/expert" in line for line in lines)
+    assert f"in {tmp_path}: team_a/expert, team_b/expert" in result.output.replace("\n", " ").replace("  ", " ") or str(tmp_path) in result.output
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert f'title="{tmp_path / "team_a" / "expert"}">team_a/expert<' in html
+    assert "table.sortable" in html and "Recommended models" in html

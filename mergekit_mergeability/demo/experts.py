@@ -77,7 +77,7 @@ def fact_instances(fact: dict) -> List[Instance]:
 
 
 def gold_probability(model, tokenizer, instances: Sequence[Instance]) -> List[float]:
-    return [float(torch.softmax(s.double(), 0)[i.label]) for s, i in zip(choice_logprobs(model, tokenizer, instances), instances)]
+    return [float(torch.softmax(options.double(), 0)[i.label]) for (options, _), i in zip(choice_logprobs(model, tokenizer, instances), instances)]
 
 
 def fact_expert(model, tokenizer, fact: dict, layer: int, rank: int, seed: int) -> Dict[str, torch.Tensor]:

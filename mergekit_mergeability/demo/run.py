@@ -23,20 +23,22 @@ from mergekit_mergeability.resources import shipped
 
 @dataclass(frozen=True)
 class Settings:
-    model: str  # "smollm2" | "tiny"
-    facts: Optional[int]  # how many facts of configs/demo/facts.jsonl (None: all)
-    fact_layer: int
-    fact_rank: int
-    translation_layers: tuple
-    translation_rank: int
-    translation_steps: int
-    partners: int
-    trials: int
+    model: str = "smollm2"  # "smollm2" | "tiny"
+    facts: str = "demo/facts.jsonl"  # shipped under configs/, or an absolute path
+    fact_count: Optional[int] = None  # the first N facts (None: all)
+    pool: str = ""  # experts and probes go to experts/<pool>/ (the demo's own: experts/)
+    fact_layer: int = 15
+    fact_rank: int = 16
+    translation_layers: tuple = tuple(range(22, 30))
+    translation_rank: int = 8
+    translation_steps: int = 60
+    partners: int = 8
+    trials: int = 4
     temperature: float = 0.1
 
 
-FULL = Settings("smollm2", None, fact_layer=15, fact_rank=16, translation_layers=tuple(range(22, 30)), translation_rank=8, translation_steps=60, partners=8, trials=4)
-QUICK = Settings("tiny", 6, fact_layer=2, fact_rank=4, translation_layers=(2, 3), translation_rank=4, translation_steps=20, partners=2, trials=2)
+FULL = Settings()
+QUICK = Settings("tiny", fact_count=6, fact_layer=2, fact_rank=4, translation_layers=(2, 3), translation_rank=4, translation_steps=20, partners=2, trials=2)
 METHODS = ("task_arithmetic", "ties", "knowledge_weighted")
 
 
@@ -60,8 +62,9 @@ class Demo:
 
     # 2. experts ----------------------------------------------------------------------------
     def facts(self) -> List[dict]:
-        rows = [json.loads(line) for line in shipped("demo/facts.jsonl").read_text().splitlines() if line.strip()]
-        return rows[: self.s.facts] if self.s.facts else rows
+        source = Path(self.s.facts) if Path(self.s.facts).is_absolute() else shipped(self.s.facts)
+        rows = [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
+        return rows[: self.s.fact_count] if self.s.fact_count else rows
 
     def fact_experts(self) -> Dict[str, Dict[str, Path]]:
         from mergekit_mergeability.progress import task
@@ -70,15 +73,16 @@ class Demo:
         facts = self.facts()
         with task("experts: one fact each", len(facts), self.quiet) as advance:
             for index, fact in enumerate(facts):
-                folder = self.cache / "experts" / f"fact_{fact['id']}"
-                probe = self.cache / "probes" / f"{fact['id']}.jsonl"
+                folder = self.cache / "experts" / self.s.pool / f"fact_{fact['id']}"
+                probe = self.cache / "probes" / self.s.pool / f"{fact['id']}.jsonl"
                 if not folder.is_dir():
                     model, tokenizer = self.model()
                     changed = training.fact_expert(model, tokenizer, fact, self.s.fact_layer, self.s.fact_rank, seed=index)
                     save_expert(self.base(), changed, folder)
-                if not probe.is_file():
-                    lines = [json.dumps({"question": q, "choices": fact["choices"], "label": fact["label"]}) for q in fact["questions"]]
-                    write_atomic(probe, "\n".join(lines) + "\n")
+                # one id for both phrasings: paraphrases never serve as each other's few-shot examples
+                lines = "".join(json.dumps({"id": fact["id"], "question": q, "choices": fact["choices"], "label": fact["label"]}) + "\n" for q in fact["questions"])
+                if not probe.is_file() or probe.read_text() != lines:
+                    write_atomic(probe, lines)
                 made[fact["id"]] = {"folder": folder, "probe": probe}
                 advance(1)
         return made
@@ -105,15 +109,19 @@ class Demo:
     def write_config(self, name: str, config: Dict[str, Any]) -> Path:
         return write_atomic(self.out / "configs" / f"{name}.yml", yaml.safe_dump(config, sort_keys=False))
 
-    def configs(self, facts: Dict[str, Dict[str, Path]], translators: Dict[str, Path]) -> Dict[str, Path]:
-        base = str(self.base())
-        facts_config = {
+    def fact_config(self, facts: Dict[str, Dict[str, Path]], name: str = "facts") -> Path:
+        """The fact experts as one mergekit config: their mean (task arithmetic, weights 1/n)."""
+        config = {
             "merge_method": "task_arithmetic",
-            "base_model": base,
+            "base_model": str(self.base()),
             "models": [{"model": str(f["folder"]), "probe": str(f["probe"])} for f in facts.values()],
             "parameters": {"weight": round(1 / len(facts), 6)},
             "dtype": "float32",
         }
+        return self.write_config(name, config)
+
+    def configs(self, facts: Dict[str, Dict[str, Path]], translators: Dict[str, Path]) -> Dict[str, Path]:
+        base = str(self.base())
 
         def translation(first: str, second: str) -> Dict[str, Any]:
             return {
@@ -129,7 +137,7 @@ class Demo:
             }
 
         return {
-            "facts": self.write_config("facts", facts_config),
+            "facts": self.fact_config(facts),
             "translation_different_targets": self.write_config("translation_different_targets", translation("zorbish_a", "kelvic_a")),
             "translation_shared_target": self.write_config("translation_shared_target", translation("zorbish_a", "zorbish_b")),
         }
@@ -137,7 +145,7 @@ class Demo:
     def precheck(self, name: str, config: Path) -> Dict[str, Any]:
         from mergekit_mergeability.precheck import config as merge_config, run
 
-        options = {"limit": 64, "device": "cpu", "dtype": "float32", "batch_size": 16, "quiet": self.quiet, "cka_threshold": 0.9}
+        options = {"limit": 64, "device": "cpu", "dtype": "float32", "batch_size": 16, "quiet": self.quiet}
         return run(merge_config.read(config), {}, options, self.out / "precheck" / name)
 
     # 4. merge and measure -------------------------------------------------------------------

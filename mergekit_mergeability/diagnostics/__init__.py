@@ -28,6 +28,7 @@ class ModelInput:
     name: str  # the path or hub id exactly as written in the config
     path: Path  # local folder (downloaded if the config names a hub id)
     probes: Optional[Any] = None  # the model's probe set, when PROBES is needed
+    shots: Optional[Any] = None  # solved examples for few-shot prompts (its fewshot: file, else a neutral set)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class DiagnosticResult:
     per_pair: Dict[Tuple[str, str], Dict[str, float]] = field(default_factory=dict)  # (a, b) -> metric -> value
     # model, or (a, b) for a pair -> metric -> one value per layer
     per_layer: Dict[Union[str, Tuple[str, str]], Dict[str, List[float]]] = field(default_factory=dict)
+    per_instance: Dict[str, List[Dict[str, Any]]] = field(default_factory=dict)  # model -> one record per probe instance
     findings: List[Finding] = field(default_factory=list)
 
 

@@ -8,6 +8,7 @@ block, mean-pooled over the prompt span and over the continuation span.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Sequence, Tuple
 
@@ -82,13 +83,42 @@ def score(
 
 
 def choice_logprobs(model, tokenizer, instances: Sequence[Instance], batch_size: int = 16, progress=None):
-    """Per instance: the summed log-prob of each choice (multiple choice) or the answer's
-    per-token distribution (generation)."""
-    pairs = [(i.prompt, c) for i in instances for c in i.continuations]
-    scored = score(model, tokenizer, pairs, batch_size, distribution=any(i.kind != "multiple_choice" for i in instances), progress=progress)
+    """Per instance: for multiple choice, the summed log-prob of each choice and of each
+    letter (None without letters); for generation, the answer's per-token distribution."""
     for instance in instances:
-        results = [next(scored) for _ in instance.continuations]
         if instance.kind == "multiple_choice":
-            yield torch.stack([r.continuation_logprobs.sum() for r in results])
+            scores = shared_prompt_logprobs(model, tokenizer, instance.prompt, instance.continuations + instance.letters)
+            options, letters = scores[: len(instance.continuations)], scores[len(instance.continuations) :]
+            yield options, (letters if instance.letters else None)
         else:
-            yield results[0].distribution, results[0].continuation_ids
+            (scored,) = score(model, tokenizer, [(instance.prompt, instance.gold)], distribution=True)
+            yield scored.distribution, scored.continuation_ids
+        if progress is not None:
+            progress(len(instance.continuations) + len(instance.letters))
+
+
+@torch.inference_mode()
+def shared_prompt_logprobs(model, tokenizer, prompt: str, continuations: Sequence[str]) -> torch.Tensor:
+    """The summed log-prob of each continuation after one prompt, the prompt run once.
+
+    A few-shot prompt is long and the options are short: the prompt's keys and values
+    are computed once and repeated for every option (equal to scoring each
+    prompt + option alone; tests check it).
+    """
+    encoded = [encode(tokenizer, prompt, c) for c in continuations]
+    context = encoded[0][0]
+    device = next(model.parameters()).device
+    out = model(input_ids=torch.tensor([context], device=device), use_cache=True)
+    first = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+    cache = out["cache"] if "cache" in out else out["past_key_values"]  # transformers ≥ 5.2x renamed it
+    cache.batch_repeat_interleave(len(encoded))
+    ids, mask = pad([([], c) for _, c in encoded])
+    mask = torch.cat([torch.ones(len(encoded), len(context), dtype=mask.dtype), mask], dim=1)
+    argument = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), **{argument: cache}).logits
+    following = torch.log_softmax(logits.float(), dim=-1)
+    totals = []
+    for row, (_, c) in enumerate(encoded):
+        later = following[row, : len(c) - 1].gather(1, torch.tensor(c[1:], device=device)[:, None]).sum()
+        totals.append(first[c[0]] + later)
+    return torch.stack(totals).cpu()

@@ -1,7 +1,10 @@
 """Signal 3: the task vectors τ_i = θ_i − θ_base, streamed block by block.
 
 Per model: the update norm per decoder layer (and for embeddings and head), the
-total norm, NaN/Inf counts. Per pair: cosine between task vectors and the TIES
+total norm, the largest top singular value of any updated matrix (a one-pass Nyström
+sketch, ``maths.spectral``), NaN/Inf counts, and its interference with the rest of
+the pool: the cosine between τ_i and Σ_{j≠i} τ_j, and its mean cosine and sign
+conflict with the others. Per pair: cosine between task vectors and the TIES
 sign-conflict rate (share of coordinates, non-zero in both, where signs differ).
 Tensors are read in row blocks of ~64K values (cache-sized: measured fastest), so memory holds a few blocks
 whatever the model's size. Every sum is an entry of a Gram matrix over the stacked block (one BLAS pass each):
@@ -20,6 +23,7 @@ import torch
 from mergekit_mergeability.architecture import UnknownTensorError, tensor_position
 from mergekit_mergeability.checkpoints import TensorReader
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, Need
+from mergekit_mergeability.maths.spectral import TopSingularValue
 from mergekit_mergeability.progress import task
 
 
@@ -32,9 +36,18 @@ class _Sums:
         self.dots = torch.zeros(k, k, dtype=torch.float64)  # τ_a·τ_b
         self.sign_dots = torch.zeros(k, k, dtype=torch.float64)  # agree − disagree
         self.both_nonzero = torch.zeros(k, k, dtype=torch.float64)  # agree + disagree
+        self.top_singular: Dict[str, float] = dict.fromkeys(models, 0.0)
+        self._sketches: Dict[str, TopSingularValue] = {}  # per model, for the matrix being read
+
+    def end_tensor(self) -> None:
+        for model, sketch in self._sketches.items():
+            self.top_singular[model] = max(self.top_singular[model], sketch.value())
+        self._sketches = {}
 
     def add(self, part, base: torch.Tensor, blocks: Dict[str, torch.Tensor]) -> None:
         deltas = torch.stack([blocks[m].float().flatten() for m in self.models]) - base.flatten()  # (models, n)
+        if not deltas.any():  # no model changed this block (most of a low-rank fine-tune)
+            return
         gram = deltas @ deltas.T
         if not torch.isfinite(gram).all():  # NaN and Inf propagate: count exactly only then
             bad = (~torch.isfinite(deltas)).sum(dim=1)
@@ -44,6 +57,9 @@ class _Sums:
             gram = deltas @ deltas.T
         for i, model in enumerate(self.models):
             self.squares[model][part] += float(gram[i, i])
+            if base.ndim >= 2 and gram[i, i] > 0:
+                rows = deltas[i].reshape(base.shape[0], -1)
+                self._sketches.setdefault(model, TopSingularValue(rows.shape[1])).add(rows)
         signs = torch.sign(deltas)
         self.dots += gram.double()
         self.sign_dots += (signs @ signs.T).double()
@@ -70,6 +86,7 @@ class WeightStatistics:
                 for start, stop in base.blocks(name):
                     reference = base.rows(name, start, stop).float()
                     sums.add(part, reference, {m: r.rows(name, start, stop) for m, r in readers.items()})
+                sums.end_tensor()
                 advance(1)
         return _result(sums)
 
@@ -82,6 +99,7 @@ def _result(sums: _Sums) -> DiagnosticResult:
         bad = sums.nonfinite[model]
         result.per_model[model] = {
             "update_norm": norms[model],
+            "top_singular_value": sums.top_singular[model],
             "nonfinite": float(bad),
             "embedding_norm": math.sqrt(parts.get("embedding", 0.0)),
             "head_norm": math.sqrt(parts.get("head", 0.0)),
@@ -94,7 +112,29 @@ def _result(sums: _Sums) -> DiagnosticResult:
             "cosine": dot / (norms[a] * norms[b]) if norms[a] * norms[b] > 0 else 0.0,
             "sign_conflict": (both - sign_dot) / (2 * both) if both else 0.0,
         }
+    for model, values in interference(sums.models, sums.dots, result.per_pair).items():
+        result.per_model[model].update(values)
     return result
+
+
+def interference(models, dots: torch.Tensor, pairs) -> Dict[str, Dict[str, float]]:
+    """How each update sits in the pool: cos(τ_i, Σ_{j≠i} τ_j) (negative: the others pull
+    against it), and its mean pairwise cosine and sign conflict."""
+    found = {}
+    if len(models) < 2:
+        return found
+    total = dots.sum()
+    for i, model in enumerate(models):
+        others = [pairs[(a, b)] for (a, b) in pairs if model in (a, b)]
+        with_rest = float(dots[i].sum() - dots[i, i])
+        rest_norm = math.sqrt(max(float(total - 2 * dots[i].sum() + dots[i, i]), 0.0))
+        own_norm = math.sqrt(max(float(dots[i, i]), 0.0))
+        found[model] = {
+            "pool_cosine": with_rest / (own_norm * rest_norm) if own_norm * rest_norm > 0 else 0.0,
+            "mean_cosine": sum(p["cosine"] for p in others) / len(others),
+            "mean_sign_conflict": sum(p["sign_conflict"] for p in others) / len(others),
+        }
+    return found
 
 
 def _part(name: str):

@@ -1,9 +1,10 @@
 """``validate``: does the precheck's prediction rank models the way measured mergeability does?
 
 Spearman between predicted and measured mergeability, with a permutation p-value
-and a bootstrap 95% interval, next to the naive baselines a user could compute
-without us: the update norm (smaller = more mergeable, so its negative) and the
-base model's accuracy alone.
+and a bootstrap 95% interval, next to each of its inputs alone (each feature in its
+prior direction, nothing fitted: what a user could compute without the combination),
+and one line saying whether the combination beats the best single input, with a
+paired bootstrap interval of the difference.
 """
 
 from __future__ import annotations
@@ -11,18 +12,14 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List
 
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.files import write_atomic
-from mergekit_mergeability.maths.stats import correlate
+from mergekit_mergeability.maths.stats import correlate, difference
+from mergekit_mergeability.precheck.calibration import FEATURES, features
 
-PREDICTORS: Dict[str, Callable[[dict], Optional[float]]] = {
-    "precheck prediction": lambda m: m["predicted_mergeability"],
-    "base accuracy (knowledge only)": lambda m: (m["knowledge"] or {}).get("accuracy"),
-    "− mean gap (knowledge only)": lambda m: None if not m["knowledge"] else -m["knowledge"]["mean_gap"],
-    "− update norm (weights only)": lambda m: None if not m["weights"] else -m["weights"]["update_norm"],
-}
+PREDICTION = "precheck prediction"
 
 
 def _read(path: Path, kind: str) -> dict:
@@ -36,20 +33,40 @@ def _read(path: Path, kind: str) -> dict:
 
 def validate(precheck_path: Path, mergeability_path: Path, target: str = "mergeability", permutations: int = 10_000, seed: int = 0) -> Dict[str, Any]:
     precheck, measured = _read(precheck_path, "precheck"), _read(mergeability_path, "mergeability")
-    predicted = {m["path"]: m for m in precheck["models"] if m["role"] == "expert"}
-    outcome = {m["path"]: m[target] for m in measured["models"] if m.get(target) is not None}
+    try:
+        predicted = {m["path"]: m for m in precheck["models"] if m["role"] == "expert"}
+        outcome = {m["path"]: m[target] for m in measured["models"] if m.get(target) is not None}
+    except (KeyError, TypeError):
+        raise UserError(f"{precheck_path} / {mergeability_path}: expected precheck.json and mergeability.json") from None
     common = [p for p in predicted if p in outcome]
     if len(common) < 3:
         raise UserError(f"{precheck_path} and {mergeability_path} share {len(common)} models (matched by path as written); need at least 3")
+    table = features(list(predicted.values()))
+    predictors = {PREDICTION: {p: predicted[p]["predicted_mergeability"] for p in common}}
+    for name, direction in FEATURES.items():
+        values = {p: table[p][name] for p in common}
+        if sum(v is not None for v in values.values()) >= 3:
+            predictors[f"{'−' if direction < 0 else ''}{name} alone"] = {p: None if v is None else direction * v for p, v in values.items()}
     rows = []
-    for name, predictor in PREDICTORS.items():
-        pairs = [(predictor(predicted[p]), outcome[p]) for p in common]
-        pairs = [(x, y) for x, y in pairs if x is not None]
-        if len(pairs) < 3:
-            continue
-        result = correlate([x for x, _ in pairs], [y for _, y in pairs], permutations=permutations, seed=seed)
-        rows.append({"predictor": name, **asdict(result)})
-    return {"schema_version": "1.0", "precheck": str(precheck_path), "mergeability": str(mergeability_path), "target": target, "models": len(common), "method": measured.get("method"), "correlations": rows}
+    for label, values in predictors.items():
+        known = [p for p in common if values[p] is not None]
+        if len(known) >= 3:
+            result = correlate([values[p] for p in known], [outcome[p] for p in known], permutations=permutations, seed=seed)
+            rows.append({"predictor": label, **asdict(result)})
+    report = {"schema_version": "2.0", "precheck": str(precheck_path), "mergeability": str(mergeability_path), "target": target, "models": len(common), "method": measured.get("method"), "correlations": rows}
+    report["versus_best_single"] = _versus_best(rows, predictors, outcome, common, seed)
+    return report
+
+
+def _versus_best(rows, predictors, outcome, common, seed) -> Dict[str, Any] | None:
+    """The prediction minus the best single input, over the models both rank."""
+    singles = [r for r in rows if r["predictor"] != PREDICTION]
+    if not singles or not any(r["predictor"] == PREDICTION for r in rows):
+        return None
+    best = max(singles, key=lambda r: r["spearman"])["predictor"]
+    known = [p for p in common if predictors[PREDICTION][p] is not None and predictors[best][p] is not None]
+    delta, interval = difference([predictors[PREDICTION][p] for p in known], [predictors[best][p] for p in known], [outcome[p] for p in known], seed=seed)
+    return {"best_single": best, "difference": delta, "interval": list(interval), "beats": interval[0] > 0, "n": len(known)}
 
 
 def write(report: Dict[str, Any], out: Path) -> List[Path]:

@@ -30,6 +30,8 @@ Fraction = Annotated[float, Field(gt=0, le=1)]
 # the weakest-known third by ~16 points over mean merging at ~7 points' cost to
 # the best-known third.
 DEFAULT_TEMPERATURE = 0.1
+DEFAULT_TIES = False
+DEFAULT_DENSITY = 1.0
 
 
 def knowledge_weights(
@@ -60,8 +62,8 @@ def knowledge_weighted(
     weight: PerNonBase[NonNegative] = 1.0,
     temperature: Positive = DEFAULT_TEMPERATURE,
     scale: float = 1.0,
-    ties: bool = False,
-    density: PerNonBase[Fraction] = 1.0,
+    ties: bool = DEFAULT_TIES,
+    density: PerNonBase[Fraction] = DEFAULT_DENSITY,
 ) -> torch.Tensor:
     base, experts = group.base.tensor, group.non_base
     if not experts:

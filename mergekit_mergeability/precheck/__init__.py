@@ -12,8 +12,10 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from mergekit_mergeability import checkpoints, probes
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
-from mergekit_mergeability.errors import UserError
+from mergekit_mergeability.errors import MeasurementError, UserError
 from mergekit_mergeability.precheck.config import MergeSpec
+
+BUILTIN = "builtin"  # the package's own plugin: if its signals cannot be measured, nothing is judged
 
 
 @dataclass
@@ -24,6 +26,7 @@ class Measurements:
     probe_specs: Dict[str, str] = field(default_factory=dict)  # model -> probe spec, as given
     results: Dict[str, DiagnosticResult] = field(default_factory=dict)
     skipped: List[str] = field(default_factory=list)
+    failed: List[str] = field(default_factory=list)  # third-party diagnostics that raised (warnings)
 
     def findings(self) -> List[Tuple[str, Finding]]:
         return [(name, f) for name, result in self.results.items() for f in result.findings]
@@ -46,23 +49,39 @@ def probe_specs(spec: MergeSpec, overrides: Mapping[str, str]) -> Dict[str, str]
 def load_inputs(spec: MergeSpec, specs: Mapping[str, str], limit: Optional[int]) -> Tuple[Optional[ModelInput], Tuple[ModelInput, ...]]:
     folder = spec.folder
     base = ModelInput(spec.base_model, checkpoints.resolve(spec.base_model, folder)) if spec.base_model else None
+    neutral = probes.shots_from(None)
     models = tuple(
-        ModelInput(name, checkpoints.resolve(name, folder), probes.load(specs[name], limit, folder) if name in specs else None)
+        ModelInput(
+            name,
+            checkpoints.resolve(name, folder),
+            probes.load(specs[name], limit, folder) if name in specs else None,
+            probes.shots_from(spec.fewshot[name], folder) + neutral if name in spec.fewshot else neutral,
+        )
         for name in spec.models
     )
     return base, models
 
 
 def measure(spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping[str, Any] = {}) -> Measurements:
-    """Run every plugin's diagnostic in plugin order; stop at the first error finding."""
-    from mergekit_mergeability.plugins import contributions
+    """Run every plugin's diagnostic in plugin order; stop at the first error finding.
 
+    Fails closed: when the built-in plugin or one of its diagnostics cannot run, raise
+    ``MeasurementError`` rather than judge a merge on no evidence.
+    """
+    from mergekit_mergeability.plugins import contributions, plugin_manager
+
+    if not plugin_manager().has_plugin(BUILTIN):
+        raise MeasurementError("the built-in diagnostics did not load (see the warning above); reinstall mergekit-mergeability")
     specs = probe_specs(spec, overrides)
     base, models = load_inputs(spec, specs, options.get("limit"))
     measured = Measurements(spec, base, models, specs)
     inputs = DiagnosticInputs(base, models, options)
-    for plugin, diagnostic in contributions("mergeability_diagnostics"):
+    skip = set(options.get("skip") or ())
+    for plugin, diagnostic in contributions("mergeability_diagnostics", strict=(BUILTIN,)):
         if measured.errors():
+            measured.skipped.append(diagnostic.name)
+            continue
+        if diagnostic.name in skip:
             measured.skipped.append(diagnostic.name)
             continue
         if Need.BASE_MODEL in diagnostic.needs and base is None:
@@ -71,19 +90,22 @@ def measure(spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping
         if Need.PROBES in diagnostic.needs and not any(m.probes for m in models):
             measured.results[diagnostic.name] = DiagnosticResult(findings=[Finding("info", f"{diagnostic.name}: skipped, no model declares a probe (probe: key or --probe)")])
             continue
-        measured.results[diagnostic.name] = _run(plugin, diagnostic, inputs)
+        try:
+            measured.results[diagnostic.name] = diagnostic.run(inputs)
+        except (UserError, MeasurementError):
+            raise
+        except Exception as error:
+            message = f"diagnostic {diagnostic.name!r} from plugin {plugin!r} failed: {type(error).__name__}: {_first_line(error)}"
+            if plugin == BUILTIN:
+                raise MeasurementError(message) from error
+            # a third party's bug must not cost the user the built-in signals: a warning, listed
+            measured.failed.append(diagnostic.name)
+            measured.results[diagnostic.name] = DiagnosticResult(findings=[Finding("warning", message)])
     return measured
 
 
-def _run(plugin: str, diagnostic, inputs: DiagnosticInputs) -> DiagnosticResult:
-    if plugin == "builtin":
-        return diagnostic.run(inputs)
-    try:
-        return diagnostic.run(inputs)
-    except UserError:
-        raise
-    except Exception as error:  # a third party's bug must not cost the user the other signals
-        return DiagnosticResult(findings=[Finding("warning", f"diagnostic {diagnostic.name!r} from plugin {plugin!r} failed: {error}")])
+def _first_line(error: Exception) -> str:
+    return (str(error).splitlines() or [""])[0]
 
 
 def run(spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping[str, Any] = {}, out: Optional[Path] = None) -> Dict[str, Any]:
@@ -94,7 +116,12 @@ def run(spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping[str
     from mergekit_mergeability.precheck import report as reports
     from mergekit_mergeability.precheck.predict import DO_NOT_MERGE
 
-    measured = measure(spec, overrides, options)
+    try:
+        measured = measure(spec, overrides, options)
+    except MeasurementError:
+        if out is not None:  # an earlier run's advice must not outlive a failed measurement
+            reports.remove_recommended(Path(out))
+        raise
     report = reports.build(measured, dict(options))
     reasons = plugin_manager().hook.mergeability_precheck_report(report=MappingProxyType(report), config_path=str(spec.source))
     if report["recommendation"]["verdict"] == DO_NOT_MERGE:

@@ -14,6 +14,7 @@ from typing import Any, Dict, Iterator, List, Optional
 from mergekit_mergeability.errors import UserError
 
 PROBE_KEY = "probe"
+FEWSHOT_KEY = "fewshot"  # solved examples for the knowledge prompts (a JSONL file like a probe)
 
 
 @dataclass
@@ -24,6 +25,7 @@ class MergeSpec:
     base_model: Optional[str]
     models: List[str]  # the non-base models, as written, in config order
     probes: Dict[str, str] = field(default_factory=dict)  # model -> probe spec
+    fewshot: Dict[str, str] = field(default_factory=dict)  # model -> few-shot examples file
 
     @property
     def folder(self) -> Path:
@@ -55,15 +57,18 @@ def from_document(document: Any, source: Path) -> MergeSpec:
     base = document.get("base_model")
     names: List[str] = []
     probes: Dict[str, str] = {}
+    fewshot: Dict[str, str] = {}
     for entry in model_entries(document):
         name = str(entry["model"])
         if name not in names and name != base:
             names.append(name)
         if PROBE_KEY in entry:
             probes[name] = str(entry[PROBE_KEY])
+        if FEWSHOT_KEY in entry:
+            fewshot[name] = str(entry[FEWSHOT_KEY])
     if not names:
         raise UserError(f"{source}: no models to merge besides the base")
-    return MergeSpec(document, source, str(document["merge_method"]), base and str(base), names, probes)
+    return MergeSpec(document, source, str(document["merge_method"]), base and str(base), names, probes, fewshot)
 
 
 def model_entries(document: Dict[str, Any]) -> Iterator[Dict[str, Any]]:

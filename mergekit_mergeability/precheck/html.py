@@ -1,4 +1,5 @@
-"""``report.html``: one self-contained page (plots embedded as PNG) from ``precheck.json``."""
+"""``report.html``: one self-contained page (plots embedded as PNG, a few lines of script to
+sort the table) from ``precheck.json``. Models appear by short name, the full path on hover."""
 
 from __future__ import annotations
 
@@ -6,52 +7,102 @@ import base64
 import html
 from typing import Any, Dict, List, Optional
 
-from mergekit_mergeability.summary import number
+from mergekit_mergeability.summary import legend, number
 
 MAX_LINES = 8  # pairs drawn one line each; more are drawn as a band
-VERDICT_COLOURS = {"merge_as_configured": "#2e7d32", "knowledge_weighted": "#ef6c00", "layer_selective": "#1565c0", "do_not_merge": "#c62828"}
+ANNOTATED = 12  # heatmaps print their values up to this many models
+VERDICT_COLOURS = {
+    "merge_as_configured": "#2e7d32",
+    "knowledge_weighted": "#ef6c00",
+    "layer_selective": "#1565c0",
+    "sign_election": "#6a1b9a",
+    "do_not_merge": "#c62828",
+}
+COLUMNS = ("model", "probe", "p(gold)", "accuracy", "gap", "‖τ‖", "σ_max", "cos(rest)", "kept", "predicted", "why")
+SORT_SCRIPT = """
+document.querySelectorAll('table.sortable th').forEach((th, column) => th.addEventListener('click', () => {
+  const body = th.closest('table').tBodies[0];
+  const up = th.dataset.order !== 'up';
+  th.parentNode.querySelectorAll('th').forEach(h => delete h.dataset.order);
+  th.dataset.order = up ? 'up' : 'down';
+  const key = row => { const text = row.cells[column].dataset.value ?? row.cells[column].textContent;
+                       const n = parseFloat(text); return isNaN(n) ? text : n; };
+  [...body.rows].sort((a, b) => { const x = key(a), y = key(b);
+      return (x < y ? -1 : x > y ? 1 : 0) * (up ? 1 : -1); }).forEach(row => body.appendChild(row));
+}));
+"""
 
 
 def render(report: Dict[str, Any]) -> str:
     rec = report["recommendation"]
-    figures = [f for f in (_cka_plot(report), _knowledge_plot(report), _conflict_plot(report)) if f]
-    rows = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in _model_row(m)) + "</tr>" for m in report["models"]
+    esc = html.escape
+    names = {m["path"]: m["name"] for m in report["models"]}
+    figures = [f for f in (_cka_plot(report, names), _knowledge_plot(report), _cosine_plot(report, names)) if f]
+    rows = "".join(_model_row(m) for m in report["models"] if m["role"] == "expert")
+    findings = "".join(f"<li><b>{esc(f['severity'])}</b> {esc(f['message'])}</li>" for f in report["findings"] if f["severity"] != "info")
+    places = "".join(f"<li><code>{esc(folder)}</code>: {esc(', '.join(members))}</li>" for folder, members in legend(report["models"]).items())
+    advice = "".join(
+        f"<li><code>{esc(a['file'])}</code>{' (for ' + esc(names.get(a['expert'], a['expert'])) + ')' if a['expert'] else ''}: "
+        f"<b>keeps</b> {esc(a['keeps'])}; <b>drops</b> {esc(a['drops'])}"
+        + "".join(f"<br><small>{esc(n)}</small>" for n in a["notes"])
+        + "</li>"
+        for a in rec["models"]
     )
-    findings = "".join(f"<li><b>{html.escape(f['severity'])}</b> {html.escape(f['message'])}</li>" for f in report["findings"])
+    if not advice:
+        advice = "<li>No recommended config: the verdict is <b>do_not_merge</b>, for the reasons above.</li>"
+    calibration = report.get("calibration") or {}
+    stop = "".join(f"<li>{esc(r)}</li>" for r in report["stop"])
     return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>mergeability precheck: {html.escape(report['config'])}</title>
-<style>body{{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}}
-table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}}
-.verdict{{color:white;background:{VERDICT_COLOURS.get(rec['verdict'], '#555')};padding:.3em .8em;border-radius:4px}}
-img{{max-width:100%}}</style></head><body>
+<html lang="en"><head><meta charset="utf-8"><title>mergeability precheck: {esc(report['config'])}</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:1220px;margin:1.5em auto;padding:0 1em;color:#222}}
+table{{border-collapse:collapse;font-size:13px;width:100%}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}}
+th{{background:#f3f3f3;cursor:pointer;white-space:nowrap}}th[data-order=up]::after{{content:" ▲"}}th[data-order=down]::after{{content:" ▼"}}
+td.num{{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}}td.name{{white-space:nowrap}}
+.verdict{{color:white;background:{VERDICT_COLOURS.get(rec['verdict'], '#555')};padding:.2em .7em;border-radius:4px}}
+img{{max-width:100%}}code{{word-break:break-all}}small{{color:#555}}</style></head><body>
 <h1>Mergeability precheck</h1>
-<p>Config <code>{html.escape(report['config'])}</code>, method <code>{html.escape(report['merge_method'])}</code>,
-base <code>{html.escape(str(report['base_model']))}</code>.</p>
-<h2>Verdict: <span class="verdict">{html.escape(rec['verdict'])}</span></h2>
-<ul>{''.join(f'<li>{html.escape(r)}</li>' for r in rec['reasons'])}</ul>
-<p>Recommended method <code>{html.escape(str(rec['method']))}</code>, cut-off {html.escape(str(rec['cutoff']))};
-ready-to-run config: <code>recommended.yml</code>.</p>
+<p>Config <code>{esc(report['config'])}</code>, method <code>{esc(report['merge_method'])}</code>,
+base <code>{esc(str(report['base_model']))}</code>.</p>
+<h2>Verdict: <span class="verdict">{esc(rec['verdict'])}</span></h2>
+<ul>{''.join(f'<li>{esc(r)}</li>' for r in rec['reasons'])}</ul>
+{f'<p><b>Stop:</b></p><ul>{stop}</ul>' if stop else ''}
+<h2>Recommended models</h2>
+<ul>{advice}</ul>
 <h2>Models</h2>
-<table><tr><th>model</th><th>probe</th><th>base accuracy</th><th>mean gap</th><th>update norm</th><th>predicted mergeability</th><th>why</th></tr>{rows}</table>
+<p><small>Click a column to sort. Predicted mergeability: the expected own-task score after merging with 8 random partners
+(calibration <code>{esc(str(calibration.get('path')))}</code>, fitted on {esc(str(calibration.get('fitted_on_models')))} measured experts;
+leave-one-out Spearman {number(calibration.get('leave_one_out_spearman'))}), capped by the share of its update the merge keeps.</small></p>
+<table class="sortable"><thead><tr>{''.join(f'<th>{esc(c)}</th>' for c in COLUMNS)}</tr></thead><tbody>{rows}</tbody></table>
+<ul><small>{places}</small></ul>
 {''.join(figures)}
 <h2>Findings</h2><ul>{findings or '<li>none</li>'}</ul>
-<p><small>{html.escape(report['tool']['name'])} {html.escape(report['tool']['version'])}, schema {html.escape(report['schema_version'])}</small></p>
+<p><small>{esc(report['tool']['name'])} {esc(report['tool']['version'])}, schema {esc(report['schema_version'])}</small></p>
+<script>{SORT_SCRIPT}</script>
 </body></html>
 """
 
 
-def _model_row(model: Dict[str, Any]) -> List[str]:
+def _model_row(model: Dict[str, Any]) -> str:
+    esc = html.escape
     k, w = model["knowledge"] or {}, model["weights"] or {}
-    return [
-        model["path"] + (" (base)" if model["role"] == "base" else ""),
-        model["probe"] or "–",
-        number(k.get("accuracy"), 3),
-        number(k.get("mean_gap"), 3),
-        number(w.get("update_norm"), 3),
-        number(model["predicted_mergeability"], 3),
-        "; ".join(model["reasons"]),
+    probe = model["probe"] or "–"
+    cells = [
+        f'<td class="name" title="{esc(model["path"])}">{esc(model["name"])}</td>',
+        f'<td class="name" title="{esc(probe)}">{esc(probe.rstrip("/").split("/")[-1])}</td>',
     ]
+    for value, digits in (
+        (k.get("mean_p_gold"), 2),
+        (k.get("accuracy"), 2),
+        (k.get("mean_gap"), 2),
+        (w.get("update_norm"), 3),
+        (w.get("top_singular_value"), 3),
+        (w.get("pool_cosine"), 2),
+        (model.get("kept_share"), 2),
+        (model["predicted_mergeability"], 2),
+    ):
+        cells.append(f'<td class="num" data-value="{"" if value is None else value}">{number(value, digits)}</td>')
+    cells.append(f"<td>{esc('; '.join(model['reasons']))}</td>")
+    return "<tr>" + "".join(cells) + "</tr>"
 
 
 def _figure(draw, title: str, width: float = 8, height: float = 4) -> str:
@@ -61,8 +112,8 @@ def _figure(draw, title: str, width: float = 8, height: float = 4) -> str:
     return f'<h2>{html.escape(title)}</h2><img alt="{html.escape(title)}" src="data:image/png;base64,{encoded}">'
 
 
-def _cka_plot(report) -> Optional[str]:
-    pairs = [p for p in report["pairs"] if p.get("cka")]
+def _cka_plot(report, names) -> Optional[str]:
+    pairs = [p for p in report["pairs"] if p.get("cka_unbiased")]
     if not pairs:
         return None
     layers = report["layers"]
@@ -70,7 +121,7 @@ def _cka_plot(report) -> Optional[str]:
     def draw(fig, ax):
         import numpy as np
 
-        curves = {f"{_short(p['a'])} vs {_short(p['b'])}": [np.nan if v is None else v for v in p["cka"]] for p in pairs}
+        curves = {f"{names.get(p['a'], p['a'])} vs {names.get(p['b'], p['b'])}": [np.nan if v is None else v for v in p["cka_unbiased"]] for p in pairs}
         if len(curves) <= MAX_LINES:
             for label, values in curves.items():
                 ax.plot(range(len(values)), values, marker=".", label=label)
@@ -83,8 +134,8 @@ def _cka_plot(report) -> Optional[str]:
         if layers["cutoff"] is not None:
             ax.axvline(layers["cutoff"] + 0.5, color="red", linestyle=":", label=f"cut-off {layers['cutoff']}")
         ax.set_xlabel("layer (0 = embeddings, i = output of block i−1)")
-        ax.set_ylabel("linear CKA (answer span)")
-        lowest = min([layers["cka_threshold"], *(v for p in pairs for v in p["cka"] if v is not None)])
+        ax.set_ylabel("unbiased CKA (answer span)")
+        lowest = min([layers["cka_threshold"], *(v for p in pairs for v in p["cka_unbiased"] if v is not None)])
         ax.set_ylim(max(lowest - 0.05, -0.05), 1.01)
         ax.legend(fontsize="small")
 
@@ -95,43 +146,48 @@ def _knowledge_plot(report) -> Optional[str]:
     experts = [m for m in report["models"] if m["role"] == "expert"]
     if not any(m["knowledge"] or m["predicted_mergeability"] is not None for m in experts):
         return None
+    experts.sort(key=lambda m: (m["predicted_mergeability"] is None, m["predicted_mergeability"] or 0))
 
     def draw(fig, ax):
-        x = range(len(experts))
-        accuracy = [(m["knowledge"] or {}).get("accuracy") or 0 for m in experts]
+        y = range(len(experts))
+        p_gold = [(m["knowledge"] or {}).get("mean_p_gold") or 0 for m in experts]
         predicted = [m["predicted_mergeability"] or 0 for m in experts]
-        ax.bar([i - 0.2 for i in x], accuracy, width=0.4, label="base accuracy on probes")
-        ax.bar([i + 0.2 for i in x], predicted, width=0.4, label="predicted mergeability")
-        ax.set_xticks(list(x), [_short(m["path"]) for m in experts], rotation=30, ha="right")
-        ax.set_ylim(0, 1)
-        ax.legend(fontsize="small")
+        ax.barh([i + 0.2 for i in y], p_gold, height=0.4, label="base p(gold) on its probes")
+        ax.barh([i - 0.2 for i in y], predicted, height=0.4, label="predicted mergeability")
+        ax.set_yticks(list(y), [m["name"] for m in experts], fontsize=_fontsize(len(experts)))
+        ax.set_xlim(0, 1)
+        ax.axvline(0.5, color="grey", linestyle=":")
+        ax.legend(fontsize="small", loc="lower right")
 
-    return _figure(draw, "Base-model knowledge and predicted mergeability")
+    return _figure(draw, "Base-model knowledge and predicted mergeability", width=8, height=max(3, 0.22 * len(experts) + 1.2))
 
 
-def _conflict_plot(report) -> Optional[str]:
-    pairs = [p for p in report["pairs"] if p.get("sign_conflict") is not None]
+def _cosine_plot(report, names) -> Optional[str]:
+    pairs = [p for p in report["pairs"] if p.get("cosine") is not None]
     if not pairs:
         return None
-    names = list(dict.fromkeys([p["a"] for p in pairs] + [p["b"] for p in pairs]))
+    members = list(dict.fromkeys([p["a"] for p in pairs] + [p["b"] for p in pairs]))
+    size = min(12, max(5, 0.2 * len(members) + 3))
 
     def draw(fig, ax):
         import numpy as np
 
-        grid = np.full((len(names), len(names)), np.nan)
+        grid = np.full((len(members), len(members)), np.nan)
         for p in pairs:
-            i, j = names.index(p["a"]), names.index(p["b"])
-            grid[i, j] = grid[j, i] = p["sign_conflict"]
-        image = ax.imshow(grid, vmin=0, vmax=0.6, cmap="Reds")
-        for (i, j), value in np.ndenumerate(grid):
-            if not np.isnan(value):
-                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize="small")
-        ax.set_xticks(range(len(names)), [_short(n) for n in names], rotation=30, ha="right")
-        ax.set_yticks(range(len(names)), [_short(n) for n in names])
-        fig.colorbar(image, ax=ax, label="sign-conflict rate (0.5 = unrelated)")
+            i, j = members.index(p["a"]), members.index(p["b"])
+            grid[i, j] = grid[j, i] = p["cosine"]
+        image = ax.imshow(grid, vmin=-1, vmax=1, cmap="RdBu")
+        if len(members) <= ANNOTATED:
+            for (i, j), value in np.ndenumerate(grid):
+                if not np.isnan(value):
+                    ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize="small")
+        labels = [names.get(n, n) for n in members]
+        ax.set_xticks(range(len(members)), labels, rotation=90, fontsize=_fontsize(len(members)))
+        ax.set_yticks(range(len(members)), labels, fontsize=_fontsize(len(members)))
+        fig.colorbar(image, ax=ax, label="task-vector cosine (−1: they cancel)", shrink=0.8)
 
-    return _figure(draw, "Task-vector sign conflicts between models", width=6, height=5)
+    return _figure(draw, "Interference: cosine between task vectors", width=size + 1.5, height=size)
 
 
-def _short(path: str) -> str:
-    return path.rstrip("/").split("/")[-1]
+def _fontsize(count: int) -> float:
+    return 9 if count <= 20 else max(5, 9 - (count - 20) / 10)

@@ -1,41 +1,53 @@
 """From signals to a prediction per model and a verdict per merge.
 
-Predicted mergeability (a prior, hand-set from the research digest; check it on
-your own pool with ``mergekit-mergeability validate``):
+Predicted mergeability (``precheck.calibration``): a monotone linear model of each
+model's features (base knowledge, relative update size, interference with the pool),
+fitted on measured pools by ``mergekit-mergeability calibrate``; the default one ships
+with the package. It then is capped by what the configured merge keeps of the
+model's own update along its direction:
 
-    knowledge  k_i = (accuracy_i + 1 − mean_gap_i) / 2          base knowledge of model i's probes
-    size       s_i = min(1, ‖τ_i‖ / (2 · median_j ‖τ_j‖))        large updates merge worse
-    predicted      = 0.7 · k_i + 0.3 · (1 − s_i)                 (k_i alone without weights; 1 − s_i alone without probes)
+    kept_i = (Σ_j w_j τ_j · τ_i) / (w_i ‖τ_i‖²)     1: untouched by the others, 0: cancelled
+    predicted_i = min(calibrated_i, kept_i)          when kept_i < KEPT_CAP
+
+Interference between two updates (cosine of their task vectors):
+    ≤ CANCEL_COSINE (−0.9)    they cancel: the merge returns (nearly) the base → do_not_merge
+    ≤ CONFLICT_COSINE (−0.3)  they pull against each other → elect signs (TIES)
 
 Verdict, first match wins:
-1. ``do_not_merge``: an error finding (incompatible shapes, NaN/Inf), or the
-   models' representations diverge from the first block on (nothing shared).
-2. ``layer_selective``: CKA between the fine-tunes falls and stays below the
-   threshold before the last layer (median over pairs): merge the blocks below, take the rest from
-   one model (the base unless the config marks ``upper``).
-3. ``knowledge_weighted``: some model is predicted below 0.5 and base accuracy
+1. ``do_not_merge``: an error finding (incompatible models, NaN/Inf), a cancelling
+   pair, or representations that diverge from the first block (nothing shared).
+2. ``layer_selective``: the unbiased CKA between the fine-tunes (median over pairs) falls
+   and stays below the threshold before the last layer: merge the blocks below, and for
+   each expert a model with its own blocks above (paper 3's layer patch).
+3. ``knowledge_weighted``: some model is predicted below 0.5 and the base's p(gold)
    spreads by ≥ 0.2 across models: weight the weakly-known ones up.
-4. ``merge_as_configured``.
+4. ``sign_election``: a conflicting pair: mergekit's ``ties``.
+5. ``merge_as_configured``.
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from mergekit_mergeability.maths.cka import shared_depth
 
-KNOWLEDGE_SHARE = 0.7
 LOW_PREDICTION = 0.5
 KNOWLEDGE_SPREAD = 0.2
+CANCEL_COSINE = -0.9
+CONFLICT_COSINE = -0.3
+KEPT_CAP = 0.75
 
-MERGE_AS_CONFIGURED, KNOWLEDGE_WEIGHTED, LAYER_SELECTIVE, DO_NOT_MERGE = (
+MERGE_AS_CONFIGURED, KNOWLEDGE_WEIGHTED, LAYER_SELECTIVE, SIGN_ELECTION, DO_NOT_MERGE = (
     "merge_as_configured",
     "knowledge_weighted",
     "layer_selective",
+    "sign_election",
     "do_not_merge",
 )
+VERDICTS = (MERGE_AS_CONFIGURED, KNOWLEDGE_WEIGHTED, LAYER_SELECTIVE, SIGN_ELECTION, DO_NOT_MERGE)
+Pair = Tuple[str, str]
 
 
 @dataclass
@@ -51,37 +63,43 @@ class Recommendation:
     cutoff: Optional[int] = None
     knowledge: Dict[str, float] = field(default_factory=dict)
     reasons: List[str] = field(default_factory=list)
+    pairs: List[Pair] = field(default_factory=list)  # the pairs the verdict is about (cancel, conflict)
 
 
-def knowledge_score(accuracy: float, mean_gap: float) -> float:
-    return (accuracy + 1 - mean_gap) / 2
+def kept_shares(weights: Mapping[str, float], norms: Mapping[str, float], cosines: Mapping[Pair, float]) -> Dict[str, float]:
+    """kept_i = (Σ_j w_j τ_j · τ_i) / (w_i ‖τ_i‖²), from norms and pairwise cosines."""
+    kept = {}
+    for model, own in weights.items():
+        if not own or not norms.get(model):
+            continue
+        along = own * norms[model] ** 2
+        for (a, b), cosine in cosines.items():
+            if model in (a, b):
+                other = b if a == model else a
+                along += weights.get(other, 0.0) * cosine * norms[model] * norms.get(other, 0.0)
+        kept[model] = along / (own * norms[model] ** 2)
+    return kept
 
 
-def predict(knowledge: Dict[str, Optional[dict]], norms: Dict[str, Optional[float]]) -> Dict[str, Prediction]:
-    known_norms = [n for n in norms.values() if n is not None]
-    median = statistics.median(known_norms) if known_norms else None
+def predict(calibrated: Mapping[str, Prediction], kept: Mapping[str, float]) -> Dict[str, Prediction]:
+    """The calibrated predictions, capped where the configured merge keeps little of an update."""
     predictions = {}
-    for model in knowledge:
-        reasons = []
-        k = s = None
-        if knowledge[model] is not None:
-            scores = knowledge[model]
-            k = knowledge_score(scores["accuracy"], scores["mean_gap"])
-            level = "well" if k >= 0.75 else "partly" if k >= 0.5 else "weakly"
-            reasons.append(f"base knows its probes {level}: accuracy {scores['accuracy']:.2f}, mean gap {scores['mean_gap']:.2f}")
-        else:
-            reasons.append("no probe data: knowledge unknown")
-        if norms.get(model) is not None and median:
-            s = min(1.0, norms[model] / (2 * median))
-            ratio = norms[model] / median
-            if ratio >= 1.5 or ratio <= 0.67:
-                reasons.append(f"update norm {ratio:.2f}× the median: {'large updates merge worse' if ratio > 1 else 'small update'}")
-        if k is not None and s is not None:
-            value = KNOWLEDGE_SHARE * k + (1 - KNOWLEDGE_SHARE) * (1 - s)
-        else:
-            value = k if k is not None else (1 - s if s is not None else None)
-        predictions[model] = Prediction(value, reasons)
+    for model, prediction in calibrated.items():
+        share = kept.get(model)
+        if share is None or share >= KEPT_CAP or prediction.value is None:
+            predictions[model] = prediction
+            continue
+        reason = f"the other updates cancel {1 - max(share, 0):.0%} of its own along its direction (kept {share:.2f})"
+        predictions[model] = Prediction(min(prediction.value, max(share, 0.0)), [*prediction.reasons, reason])
     return predictions
+
+
+def interference(cosines: Mapping[Pair, float]) -> Tuple[List[Pair], List[Pair]]:
+    """(cancelling pairs, conflicting pairs), most opposed first."""
+    ordered = sorted(cosines.items(), key=lambda item: item[1])
+    cancelling = [pair for pair, c in ordered if c <= CANCEL_COSINE]
+    conflicting = [pair for pair, c in ordered if CANCEL_COSINE < c <= CONFLICT_COSINE]
+    return cancelling, conflicting
 
 
 def divergence_curve(curves: Dict[tuple, Sequence[float]], base: Optional[str]) -> List[float]:
@@ -91,38 +109,52 @@ def divergence_curve(curves: Dict[tuple, Sequence[float]], base: Optional[str]) 
     return [statistics.median(values) for values in zip(*between)] if between else []
 
 
-def cutoff_from_curve(curve: Sequence[float], threshold: float) -> Optional[int]:
+def cutoff_from_curve(curve: Sequence[Optional[float]], threshold: float) -> Optional[int]:
     """Blocks whose outputs are still shared; None when nothing diverges.
 
     Index i of the curve is the output of block i − 1 (0: embeddings). If the
     curve settles below the threshold from index i, block i − 1 is where the
-    models part: blocks 0 … i − 2 are merged, so the cut-off is i − 1.
+    models part: blocks 0 … i − 2 are merged, so the cut-off is i − 1. Layers
+    not compared (``--layers``) are None or NaN; indices stay the model's own.
     """
-    curve = [v for v in curve if v == v]  # layers not computed (--layers) are NaN
-    if not curve:
+    measured = [i for i, v in enumerate(curve) if v is not None and v == v]
+    if not measured:
         return None
-    first_diverged = shared_depth(curve, threshold)
-    return None if first_diverged >= len(curve) else max(first_diverged - 1, 0)
+    first = shared_depth([curve[i] for i in measured], threshold)
+    return None if first >= len(measured) else max(measured[first] - 1, 0)
 
 
 def recommend(
     method: str,
     predictions: Dict[str, Prediction],
-    knowledge: Dict[str, Optional[dict]],
+    knowledge: Dict[str, Optional[float]],
+    cosines: Mapping[Pair, float],
     cutoff: Optional[int],
     errors: Sequence[str],
+    label: Callable[[str], str] = str,
 ) -> Recommendation:
+    """``knowledge``: the base's p(gold) per model (None without probes); ``label`` names a model in reasons."""
     if errors:
         return Recommendation(DO_NOT_MERGE, None, reasons=list(errors))
+    cancelling, conflicting = interference(cosines)
+    if cancelling:
+        (a, b), *more = cancelling
+        extra = f" (and {len(more)} more pair(s))" if more else ""
+        reason = f"{label(a)} and {label(b)} cancel each other (task-vector cosine {cosines[a, b]:+.2f}){extra}: the merge would return (nearly) the base"
+        return Recommendation(DO_NOT_MERGE, None, reasons=[reason], pairs=cancelling)
     if cutoff == 0:
         return Recommendation(DO_NOT_MERGE, None, 0, reasons=["representations diverge from the first block: nothing is shared to merge"])
     if cutoff is not None:
-        reason = f"representations stay shared up to block {cutoff - 1} and diverge above: merge blocks 0–{cutoff - 1} only"
+        reason = f"representations stay shared up to block {cutoff - 1} and diverge above: merge blocks 0–{cutoff - 1}, keep each expert's own blocks above"
         return Recommendation(LAYER_SELECTIVE, "layer_selective", cutoff, reasons=[reason])
-    accuracies = {m: k["accuracy"] for m, k in knowledge.items() if k is not None}
+    known = {m: k for m, k in knowledge.items() if k is not None}
     weak = [m for m, p in predictions.items() if p.value is not None and p.value < LOW_PREDICTION]
-    spread = max(accuracies.values()) - min(accuracies.values()) if len(accuracies) > 1 else 0.0
-    if weak and spread >= KNOWLEDGE_SPREAD and len(accuracies) == len(knowledge):
-        reason = f"{len(weak)} model(s) predicted below {LOW_PREDICTION} and base accuracy spreads by {spread:.2f}: weight them up"
-        return Recommendation(KNOWLEDGE_WEIGHTED, "knowledge_weighted", knowledge=accuracies, reasons=[reason])
+    spread = max(known.values()) - min(known.values()) if len(known) > 1 else 0.0
+    if weak and spread >= KNOWLEDGE_SPREAD and len(known) == len(knowledge):
+        reason = f"{len(weak)} model(s) predicted below {LOW_PREDICTION} and the base's p(gold) spreads by {spread:.2f}: weight the weakly-known ones up"
+        return Recommendation(KNOWLEDGE_WEIGHTED, "knowledge_weighted", knowledge=known, reasons=[reason])
+    if conflicting and method not in ("ties", "dare_ties"):
+        a, b = conflicting[0]
+        reason = f"{label(a)} and {label(b)} pull against each other (task-vector cosine {cosines[a, b]:+.2f}): elect signs per entry (TIES)"
+        return Recommendation(SIGN_ELECTION, "ties", reasons=[reason], pairs=conflicting)
     return Recommendation(MERGE_AS_CONFIGURED, method, reasons=["no signal of a loss that another method would avoid"])

@@ -1,29 +1,38 @@
 """The precheck report: ``precheck.json`` (schema: ``schema.json`` beside this file),
-``recommended.yml`` (runs as is with the stock ``mergekit-yaml``) and ``report.html``."""
+the recommended configs (``recommended.yml``, and ``recommended/<expert>.yml`` for
+layer_selective; each runs as is with the stock ``mergekit-yaml``) and ``report.html``."""
 
 from __future__ import annotations
 
 import copy
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from mergekit_mergeability.files import write_atomic
+from mergekit_mergeability.names import short_names
 from mergekit_mergeability.precheck import Measurements
+from mergekit_mergeability.precheck.advice import MAIN, PER_EXPERT, Advice, advise, configured_update, configured_weights
+from mergekit_mergeability.precheck.calibration import Calibration, features
 from mergekit_mergeability.precheck.config import model_entries
 from mergekit_mergeability.precheck.predict import (
     KNOWLEDGE_WEIGHTED,
-    LAYER_SELECTIVE,
+    Prediction,
     cutoff_from_curve,
     divergence_curve,
+    kept_shares,
     predict,
     recommend,
 )
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "2.0"
 SCHEMA = Path(__file__).with_name("schema.json")
-DEFAULT_THRESHOLD = 0.9
+# On the unbiased (minibatch) estimator, whose value does not drift with the number of
+# probe rows: the demo's translators into different languages fall to 0.5–0.7 in their
+# upper blocks, those into one language stay above 0.8 (README, "The layer cut-off").
+DEFAULT_THRESHOLD = 0.8
 
 
 def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
@@ -31,18 +40,47 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
 
     spec, results = measured.spec, measured.results
     threshold = options.get("cka_threshold", DEFAULT_THRESHOLD)
-    knowledge = {m.name: _metrics(results, "knowledge", m.name) for m in measured.models}
-    weights = {m.name: _metrics(results, "weights", m.name) for m in measured.models}
-    predictions = predict(knowledge, {m: (w or {}).get("update_norm") for m, w in weights.items()})
-    curves = {pair: layers["cka"] for pair, layers in _per_layer(results, "representations").items()}
+    names = short_names([m.name for m in ([measured.base] if measured.base else []) + list(measured.models)])
+    layer_norms = {m: v.get("update_norm") for m, v in _per_layer(results, "weights", pairs=False).items()}
+    instances = results["knowledge"].per_instance if "knowledge" in results else {}
+    models = [_model(measured.base.name, names, "base")] if measured.base else []
+    for m in measured.models:
+        knowledge = _metrics(results, "knowledge", m.name)
+        weights = _metrics(results, "weights", m.name)
+        record = _model(m.name, names, "expert", measured.probe_specs.get(m.name), knowledge, weights, layer_norms.get(m.name))
+        if knowledge is not None:
+            record["knowledge"]["per_instance"] = instances.get(m.name, [])
+        models.append(record)
+
+    calibration = Calibration.load(options.get("calibration"))
+    table = features(models)
+    calibrated = {name: Prediction(*calibration.predict(values)) for name, values in table.items()}
+    cosines = {pair: values["cosine"] for pair, values in results["weights"].per_pair.items()} if "weights" in results else {}
+    norms = {m["path"]: (m["weights"] or {}).get("update_norm") for m in models if m["role"] == "expert"}
+    kept = kept_shares(configured_weights(spec.document), norms, cosines)
+    predictions = predict(calibrated, kept)
+    for record in models:
+        if record["role"] == "expert":
+            prediction = predictions[record["path"]]
+            record.update(features=table[record["path"]], kept_share=kept.get(record["path"]), predicted_mergeability=prediction.value, reasons=prediction.reasons)
+
+    curves = {pair: layers["cka_unbiased"] for pair, layers in _per_layer(results, "representations").items()}
     curve = divergence_curve(curves, spec.base_model)
     cutoff = cutoff_from_curve(curve, threshold)
-    recommendation = recommend(spec.merge_method, predictions, knowledge, cutoff, measured.errors())
-    layer_norms = {m: v.get("update_norm") for m, v in _per_layer(results, "weights", pairs=False).items()}
-    models = [_model(measured.base.name, "base")] if measured.base else []
-    for m in measured.models:
-        probe = measured.probe_specs.get(m.name)
-        models.append(_model(m.name, "expert", probe, knowledge[m.name], predictions[m.name], weights[m.name], layer_norms.get(m.name)))
+    p_gold = {m["path"]: (m["knowledge"] or {}).get("mean_p_gold") for m in models if m["role"] == "expert"}
+    recommendation = recommend(spec.merge_method, predictions, p_gold, cosines, cutoff, measured.errors(), label=names.get)
+    rec = {
+        "verdict": recommendation.verdict,
+        "method": recommendation.method,
+        "cutoff": recommendation.cutoff,
+        "weights": _shares(recommendation, spec),
+        "knowledge": recommendation.knowledge or None,
+        "reasons": recommendation.reasons,
+        "pairs": [list(p) for p in recommendation.pairs],
+        "configured_update": configured_update(spec.document),
+    }
+    predicted = {m["path"]: m["predicted_mergeability"] for m in models}
+    rec["models"] = [_describe(a) for a in advise(rec, spec.document, names, predicted)]
     report = {
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "mergekit-mergeability", "version": version("mergekit-mergeability")},
@@ -52,17 +90,12 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
         "options": {k: sorted(v) if isinstance(v, set) else v for k, v in options.items() if k != "quiet"},
         "models": models,
         "pairs": _pairs(results),
-        "layers": {"cka_threshold": threshold, "divergence": curve, "cutoff": cutoff},
-        "recommendation": {
-            "verdict": recommendation.verdict,
-            "method": recommendation.method,
-            "cutoff": recommendation.cutoff,
-            "weights": _weights(recommendation, spec),
-            "knowledge": recommendation.knowledge or None,
-            "reasons": recommendation.reasons,
-        },
+        "layers": {"cka_estimator": "unbiased", "cka_threshold": threshold, "divergence": curve, "cutoff": cutoff},
+        "calibration": _calibration_summary(calibration),
+        "recommendation": rec,
         "findings": [{"diagnostic": name, "severity": f.severity, "message": f.message} for name, f in measured.findings()],
         "skipped_diagnostics": measured.skipped,
+        "failed_diagnostics": measured.failed,
         "diagnostics": {name: _raw(result) for name, result in results.items()},
     }
     return _json_safe(report)
@@ -79,15 +112,18 @@ def _per_layer(results, diagnostic: str, pairs: bool = True) -> Dict:
     return {k: v for k, v in results[diagnostic].per_layer.items() if isinstance(k, tuple) == pairs}
 
 
-def _model(name, role, probe=None, knowledge=None, prediction=None, weights=None, layer_norms=None) -> Dict[str, Any]:
+def _model(path, names, role, probe=None, knowledge=None, weights=None, layer_norms=None) -> Dict[str, Any]:
     return {
-        "path": name,
+        "path": path,
+        "name": names[path],
         "role": role,
         "probe": probe,
-        "knowledge": None if knowledge is None else {k: knowledge[k] for k in ("accuracy", "mean_gap", "mean_gold_logprob", "instances")},
+        "knowledge": None if knowledge is None else dict(knowledge),
         "weights": None if weights is None else {**weights, "layer_update_norm": layer_norms},
-        "predicted_mergeability": None if prediction is None else prediction.value,
-        "reasons": [] if prediction is None else prediction.reasons,
+        "features": None,
+        "kept_share": None,
+        "predicted_mergeability": None,
+        "reasons": [],
     }
 
 
@@ -101,16 +137,34 @@ def _pairs(results) -> List[Dict[str, Any]]:
     return [{"a": a, "b": b, **values} for (a, b), values in pairs.items()]
 
 
-def _weights(recommendation, spec) -> Optional[Dict[str, float]]:
+def _shares(recommendation, spec) -> Optional[Dict[str, float]]:
     if recommendation.verdict == KNOWLEDGE_WEIGHTED:
-        from mergekit_mergeability.methods.knowledge_weighted import knowledge_weights
+        from mergekit_mergeability.methods.knowledge_weighted import DEFAULT_TEMPERATURE, knowledge_weights
 
         names = list(recommendation.knowledge)
-        shares = knowledge_weights([recommendation.knowledge[n] for n in names])
+        shares = knowledge_weights([recommendation.knowledge[n] for n in names], DEFAULT_TEMPERATURE)
         return {n: float(w) for n, w in zip(names, shares)}
     configured = {str(e["model"]): (e.get("parameters") or {}).get("weight") for e in model_entries(spec.document)}
     numeric = {m: float(w) for m, w in configured.items() if isinstance(w, (int, float))}
     return numeric or None
+
+
+def _describe(advice: Advice) -> Dict[str, Any]:
+    return {"file": advice.file, "expert": advice.expert, "keeps": advice.keeps, "drops": advice.drops, "notes": advice.notes}
+
+
+def _calibration_summary(calibration: Calibration) -> Dict[str, Any]:
+    document = calibration.document
+    held_out = document.get("out_of_sample", {}).get("leave_one_model_out", {})
+    return {
+        "path": str(calibration.path),
+        "target": document.get("target"),
+        "method": document.get("method"),
+        "partners": document.get("partners"),
+        "fitted_on_models": document.get("models"),
+        "leave_one_out_spearman": held_out.get("spearman"),
+        "provenance": document.get("provenance"),
+    }
 
 
 def _raw(result) -> Dict[str, Any]:
@@ -132,46 +186,40 @@ def _json_safe(value):
     return value
 
 
-def recommended_config(report: Dict[str, Any], document: Dict[str, Any], resolved: Dict[str, Path]) -> Dict[str, Any]:
-    """The user's config with the recommended method and parameters; local model paths made absolute."""
-    config = copy.deepcopy(document)
-    recommendation = report["recommendation"]
+def absolute(config: Dict[str, Any], resolved: Dict[str, Path]) -> Dict[str, Any]:
+    """A config with every local model reference replaced by its absolute folder."""
+    config = copy.deepcopy(config)
     for entry in model_entries(config):
         entry["model"] = str(resolved.get(str(entry["model"]), entry["model"]))
     if config.get("base_model") in resolved:
         config["base_model"] = str(resolved[config["base_model"]])
-    old_method = config["merge_method"]
-    parameters = config.setdefault("parameters", {}) or {}
-    config["parameters"] = parameters
-    if recommendation["verdict"] == KNOWLEDGE_WEIGHTED:
-        config["merge_method"] = "knowledge_weighted"
-        by_path = {str(resolved.get(m, m)): k for m, k in recommendation["knowledge"].items()}
-        for entry in model_entries(config):
-            if entry["model"] in by_path:
-                entry.setdefault("parameters", {})["knowledge"] = round(by_path[entry["model"]], 4)
-        if old_method in ("ties", "dare_ties"):
-            parameters["ties"] = True
-    elif recommendation["verdict"] == LAYER_SELECTIVE:
-        config["merge_method"] = "layer_selective"
-        parameters["cutoff"] = recommendation["cutoff"]
-        parameters["inner"] = old_method if old_method in ("task_arithmetic", "linear", "ties") else "task_arithmetic"
     return config
 
 
+def remove_recommended(out: Path) -> None:
+    (out / MAIN).unlink(missing_ok=True)
+    shutil.rmtree(out / PER_EXPERT, ignore_errors=True)
+
+
 def write(report: Dict[str, Any], measured: Measurements, out: Path) -> List[Path]:
-    """Write the three files into ``out`` (each atomically); returns their paths."""
+    """Write the report and the recommended configs into ``out`` (each file atomically).
+
+    Recommended configs of an earlier run are removed first: a ``do_not_merge`` leaves
+    nothing runnable behind."""
     import yaml
 
-    resolved = {m.name: m.path for m in ([measured.base] if measured.base else []) + list(measured.models)}
-    header = (
-        f"# Written by mergekit-mergeability precheck from {measured.spec.source}\n"
-        f"# verdict: {report['recommendation']['verdict']}. " + " ".join(report["recommendation"]["reasons"]) + "\n"
-    )
-    config = recommended_config(report, measured.spec.document, resolved)
     from mergekit_mergeability.precheck.html import render
 
-    return [
-        write_atomic(out / "precheck.json", json.dumps(report, indent=2) + "\n"),
-        write_atomic(out / "recommended.yml", header + yaml.safe_dump(config, sort_keys=False)),
-        write_atomic(out / "report.html", render(report)),
-    ]
+    out = Path(out)
+    remove_recommended(out)
+    resolved = {m.name: m.path for m in ([measured.base] if measured.base else []) + list(measured.models)}
+    names = {m["path"]: m["name"] for m in report["models"]}
+    predicted = {m["path"]: m["predicted_mergeability"] for m in report["models"]}
+    rec = report["recommendation"]
+    written = [write_atomic(out / "precheck.json", json.dumps(report, indent=2) + "\n")]
+    for advice in advise(rec, measured.spec.document, names, predicted):
+        header = [f"Written by mergekit-mergeability precheck from {measured.spec.source}", f"verdict: {rec['verdict']}. " + " ".join(rec["reasons"]), f"keeps: {advice.keeps}", f"drops: {advice.drops}", *advice.notes]
+        text = "".join(f"# {line}\n" for line in header) + yaml.safe_dump(absolute(advice.config, resolved), sort_keys=False)
+        written.append(write_atomic(out / advice.file, text))
+    written.append(write_atomic(out / "report.html", render(report)))
+    return written

@@ -1,0 +1,101 @@
+"""Measured pools of single-fact experts of SmolLM2-135M-Instruct: the ground truth that
+the precheck's prediction is fitted on (``fit``) and checked on (``heldout``: never used
+to fit the calibration or to choose a default).
+
+    python benchmarks/pools.py fit                      # 86 facts, experts on layer 15
+    python benchmarks/pools.py heldout                  # 83 other facts, experts on layer 10
+    python benchmarks/pools.py fit --methods mean,ties,kw:0.1,kw-ties:0.1:0.5
+
+Each expert is trained like the demo's (a rank-16 update of one layer's mlp.up_proj,
+until the gold choice has p ≥ 0.9 on both phrasings of its fact). Facts are in
+``benchmarks/pools/``. Per pool this writes, under ``--out/<pool>/``: the pool config,
+``precheck/precheck.json`` (knowledge, weight and interference features) and
+``mergeability/<method>/mergeability.json`` (8 partners × 5 trials, paper 1's protocol).
+Methods: ``mean`` (task_arithmetic, weights 1/9), ``ties`` (density 0.5), ``kw:T``
+(knowledge_weighted, temperature T), ``kw-ties:T:D`` (with ties: true, density D).
+Everything is cached (experts, scores, finished trials): a rerun only re-reads.
+Needs the demo's base model: ``bash examples/demo.sh`` (or any demo run) first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from mergekit_mergeability.cli import default_cache_dir
+from mergekit_mergeability.demo.run import Demo, Settings
+
+HERE = Path(__file__).resolve().parent
+POOLS = {
+    "fit": Settings(facts=str(HERE / "pools" / "fit_facts.jsonl"), pool="fit", fact_layer=15, trials=5),
+    "heldout": Settings(facts=str(HERE / "pools" / "heldout_facts.jsonl"), pool="heldout", fact_layer=10, trials=5),
+}
+
+
+def method(spec: str, partners: int):
+    """(label, mergekit method, parameters) for a method spec of the command line."""
+    name, *values = spec.split(":")
+    if name == "mean":
+        return "mean", "task_arithmetic", {"weight": round(1 / (partners + 1), 6)}
+    if name == "ties":
+        density = float(values[0]) if values else 0.5
+        return f"ties_d{density:g}", "ties", {"weight": 1.0, "density": density}
+    if name == "kw":
+        return f"kw_t{float(values[0]):g}", "knowledge_weighted", {"temperature": float(values[0])}
+    if name == "kw-ties":
+        temperature, density = float(values[0]), float(values[1])
+        return f"kw_ties_t{temperature:g}_d{density:g}", "knowledge_weighted", {"temperature": temperature, "ties": True, "density": density}
+    raise SystemExit(f"--methods: unknown method {spec!r}; use mean, ties[:D], kw:T or kw-ties:T:D")
+
+
+def precheck(demo: Demo, config: Path, fewshot: int) -> dict:
+    from mergekit_mergeability.precheck import config as merge_config, run
+
+    out = demo.out / "precheck" if fewshot is None else demo.out / f"precheck_k{fewshot}"
+    saved = out / "precheck.json"
+    if saved.is_file():
+        return json.loads(saved.read_text())
+    options = {"limit": 64, "device": "cpu", "dtype": "float32", "batch_size": 16, "quiet": demo.quiet, "skip": ["representations"]}
+    if fewshot is not None:
+        options["fewshot"] = fewshot
+    return run(merge_config.read(config), {}, options, out)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("pool", choices=sorted(POOLS))
+    parser.add_argument("--methods", default="mean,ties", help="comma-separated: mean, ties[:D], kw:T, kw-ties:T:D")
+    parser.add_argument("--precheck", action="store_true", help="run the precheck (the features) even when no method needs it")
+    parser.add_argument("--fewshot", type=int, action="append", help="also run the precheck with this many shots (repeatable)")
+    parser.add_argument("--cache-dir", type=Path, default=default_cache_dir() / "demo")
+    parser.add_argument("--out", type=Path, default=Path("pools-out"))
+    parser.add_argument("--quiet", "-q", action="store_true")
+    args = parser.parse_args()
+    console = Console()
+    settings = POOLS[args.pool]
+    demo = Demo(settings, args.cache_dir, args.out / args.pool, console, args.quiet)
+    started = time.perf_counter()
+    facts = demo.fact_experts()
+    config = demo.fact_config(facts, name="pool")
+    console.print(f"{len(facts)} experts ({time.perf_counter() - started:.0f} s); pool config {config}")
+    for k in args.fewshot or ():
+        precheck(demo, config, k)
+    methods = [method(spec.strip(), settings.partners) for spec in args.methods.split(",")]
+    knowledge = {}
+    if args.precheck or any(name == "knowledge_weighted" for _, name, _ in methods):
+        report = precheck(demo, config, None)
+        knowledge = {m["path"]: m["knowledge"]["mean_p_gold"] for m in report["models"] if m["role"] == "expert"}
+    for label, name, parameters in methods:
+        begun = time.perf_counter()
+        measured = demo.measure(config, name, parameters, knowledge, label=label)
+        mean = sum(m["mergeability"] for m in measured["models"]) / len(measured["models"])
+        console.print(f"{label}: mean mergeability {mean:.3f} over {len(measured['models'])} experts ({time.perf_counter() - begun:.0f} s)")
+    console.print(f"done in {time.perf_counter() - started:.0f} s; outputs under {demo.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""The verdict as mergekit configs a user can run blind, and what each one keeps and drops.
+
+Every recommended config is the user's own config with the method and parameters
+changed, local paths made absolute, and the configured update size kept: the
+total weight the user's method gives the task vectors,
+
+    total = lambda · (Σ_i weight_i, or 1 where the method normalises the weights)
+
+becomes ``scale`` (knowledge_weighted, whose shares sum to 1) or stays as the
+weights and ``normalize`` (ties, layer_selective's lower blocks).
+
+``layer_selective`` gives one model per expert (paper 3's layer patch): blocks below
+the cut-off merged across all experts, that expert's own blocks, final norm and head
+above. ``recommended.yml`` is the one for the model the config marks ``upper: true``,
+else for the expert predicted to lose most.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from mergekit_mergeability.methods.knowledge_weighted import DEFAULT_DENSITY, DEFAULT_TEMPERATURE, DEFAULT_TIES
+from mergekit_mergeability.precheck.config import model_entries
+from mergekit_mergeability.precheck.predict import DO_NOT_MERGE, KNOWLEDGE_WEIGHTED, LAYER_SELECTIVE, SIGN_ELECTION
+
+MAIN = "recommended.yml"
+PER_EXPERT = "recommended"  # folder of layer_selective's per-expert configs
+SUMMING = ("task_arithmetic", "ties", "dare_ties", "dare_linear", "breadcrumbs", "breadcrumbs_ties", "della", "della_linear", "linear")
+
+
+@dataclass
+class Advice:
+    file: str  # relative to the precheck's --out folder
+    config: Dict[str, Any]  # model references as written (made absolute when written)
+    keeps: str
+    drops: str
+    expert: Optional[str] = None  # the expert whose upper blocks it keeps (layer_selective)
+    notes: List[str] = field(default_factory=list)
+
+
+def configured_update(document: Mapping[str, Any]) -> Dict[str, Any]:
+    """The total weight the configured method gives the task vectors, and how it was read."""
+    from mergekit import merge_methods
+
+    method = document["merge_method"]
+    spec = {p.name: p.default for p in merge_methods.get(method).spec.parameters}
+    shared = document.get("parameters") or {}
+    if method not in SUMMING or "weight" not in spec:
+        return {"total": None, "note": f"{method} does not add up task vectors; recommendations use scale 1"}
+    weights = list(configured_weights(document).values())
+    lam = as_number(shared.get("lambda", spec.get("lambda", 1.0)))
+    normalize = bool(shared.get("normalize", spec.get("normalize", False)))
+    total = lam * (1.0 if normalize else sum(weights))
+    how = f"lambda {lam:g} × " + ("1 (weights normalised)" if normalize else f"Σ weight {sum(weights):g}")
+    return {"total": total, "lambda": lam, "normalize": normalize, "sum_weights": sum(weights), "note": f"{method}: {how} = {total:g}"}
+
+
+def configured_weights(document: Mapping[str, Any]) -> Dict[str, float]:
+    """Each expert's ``weight`` as configured (per model, else global, else 1)."""
+    shared = (document.get("parameters") or {}).get("weight", 1.0)
+    return {str(e["model"]): as_number((e.get("parameters") or {}).get("weight", shared)) for e in _experts(document)}
+
+
+def as_number(value) -> float:
+    """A parameter as one number: gradient lists by their mean."""
+    if isinstance(value, list):
+        return statistics.fmean(float(v) for v in value)
+    return float(value)
+
+
+def _experts(document) -> List[Dict[str, Any]]:
+    base = document.get("base_model")
+    return [e for e in model_entries(document) if e.get("model") != base]
+
+
+def advise(recommendation: Mapping[str, Any], document: Mapping[str, Any], names: Mapping[str, str], predicted: Mapping[str, Optional[float]]) -> List[Advice]:
+    """One ``Advice`` per recommended model; none for ``do_not_merge``."""
+    verdict = recommendation["verdict"]
+    if verdict == DO_NOT_MERGE:
+        return []
+    update = configured_update(document)
+    if verdict == KNOWLEDGE_WEIGHTED:
+        return [_knowledge_weighted(recommendation, document, names, update)]
+    if verdict == SIGN_ELECTION:
+        return [_sign_election(document, update)]
+    if verdict == LAYER_SELECTIVE:
+        return _layer_selective(recommendation["cutoff"], document, names, predicted)
+    every = ", ".join(names.get(str(e["model"]), str(e["model"])) for e in _experts(document))
+    return [Advice(MAIN, copy.deepcopy(dict(document)), f"the configured {document['merge_method']} merge of {every}", "nothing the precheck can predict")]
+
+
+def _with_method(document, method: str, shared: Mapping[str, Any], per_model: Mapping[str, Mapping[str, Any]]) -> Tuple[Dict[str, Any], List[str]]:
+    """The config with another method: parameters it does not declare are dropped (and listed)."""
+    from mergekit import merge_methods
+
+    config = copy.deepcopy(dict(document))
+    declared = {p.name for p in merge_methods.get(method).spec.parameters}
+    config["merge_method"] = method
+    dropped = sorted(k for k in (config.get("parameters") or {}) if k not in declared and k not in shared)
+    config["parameters"] = {**{k: v for k, v in (config.get("parameters") or {}).items() if k in declared}, **shared}
+    for entry in model_entries(config):
+        parameters = {k: v for k, v in (entry.get("parameters") or {}).items() if k in declared}
+        dropped += sorted(k for k in (entry.get("parameters") or {}) if k not in declared and k not in per_model.get(str(entry["model"]), {}))
+        parameters.update(per_model.get(str(entry["model"]), {}))
+        if parameters:
+            entry["parameters"] = parameters
+        else:
+            entry.pop("parameters", None)
+    notes = [f"{method} has no parameter {', '.join(sorted(set(dropped)))}: dropped"] if dropped else []
+    return config, notes
+
+
+def _knowledge_weighted(recommendation, document, names, update) -> Advice:
+    knowledge = recommendation["knowledge"]
+    scale = update["total"] if update["total"] is not None else 1.0
+    shared = {"temperature": DEFAULT_TEMPERATURE, "ties": DEFAULT_TIES, "density": DEFAULT_DENSITY, "scale": round(scale, 6)}
+    per_model = {m: {"knowledge": round(k, 4)} for m, k in knowledge.items()}
+    config, notes = _with_method(document, "knowledge_weighted", shared, per_model)
+    shares = recommendation.get("weights") or {}
+    order = sorted(shares, key=shares.get, reverse=True)
+    keeps = "every expert's update, shares by how little the base knows its task: " + ", ".join(f"{names.get(m, m)} {shares[m]:.2f}" for m in order[:5])
+    if len(order) > 5:
+        keeps += f" … ({len(order)} experts)"
+    drops = "nothing wholly; well-known experts get smaller shares" + (f", and each update's smallest {1 - DEFAULT_DENSITY:.0%} of entries (ties)" if DEFAULT_TIES else "")
+    notes.append(f"scale {scale:g} keeps the configured update size ({update['note']})")
+    return Advice(MAIN, config, keeps, drops, notes=notes)
+
+
+def _sign_election(document, update) -> Advice:
+    normalize = bool(update.get("normalize", True)) if update["total"] is not None else True
+    config, notes = _with_method(document, "ties", {"normalize": normalize}, {})
+    for entry in _experts(config):
+        entry.setdefault("parameters", {}).setdefault("weight", 1.0)
+    notes.append(f"normalize: {str(normalize).lower()} keeps the configured update size ({update['note']})")
+    return Advice(MAIN, config, "every expert's update where its sign wins the per-entry vote", "the entries whose sign loses the vote", notes=notes)
+
+
+def _layer_selective(cutoff: int, document, names, predicted) -> List[Advice]:
+    experts = [str(e["model"]) for e in _experts(document)]
+    marked = [str(e["model"]) for e in _experts(document) if (e.get("parameters") or {}).get("upper")]
+    inner = document["merge_method"] if document["merge_method"] in ("task_arithmetic", "linear", "ties") else "task_arithmetic"
+    advice = []
+    for expert in dict.fromkeys(experts):
+        others = [names.get(e, e) for e in experts if e != expert]
+        config, notes = _with_method(document, "layer_selective", {"cutoff": cutoff, "inner": inner}, {})
+        for entry in model_entries(config):
+            parameters = entry.setdefault("parameters", {})
+            parameters.pop("upper", None)
+            if str(entry["model"]) == expert:
+                parameters["upper"] = True
+        name = names.get(expert, expert)
+        keeps = f"blocks 0–{cutoff - 1} merged ({inner}) across every expert; blocks ≥ {cutoff}, final norm and head of {name}"
+        drops = f"blocks ≥ {cutoff} of {', '.join(others)}" if others else "nothing"
+        advice.append(Advice(f"{PER_EXPERT}/{file_name(name)}.yml", config, keeps, drops, expert=expert, notes=notes))
+    if marked:
+        chosen, why = marked[0], f"the config marks {names.get(marked[0], marked[0])} upper: true"
+    else:
+        known = {e: predicted[e] for e in experts if predicted.get(e) is not None}
+        chosen = min(known, key=known.get) if known else experts[0]
+        why = f"{names.get(chosen, chosen)} is predicted to lose most ({known[chosen]:.2f})" if known else f"no predictions: the first expert, {names.get(chosen, chosen)}"
+    main = next(a for a in advice if a.expert == chosen)
+    return [Advice(MAIN, main.config, main.keeps, main.drops, chosen, [*main.notes, f"{MAIN} is the model for {names.get(chosen, chosen)}: {why}"]), *advice]
+
+
+def file_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "model"

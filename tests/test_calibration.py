@@ -1,0 +1,93 @@
+"""calibrate: known answers on planted relations and on pure noise, fitting maths and the command."""
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from mergekit_mergeability.cli import main
+from mergekit_mergeability.maths.calibration import fit, held_out_predictions, p_value, permutation_null, single_features, within_pools
+from mergekit_mergeability.precheck.calibration import Calibration
+
+NAMES, DIRECTIONS = ["knows", "size", "noise"], [+1, -1, +1]
+
+
+def _planted(n=60, seed=0, noise=0.05):
+    """y rises with feature 0 and falls with feature 1 (their prior directions); feature 2 is noise."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 3))
+    y = 1 / (1 + np.exp(-(1.5 * x[:, 0] - 1.0 * x[:, 1]))) + noise * rng.normal(size=n)
+    return x, y, ["pool"] * n
+
+
+def test_recovers_a_planted_monotone_relation_out_of_sample():
+    x, y, groups = _planted()
+    model = fit(x, y, NAMES, DIRECTIONS)
+    assert model.weights[0] > model.weights[1] > 2 * model.weights[2]
+    held_out = within_pools(held_out_predictions(x, y, groups, NAMES, DIRECTIONS), y, groups)
+    singles = single_features(x, y, groups, NAMES, DIRECTIONS)
+    assert held_out > 0.9 > max(singles.values())  # the combination beats each input alone
+    null = permutation_null(x, y, groups, NAMES, DIRECTIONS, permutations=100)
+    assert p_value(held_out, null) == pytest.approx(1 / 101)  # no shuffle comes close
+
+
+def test_pure_noise_is_not_significant_against_the_permutation_null():
+    rng = np.random.default_rng(1)
+    x, y, groups = rng.normal(size=(40, 3)), rng.normal(size=40), ["pool"] * 40
+    held_out = within_pools(held_out_predictions(x, y, groups, NAMES, DIRECTIONS), y, groups)
+    assert p_value(held_out, permutation_null(x, y, groups, NAMES, DIRECTIONS, permutations=100)) > 0.1
+
+
+def test_a_feature_against_its_prior_direction_gets_no_weight():
+    x, y, _ = _planted()
+    model = fit(x, y, NAMES, [-1, -1, +1])  # feature 0 helps, but its prior says it hurts
+    assert model.weights[0] == 0
+    ranked = model.predict(np.array([[0.0, -2.0, 0.0], [0.0, 2.0, 0.0]]))
+    assert ranked[0] > ranked[1]  # monotone: a smaller "size" never predicts less
+
+
+def test_missing_features_count_as_typical():
+    x, y, _ = _planted()
+    model = fit(x, y, NAMES, DIRECTIONS)
+    assert model.predict(np.array([[np.nan, np.nan, np.nan]]))[0] == pytest.approx(y.mean())
+
+
+def _pool_files(tmp_path, x, y, tag):
+    names = [f"./{tag}{i}" for i in range(len(y))]
+    models = [
+        {"path": n, "role": "expert", "knowledge": {"mean_p_gold": float(a)}, "weights": {"update_norm": float(np.exp(b)), "pool_cosine": float(c)}}
+        for n, (a, b, c) in zip(names, x)
+    ]
+    (tmp_path / f"{tag}_precheck.json").write_text(json.dumps({"models": models}))
+    rows = [{"path": n, "mergeability": float(v)} for n, v in zip(names, y)]
+    (tmp_path / f"{tag}_mergeability.json").write_text(json.dumps({"method": "task_arithmetic", "partners": 8, "trials": 5, "models": rows}))
+    return [str(tmp_path / f"{tag}_precheck.json"), str(tmp_path / f"{tag}_mergeability.json")]
+
+
+def test_calibrate_writes_a_fit_that_precheck_can_load(tmp_path):
+    x, y, _ = _planted(n=40)
+    files = _pool_files(tmp_path, x[:20], y[:20], "a") + _pool_files(tmp_path, x[20:], y[20:], "b")
+    result = CliRunner().invoke(main, ["calibrate", *files, "--out", str(tmp_path / "cal.json"), "--permutations", "50"])
+    assert result.exit_code == 0, result.output
+    calibration = Calibration.load(tmp_path / "cal.json")
+    document = calibration.document
+    assert set(document["out_of_sample"]) == {"leave_one_model_out", "leave_one_pool_out"}
+    assert document["provenance"]["command"].startswith("mergekit-mergeability calibrate")
+    weights = {f["name"]: f["weight"] for f in document["model"]["features"]}
+    assert weights["p_gold"] > 0 and weights["relative_norm"] > 0
+    knows, doubts = calibration.predict({"p_gold": 2.0, "relative_norm": -1.0}), calibration.predict({"p_gold": -2.0, "relative_norm": 1.0})
+    assert knows[0] > doubts[0] and "↑ base p(gold)" in knows[1][0]
+
+
+def test_calibrate_refuses_noise_and_writes_nothing(tmp_path):
+    rng = np.random.default_rng(2)
+    files = _pool_files(tmp_path, rng.normal(size=(30, 3)), rng.normal(size=30), "noise")
+    result = CliRunner().invoke(main, ["calibrate", *files, "--out", str(tmp_path / "cal.json"), "--permutations", "50"])
+    assert result.exit_code == 1 and "not written" in result.output
+    assert not (tmp_path / "cal.json").exists()
+
+
+def test_calibrate_wants_pairs(tmp_path):
+    result = CliRunner().invoke(main, ["calibrate", str(tmp_path / "one.json")])
+    assert result.exit_code == 2 and "pairs of files" in result.output
