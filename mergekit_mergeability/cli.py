@@ -201,8 +201,9 @@ def precheck(config_file: Path, out: Path, probes, layers, cka_threshold, **mode
     from mergekit_mergeability.precheck import config as merge_config, run
     from mergekit_mergeability.summary import print_precheck
 
-    options = _options(**model, layers=_layer_set(layers), cka_threshold=cka_threshold)
-    report = run(merge_config.read(config_file), _probe_pairs(probes), options, out)
+    spec = merge_config.read(config_file)
+    options = _options(**model, layers=_layer_set(layers), cka_threshold=cka_threshold, tokenizer_source=merge_config.tokenizer_source(spec.document))
+    report = run(spec, _probe_pairs(probes), options, out)
     print_precheck(report, out)
     if report["stop"]:
         raise SystemExit(1)

@@ -55,8 +55,9 @@ def check(merge_config) -> None:
     out = None if setting == "1" else Path(setting)
     from mergekit_mergeability.checkpoints import auto_device
 
-    options = {"limit": 64, "device": auto_device(), "quiet": True}
-    report = run(config.from_document(document, Path.cwd()), options=options, out=out)
+    spec = config.from_document(document, Path.cwd())
+    options = {"limit": 64, "device": auto_device(), "quiet": True, "tokenizer_source": config.tokenizer_source(document)}
+    report = run(spec, options=options, out=out)
     print_precheck(report, out)
     if report["stop"]:
         raise UserError(f"{ENVIRONMENT} is set and the precheck says stop: {report['stop'][0]}")
