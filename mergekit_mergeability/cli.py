@@ -158,13 +158,23 @@ def _options(limit, device, dtype, batch_size, quiet, **extra) -> dict:
 
 
 def cache_option(command):
+    """--cache-dir and --no-cache, handed to the command as ``cache`` (a harness.Cache)."""
+
+    @functools.wraps(command)
+    def wrapper(*args, cache_dir: str, no_cache: bool, **kwargs):
+        from mergekit_mergeability.evaluation import harness
+
+        # '' must not become Path('') = the working directory
+        return command(*args, cache=harness.Cache(None if no_cache or not cache_dir else Path(cache_dir)), **kwargs)
+
+    wrapper = click.option("--no-cache", is_flag=True, help="Neither read nor write cached scores.")(wrapper)
     return click.option(
         "--cache-dir",
-        type=click.Path(file_okay=False, path_type=Path),
-        default=lambda: default_cache_dir() / "scores",
+        type=click.Path(file_okay=False),
+        default=lambda: str(default_cache_dir() / "scores"),
         show_default="~/.cache/mergekit-mergeability/scores",
         help="Scores cached by model content, task and settings; delete to recompute. '' disables.",
-    )(command)
+    )(wrapper)
 
 
 def default_cache_dir() -> Path:
@@ -217,7 +227,7 @@ def precheck(config_file: Path, out: Path, probes, layers, cka_threshold, **mode
 @cache_option
 @model_options(default_limit=None)
 @user_errors
-def evaluate(config_file: Path, merged: Path, tasks, out: Path, cache_dir, **model):
+def evaluate(config_file: Path, merged: Path, tasks, out: Path, cache, **model):
     """Score the base, the merged model and each expert on that expert's task.
 
     \b
@@ -230,13 +240,13 @@ def evaluate(config_file: Path, merged: Path, tasks, out: Path, cache_dir, **mod
         mergekit-mergeability evaluate config.yml --merged ./merged --out eval/
     Writes OUT/evaluation.json and OUT/evaluation.png.
     """
-    from mergekit_mergeability.evaluation import evaluate as evaluation, harness
+    from mergekit_mergeability.evaluation import evaluate as evaluation
     from mergekit_mergeability.precheck import config as merge_config
     from mergekit_mergeability.summary import print_evaluation
 
     spec = merge_config.read(config_file)
     task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
-    report = evaluation.evaluate(spec, merged, task_list, _options(**model), harness.Cache(cache_dir or None))
+    report = evaluation.evaluate(spec, merged, task_list, _options(**model), cache)
     evaluation.write(report, out)
     print_evaluation(report, out)
 
@@ -251,7 +261,7 @@ def evaluate(config_file: Path, merged: Path, tasks, out: Path, cache_dir, **mod
 @cache_option
 @model_options(default_limit=None)
 @user_errors
-def mergeability(pool_file: Path, partners, trials, method, seed, out: Path, cache_dir, **model):
+def mergeability(pool_file: Path, partners, trials, method, seed, out: Path, cache, **model):
     """Measure each pool model's mergeability: its own-task score after merging with random partners.
 
     \b
@@ -264,12 +274,12 @@ def mergeability(pool_file: Path, partners, trials, method, seed, out: Path, cac
     changed. Finished trials go to OUT/trials.jsonl: an interrupted run resumes.
     Writes OUT/mergeability.json.
     """
-    from mergekit_mergeability.evaluation import harness, mergeability as protocol
+    from mergekit_mergeability.evaluation import mergeability as protocol
     from mergekit_mergeability.precheck import config as merge_config
     from mergekit_mergeability.summary import print_mergeability
 
     spec = merge_config.read(pool_file)
-    report = protocol.measure(spec, method, partners, trials, seed, _options(**model), harness.Cache(cache_dir or None), out)
+    report = protocol.measure(spec, method, partners, trials, seed, _options(**model), cache, out)
     protocol.write(report, out)
     print_mergeability(report, out)
 
