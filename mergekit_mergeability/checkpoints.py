@@ -219,6 +219,15 @@ class TensorReader:
         return [(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
+def check_model(model: Source) -> Path:
+    """The local folder of a model that has a config.json and undamaged weights: checked before
+    anything loads it, so a bad folder is named in one line, not deep inside transformers."""
+    folder = Path(model)
+    model_config(folder)
+    weight_files(folder)
+    return folder
+
+
 def load_causal_lm(folder: Source, device: str = "cpu", dtype: str = "float32", tokenizer_from: Optional[Source] = None):
     """(model, tokenizer) in eval mode; the tokenizer falls back to ``tokenizer_from``
     (mergekit output folders written with --no-copy-tokenizer have none)."""
@@ -226,10 +235,8 @@ def load_causal_lm(folder: Source, device: str = "cpu", dtype: str = "float32", 
     import transformers
     from safetensors import SafetensorError
 
-    folder = Path(folder)
+    folder = check_model(folder)
     tokenizer_from = tokenizer_from and Path(tokenizer_from)
-    model_config(folder)
-    weight_files(folder)  # a damaged file is named here, not deep inside transformers
     transformers.utils.logging.disable_progress_bar()
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))

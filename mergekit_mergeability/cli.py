@@ -29,7 +29,17 @@ def user_errors(command: Callable) -> Callable:
     return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Main(click.Group):
+    def invoke(self, ctx):
+        """A usage error (missing file, bad option value) is one line too, not usage + hint + error."""
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as error:
+            where = error.ctx.command_path if error.ctx else ctx.command_path
+            raise _UserErrorExit(f"{where}: {error.format_message()} (see --help)") from None
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="mergekit-mergeability")
 def main():
     """Will these fine-tunes merge well? Find out before the merge, and merge so less is lost.

@@ -12,31 +12,12 @@ from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
 from mergekit_mergeability.diagnostics.compatibility import Compatibility
 from mergekit_mergeability.errors import UserError
 
-
-def _copy(source: Path, folder: Path) -> Path:
-    shutil.copytree(source, folder)
-    return folder
-
-
-def truncate(folder: Path, cut: int = 7) -> Path:
-    """Cut the last bytes off a model's safetensors file, as an interrupted download does."""
-    file = folder / "model.safetensors"
-    data = file.read_bytes()
-    file.write_bytes(data[:-cut])
-    return file
-
-
-def garble_header(folder: Path) -> Path:
-    file = folder / "model.safetensors"
-    data = bytearray(file.read_bytes())
-    data[8:24] = b"\x00garbage\xff\xfe!!!!!!!"
-    file.write_bytes(bytes(data))
-    return file
+from conftest import garbled, truncated
 
 
 @pytest.fixture
 def damaged(llama, tmp_path):
-    return {"truncated": truncate(_copy(llama["expert0"], tmp_path / "truncated")), "garbled": garble_header(_copy(llama["expert0"], tmp_path / "garbled"))}
+    return {kind: make(llama["expert0"], tmp_path / kind) / "model.safetensors" for kind, make in (("truncated", truncated), ("garbled", garbled))}
 
 
 @pytest.mark.parametrize("kind", ["truncated", "garbled"])
@@ -63,7 +44,7 @@ def test_a_model_plus_adapter_reference_is_refused_not_reduced(llama, tmp_path):
 
 
 def test_a_folder_whose_name_has_a_plus_is_a_folder(llama, tmp_path):
-    folder = _copy(llama["expert0"], tmp_path / "model+v2")
+    folder = shutil.copytree(llama["expert0"], tmp_path / "model+v2")
     assert resolve(str(folder)) == folder.resolve()
 
 

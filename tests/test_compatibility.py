@@ -11,6 +11,8 @@ from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.plugins import contributions
 from mergekit_mergeability.tiny import make_family, state_dict
 
+from conftest import relabelled, widened
+
 
 def _inputs(base, *models):
     return DiagnosticInputs(
@@ -43,16 +45,10 @@ def test_a_shallower_model_is_one_line_naming_both_models_field_and_first_tensor
 
 
 def test_a_wider_model_is_one_line_not_one_per_tensor(llama, tmp_path):
-    wide = tmp_path / "wide"
-    make_family(wide, "llama", experts=0)
-    config = json.loads((wide / "base" / "config.json").read_text())
-    import transformers
-
-    wider = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**{**config, "hidden_size": 48}))
-    wider.save_pretrained(wide / "wider")
-    findings = Compatibility().run(_inputs(llama["base"], wide / "wider")).findings
+    wide = widened(llama["base"], tmp_path / "wide")
+    findings = Compatibility().run(_inputs(llama["base"], wide)).findings
     [message] = [f.message for f in findings if f.severity == "error"]
-    assert f"{wide / 'wider'} vs {llama['base']}: hidden_size is 48 vs 32 (" in message
+    assert f"{wide} vs {llama['base']}: hidden_size is 48 vs 32 (" in message
     assert re.search(r"\((\d+) tensors differ in shape; first: \S+ \[\d+(, \d+)?\] vs \[\d+(, \d+)?\]\)$", message), message
 
 
@@ -66,22 +62,11 @@ def test_a_folder_without_weights_is_a_user_error(tmp_path):
         tensor_shapes(tmp_path)
 
 
-def _relabel(source, folder, swap=(5, 6)):
-    """A copy of ``source`` whose tokenizer gives two token ids each other's tokens: same shapes, other words."""
-    shutil.copytree(source, folder)
-    tokenizer = json.loads((folder / "tokenizer.json").read_text())
-    vocab = tokenizer["model"]["vocab"]
-    first, second = (next(t for t, i in vocab.items() if i == n) for n in swap)
-    vocab[first], vocab[second] = swap[1], swap[0]
-    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
-    return folder
-
-
 def test_different_vocabularies_with_equal_shapes_are_an_error_unless_mergekit_aligns_them(llama, tmp_path):
-    relabelled = _relabel(llama["expert0"], tmp_path / "relabelled")
-    inputs = _inputs(llama["base"], relabelled)
+    other_words = relabelled(llama["expert0"], tmp_path / "relabelled")
+    inputs = _inputs(llama["base"], other_words)
     [error] = [f.message for f in Compatibility().run(inputs).findings if f.severity == "error"]
-    assert f"{relabelled} vs {llama['base']}: vocabularies differ: 2 of " in error and "first: id 5 is" in error and "tokenizer_source" in error
+    assert f"{other_words} vs {llama['base']}: vocabularies differ: 2 of " in error and "first: id 5 is" in error and "tokenizer_source" in error
     aligned = DiagnosticInputs(inputs.base, inputs.models, {"tokenizer_source": "union"})
     findings = Compatibility().run(aligned).findings
     assert [f.severity for f in findings] == ["info"] and "tokenizer_source: union aligns them" in findings[0].message

@@ -36,6 +36,7 @@ def tensor_shapes(model: Source) -> Shapes:
 class Compatibility:
     name = "compatibility"
     needs = frozenset({Need.WEIGHTS})
+    align = "set tokenizer_source: union (or base) in the config so mergekit aligns them"  # what fixes different vocabularies
 
     def run(self, inputs: DiagnosticInputs) -> DiagnosticResult:
         result = DiagnosticResult()
@@ -47,14 +48,16 @@ class Compatibility:
             facts = _Facts(model)
             result.per_model[model.name] = facts.summary()
             result.findings.extend(_compare(ref, facts))
-            result.findings.extend(_compare_vocabularies(ref, facts, source))
+            result.findings.extend(_compare_vocabularies(ref, facts, source, self.align))
         return result
 
 
 def require_compatible(base: ModelInput, models: List[ModelInput]) -> None:
     """Raise the first incompatibility as a UserError: for commands that merge in memory,
     where no tokenizer is rebuilt and a shape mismatch would end in a traceback."""
-    result = Compatibility().run(DiagnosticInputs(base, tuple(models)))
+    check = Compatibility()
+    check.align = "merges in memory align no vocabularies, so use models that share one tokenizer"
+    result = check.run(DiagnosticInputs(base, tuple(models)))
     errors = [f.message for f in result.findings if f.severity == "error"]
     if errors:
         raise UserError(errors[0])
@@ -108,7 +111,7 @@ def _compare(ref: _Facts, model: _Facts) -> Iterator[Finding]:
         yield Finding("warning", f"{against}: {size} (align with a tokenizer: source in the config)")
 
 
-def _compare_vocabularies(ref: _Facts, model: _Facts, source: Optional[str]) -> Iterator[Finding]:
+def _compare_vocabularies(ref: _Facts, model: _Facts, source: Optional[str], align: str) -> Iterator[Finding]:
     against = f"{model.name} vs {ref.name}"
     lacking = [f.name for f in (model, ref) if f.vocabulary is None]
     if lacking:
@@ -124,7 +127,7 @@ def _compare_vocabularies(ref: _Facts, model: _Facts, source: Optional[str]) -> 
             if source:
                 yield Finding("info", f"{against}: {what}; tokenizer_source: {source} aligns them")
             else:
-                yield Finding("error", f"{against}: {what}, so a merge garbles text; set tokenizer_source: union (or base) in the config so mergekit aligns them")
+                yield Finding("error", f"{against}: {what}, so a merge garbles text; {align}")
         elif ref.config.get("vocab_size") == model.config.get("vocab_size"):  # else the vocab_size line says it
             added = sorted(ref_ids.keys() ^ ids.keys())
             token = ids.get(added[0], ref_ids.get(added[0]))

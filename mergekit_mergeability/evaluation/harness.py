@@ -99,10 +99,11 @@ def score(model, tokenizer, task: Task, limit: Optional[int] = None, batch_size:
 
 @contextlib.contextmanager
 def quiet_harness():
-    """Silence lm-eval's per-request progress bars, prints and `git` probe (file descriptor 2 itself)."""
+    """Silence lm-eval's per-request progress bars, prints and `git` probe (file descriptor 2
+    itself, and sys.stderr where something has replaced it)."""
     sys.stderr.flush()
     saved = os.dup(2)
-    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
         os.dup2(null.fileno(), 2)
         try:
             yield
