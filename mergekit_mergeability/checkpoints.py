@@ -32,8 +32,8 @@ class TensorInfo(NamedTuple):
 class HubModel(os.PathLike):
     """A model on the Hugging Face hub, fetched no more than the caller needs.
 
-    ``file``, ``config`` and ``tensor_index`` read config.json, tokenizer files and the
-    safetensors headers without any weight; used as a path (``Path(model)``, ``open``)
+    ``file`` and ``tensor_index`` read config.json, tokenizer files and the safetensors
+    headers without any weight; used as a path (``Path(model)``, ``open``)
     it downloads the snapshot, once. ``str()`` stays the hub id, so reports and
     recommended configs name the model as the user did.
     """
@@ -62,12 +62,12 @@ class HubModel(os.PathLike):
         return self._folder
 
     def file(self, name: str) -> Optional[Path]:
-        """One small file of the repo (None if it has none by that name)."""
-        from huggingface_hub.errors import EntryNotFoundError
+        """One small file of the repo (None if the hub says it has none by that name)."""
+        from huggingface_hub.errors import RemoteEntryNotFoundError  # not Local…: offline is an error
 
         try:
-            return Path(self._hub("hf_hub_download", self.repo_id, name, missing_ok=EntryNotFoundError))
-        except EntryNotFoundError:
+            return Path(self._hub("hf_hub_download", self.repo_id, name, missing_ok=RemoteEntryNotFoundError))
+        except RemoteEntryNotFoundError:
             return None
 
     def tensor_index(self) -> Dict[str, TensorInfo]:
@@ -109,8 +109,8 @@ def resolve(reference: str, relative_to: Optional[Path] = None) -> Source:
         model, adapter = reference.split("+", 1)
         raise UserError(
             f"model {reference}: a model+adapter reference; measured as is it would be {model} without {adapter}. "
-            "Merge the adapter first (peft: PeftModel.from_pretrained(model, adapter).merge_and_unload().save_pretrained(DIR), "
-            "or a mergekit-yaml passthrough merge) and name DIR instead"
+            "Merge the adapter first (peft's merge_and_unload(), or mergekit-yaml with merge_method: passthrough) "
+            "and name the merged folder instead"
         )
     if reference.startswith((".", "/", "~")) or reference.count("/") != 1:
         raise UserError(f"model {reference}: no such folder (relative paths resolve against the working directory)")

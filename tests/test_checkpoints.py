@@ -59,9 +59,9 @@ class FakeHub:
         self.calls.append(("file", repo_id, filename))
         path = self.folders[repo_id] / filename
         if not path.is_file():
-            from huggingface_hub.errors import EntryNotFoundError
+            from huggingface_hub.errors import RemoteEntryNotFoundError
 
-            raise EntryNotFoundError(f"{filename} not in {repo_id}")
+            raise RemoteEntryNotFoundError.__new__(RemoteEntryNotFoundError)  # the hub's 404 for a file (needs no response)
         return str(path)
 
     def get_safetensors_metadata(self, repo_id, **_):

@@ -143,7 +143,7 @@ def test_validate_reports_correlation_with_null_and_interval(tmp_path):
         (["mergeability", "{config}", "--partners", "3"], "--partners 3: the pool has 3 models, so at most 2 partners"),
         (["mergeability", "{config}", "--partners", "1", "--method", "nope"], "--method nope: not a registered merge method"),
         (["evaluate", "{config}", "--merged", "{root}/absent"], "no such folder; run the merge first"),
-        (["evaluate", "{config}", "--merged", "{root}", "--tasks", "no_such_task_anywhere"], "lm-eval task 'no_such_task_anywhere' not found"),
+        (["evaluate", "{config}", "--merged", "{root}/e0", "--tasks", "no_such_task_anywhere"], "lm-eval task 'no_such_task_anywhere' not found"),
     ],
 )
 def test_bad_input_fails_before_work(pool, tmp_path, args, message):

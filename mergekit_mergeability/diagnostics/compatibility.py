@@ -128,8 +128,7 @@ def _compare_vocabularies(ref: _Facts, model: _Facts, source: Optional[str], ali
                 yield Finding("info", f"{against}: {what}; tokenizer_source: {source} aligns them")
             else:
                 yield Finding("error", f"{against}: {what}, so a merge garbles text; {align}")
-        elif ref.config.get("vocab_size") == model.config.get("vocab_size"):  # else the vocab_size line says it
-            added = sorted(ref_ids.keys() ^ ids.keys())
+        elif (added := sorted(ref_ids.keys() ^ ids.keys())) and ref.config.get("vocab_size") == model.config.get("vocab_size"):  # else the vocab_size line says it
             token = ids.get(added[0], ref_ids.get(added[0]))
             yield Finding("info" if source else "warning", f"{against}: vocabularies differ by {len(added)} added tokens (first: id {added[0]} {token!r}); set tokenizer_source: union in the config to keep them")
     special = [f"{k} {b.special[k]!r} vs {a.special[k]!r}" for k in vocabulary.SPECIAL_TOKENS if a.special[k] != b.special[k]]
