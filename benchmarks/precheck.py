@@ -31,7 +31,7 @@ from mergekit_mergeability.checkpoints import TensorReader, load_causal_lm
 from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
 from mergekit_mergeability.diagnostics.activations import encode, pad, score
 from mergekit_mergeability.diagnostics.weights import WeightStatistics
-from mergekit_mergeability.tiny import tokenizer as offline_tokenizer
+from mergekit_mergeability.tiny import train_tokenizer
 
 PROMPTS = [(f"Question {i}: what does the fine-tune number {i} know about merging models?", f" Answer {i}: quite a lot.") for i in range(64)]
 
@@ -153,7 +153,7 @@ def main():
             print(f"   vs touching every memory-mapped block once {t['mapped']:.2f} s: {t['weights'] / t['mapped']:.2f}x (the memory-bandwidth floor)")
 
     print("2. activation pass (64 probe rows, batch 16)")
-    offline_tokenizer(work / "models8" / "base")  # an offline tokenizer beside the weights
+    train_tokenizer().save_pretrained(work / "models8" / "base")  # an offline tokenizer beside the weights
     model, tok = load_causal_lm(work / "models8" / "base")
     t = alternate(args.repeats, plain=lambda: plain_forward(model, tok), activations=lambda: activation_pass(model, tok))
     print(f"   plain forward {t['plain']:.2f} s, activation pass {t['activations']:.2f} s: {t['activations'] / t['plain']:.2f}x (target <= 1.3x)")

@@ -1,18 +1,26 @@
 """Model folders: where they are, what their headers say, and loading them.
 
 Nothing here reads a tensor before it is needed: ``tensor_index`` parses only the
-safetensors headers, ``TensorReader`` maps one tensor at a time.
+safetensors headers, ``TensorReader`` maps one tensor at a time. Every header is
+checked against its file's size first, so a cut-off download or a damaged file is
+named in one line instead of failing deep inside safetensors. A hub id becomes a
+``HubModel``: its config and headers come over HTTP, and its weights download only
+when something uses it as a folder.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from pathlib import Path
-from typing import Dict, NamedTuple, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple, Union
 
 from mergekit_mergeability.errors import UserError
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 
 
 class TensorInfo(NamedTuple):
@@ -21,49 +29,160 @@ class TensorInfo(NamedTuple):
     dtype: str
 
 
-def resolve(reference: str, relative_to: Optional[Path] = None) -> Path:
-    """A local folder for a model reference as written in a mergekit config.
+class HubModel(os.PathLike):
+    """A model on the Hugging Face hub, fetched no more than the caller needs.
 
-    Local paths resolve like mergekit's (against the working directory), then
-    against the config's folder; anything else is a Hugging Face hub id,
-    downloaded (safetensors and configs only) to the usual hub cache.
+    ``file`` and ``tensor_index`` read config.json, tokenizer files and the safetensors
+    headers without any weight; used as a path (``Path(model)``, ``open``)
+    it downloads the snapshot, once. ``str()`` stays the hub id, so reports and
+    recommended configs name the model as the user did.
     """
-    path = reference.split("+")[0]  # mergekit's "model+lora" syntax: the model part
-    for candidate in (Path(path).expanduser(), *([relative_to / path] if relative_to else [])):
+
+    def __init__(self, repo_id: str):
+        self.repo_id = repo_id
+        self._folder: Optional[Path] = None
+
+    def __str__(self) -> str:
+        return self.repo_id
+
+    def __repr__(self) -> str:
+        return f"HubModel({self.repo_id!r})"
+
+    def __fspath__(self) -> str:
+        return str(self.folder)
+
+    def __truediv__(self, name: str) -> Path:
+        return self.folder / name
+
+    @property
+    def folder(self) -> Path:
+        if self._folder is None:
+            patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
+            self._folder = Path(self._hub("snapshot_download", self.repo_id, allow_patterns=patterns))
+        return self._folder
+
+    def file(self, name: str) -> Optional[Path]:
+        """One small file of the repo (None if the hub says it has none by that name)."""
+        from huggingface_hub.errors import RemoteEntryNotFoundError  # not Local…: offline is an error
+
+        try:
+            return Path(self._hub("hf_hub_download", self.repo_id, name, missing_ok=RemoteEntryNotFoundError))
+        except RemoteEntryNotFoundError:
+            return None
+
+    def tensor_index(self) -> Dict[str, TensorInfo]:
+        metadata = self._hub("get_safetensors_metadata", self.repo_id)
+        return {
+            name: TensorInfo(Path(file), tuple(info.shape), info.dtype)
+            for file, header in metadata.files_metadata.items()
+            for name, info in header.tensors.items()
+        }
+
+    def _hub(self, function: str, *args, missing_ok=(), **kwargs):
+        import huggingface_hub  # looked up at call time, so tests can stand in for the hub
+
+        try:
+            return getattr(huggingface_hub, function)(*args, **kwargs)
+        except missing_ok:
+            raise
+        except Exception as error:  # offline, gated, missing: all the user can act on is the message
+            raise UserError(
+                f"model {self.repo_id}: no such folder, and not on the hub ({type(error).__name__}); "
+                "relative paths resolve against the working directory"
+            ) from None
+
+
+Source = Union[Path, HubModel]
+
+
+def resolve(reference: str, relative_to: Optional[Path] = None) -> Source:
+    """A model reference as written in a mergekit config: a local folder, or a ``HubModel``.
+
+    Local paths resolve like mergekit's (against the working directory), then against
+    the config's folder. mergekit's ``model+adapter`` syntax is refused: every number
+    measured here would describe the bare model.
+    """
+    for candidate in (Path(reference).expanduser(), *([relative_to / reference] if relative_to else [])):
         if candidate.is_dir():
             return candidate.resolve()
-    if path.startswith((".", "/", "~")) or path.count("/") != 1:
+    if "+" in reference:
+        model, adapter = reference.split("+", 1)
+        raise UserError(
+            f"model {reference}: a model+adapter reference; measured as is it would be {model} without {adapter}. "
+            "Merge the adapter first (peft's merge_and_unload(), or mergekit-yaml with merge_method: passthrough) "
+            "and name the merged folder instead"
+        )
+    if reference.startswith((".", "/", "~")) or reference.count("/") != 1:
         raise UserError(f"model {reference}: no such folder (relative paths resolve against the working directory)")
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(path, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]))
-    except Exception as error:  # offline, gated, missing: all the user can act on is the message
-        raise UserError(f"model {reference}: not a local folder and not downloadable from the hub ({type(error).__name__})") from None
+    return HubModel(reference)
 
 
-def model_config(folder: Path) -> dict:
-    path = Path(folder) / "config.json"
+def small_file(model: Source, name: str) -> Optional[Path]:
+    """A small file of a model (config, tokenizer) without fetching its weights; None if absent."""
+    if isinstance(model, HubModel):
+        return model.file(name)
+    path = Path(model) / name
+    return path if path.is_file() else None
+
+
+def model_config(model: Source) -> dict:
+    path = small_file(model, "config.json")
+    if path is None:
+        raise UserError(f"model {model}: no config.json; every model folder needs one (is it a model folder?)")
     try:
         return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path}: missing; every model folder needs its config.json") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise UserError(f"{path}: not JSON; a model's config.json must be") from None
 
 
-def tensor_index(folder: Path) -> Dict[str, TensorInfo]:
-    """Every tensor's file, shape and dtype, from the safetensors headers in ``folder``."""
-    files = sorted(Path(folder).glob("*.safetensors"))
+def read_header(file: Path) -> dict:
+    """A safetensors file's header, checked against the file: its tensors' data must end
+    exactly where the file does (a cut-off download, or bytes lost, fails here)."""
+    size = file.stat().st_size
+    try:
+        with open(file, "rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            if length > size - 8:
+                raise ValueError
+            header = json.loads(handle.read(length))
+        spans = {name: (tuple(info["shape"]), info["dtype"], info["data_offsets"]) for name, info in header.items() if name != "__metadata__"}
+    except (struct.error, ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+        raise UserError(f"{file}: not a safetensors file (unreadable header); download or save it again") from None
+    data = size - 8 - length
+    end = max((stop for _, _, (_, stop) in spans.values()), default=0)
+    if end != data:
+        short = f"{end - data} bytes short" if end > data else f"{data - end} bytes too long"
+        raise UserError(f"{file}: truncated or corrupted ({short} of what its header describes); download or save it again")
+    for name, (shape, dtype, (start, stop)) in spans.items():
+        if dtype in _DTYPE_BYTES and stop - start != math.prod(shape) * _DTYPE_BYTES[dtype]:
+            raise UserError(f"{file}: corrupted header (tensor {name}: {stop - start} bytes for shape {list(shape)} {dtype}); download or save it again")
+    return header
+
+
+def weight_files(folder: Source) -> List[Path]:
+    """Every weight file of a local model folder, in any format transformers saves (and
+    shard indexes), safetensors headers checked. Refuses a folder without weights."""
+    folder = Path(folder)
+    files = sorted(f for f in folder.iterdir() if f.is_file() and (f.suffix in WEIGHT_SUFFIXES or f.name.endswith(".index.json"))) if folder.is_dir() else []
+    if not any(f.suffix in WEIGHT_SUFFIXES for f in files):
+        raise UserError(f"{folder}: no weights (*.safetensors, *.bin, *.pt, *.pth); is it a model folder?")
+    for file in files:
+        if file.suffix == ".safetensors":
+            read_header(file)
+    return files
+
+
+def tensor_index(model: Source) -> Dict[str, TensorInfo]:
+    """Every tensor's file, shape and dtype, from the safetensors headers (a hub model's over HTTP)."""
+    if isinstance(model, HubModel):
+        return model.tensor_index()
+    files = sorted(Path(model).glob("*.safetensors"))
     if not files:
-        raise UserError(f"{folder}: no .safetensors files; mergeability reads safetensors checkpoints")
+        others = [f.name for f in weight_files(model)]  # raises for a folder without any weights
+        raise UserError(f"{model}: no .safetensors files (only {others[0]}); re-save it with save_pretrained(..., safe_serialization=True)")
     index: Dict[str, TensorInfo] = {}
     for file in files:
-        try:
-            with open(file, "rb") as handle:
-                (length,) = struct.unpack("<Q", handle.read(8))
-                header = json.loads(handle.read(length))
-        except (struct.error, ValueError, UnicodeDecodeError):
-            raise UserError(f"{file}: not a safetensors file (unreadable header)") from None
-        for name, info in header.items():
+        for name, info in read_header(file).items():
             if name != "__metadata__":
                 index[name] = TensorInfo(file, tuple(info["shape"]), info["dtype"])
     return index
@@ -72,8 +191,8 @@ def tensor_index(folder: Path) -> Dict[str, TensorInfo]:
 class TensorReader:
     """Reads single tensors from a model folder, keeping each file memory-mapped once."""
 
-    def __init__(self, folder: Path):
-        self.index = tensor_index(folder)
+    def __init__(self, folder: Source):
+        self.index = tensor_index(Path(folder))  # a hub model is downloaded here: its tensors are read
         self._handles: Dict[Path, object] = {}
 
     def _handle(self, name: str):
@@ -100,16 +219,28 @@ class TensorReader:
         return [(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
-def load_causal_lm(folder: Path, device: str = "cpu", dtype: str = "float32", tokenizer_from: Optional[Path] = None):
+def check_model(model: Source) -> Path:
+    """The local folder of a model that has a config.json and undamaged weights: checked before
+    anything loads it, so a bad folder is named in one line, not deep inside transformers."""
+    folder = Path(model)
+    model_config(folder)
+    weight_files(folder)
+    return folder
+
+
+def load_causal_lm(folder: Source, device: str = "cpu", dtype: str = "float32", tokenizer_from: Optional[Source] = None):
     """(model, tokenizer) in eval mode; the tokenizer falls back to ``tokenizer_from``
     (mergekit output folders written with --no-copy-tokenizer have none)."""
     import torch
     import transformers
+    from safetensors import SafetensorError
 
+    folder = check_model(folder)
+    tokenizer_from = tokenizer_from and Path(tokenizer_from)
     transformers.utils.logging.disable_progress_bar()
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, SafetensorError) as error:
         raise UserError(f"model {folder}: transformers cannot load it ({str(error).splitlines()[0]})") from None
     for source in (folder, tokenizer_from):
         if source is None:

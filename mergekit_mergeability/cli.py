@@ -38,7 +38,17 @@ def user_errors(command: Callable) -> Callable:
     return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Main(click.Group):
+    def invoke(self, ctx):
+        """A usage error (missing file, bad option value) is one line too, not usage + hint + error."""
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as error:
+            where = error.ctx.command_path if error.ctx else ctx.command_path
+            raise _UserErrorExit(f"{where}: {error.format_message()} (see --help)") from None
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="mergekit-mergeability")
 def main():
     """Will these fine-tunes merge well? Find out before the merge, and merge so less is lost.
@@ -93,6 +103,9 @@ def merge(config_file: Path, out_path: Path, mergekit_options: tuple):
     """
     if out_path.exists() and any(out_path.iterdir()):
         raise UserError(f"{out_path}: output folder exists and is not empty; remove it or choose another")
+    from mergekit_mergeability.precheck.config import check_local_weights
+
+    check_local_weights(config_file)
     # Importing mergekit registers the plugins' methods: this package's import installed the hook.
     from mergekit.scripts import run_yaml
 
@@ -164,13 +177,23 @@ def _options(limit, device, dtype, batch_size, quiet, **extra) -> dict:
 
 
 def cache_option(command):
+    """--cache-dir and --no-cache, handed to the command as ``cache`` (a harness.Cache)."""
+
+    @functools.wraps(command)
+    def wrapper(*args, cache_dir: str, no_cache: bool, **kwargs):
+        from mergekit_mergeability.evaluation import harness
+
+        # '' must not become Path('') = the working directory
+        return command(*args, cache=harness.Cache(None if no_cache or not cache_dir else Path(cache_dir)), **kwargs)
+
+    wrapper = click.option("--no-cache", is_flag=True, help="Neither read nor write cached scores.")(wrapper)
     return click.option(
         "--cache-dir",
-        type=click.Path(file_okay=False, path_type=Path),
-        default=lambda: default_cache_dir() / "scores",
+        type=click.Path(file_okay=False),
+        default=lambda: str(default_cache_dir() / "scores"),
         show_default="~/.cache/mergekit-mergeability/scores",
         help="Scores cached by model content, task and settings; delete to recompute. '' disables.",
-    )(command)
+    )(wrapper)
 
 
 def default_cache_dir() -> Path:
@@ -234,7 +257,7 @@ def precheck(config_file: Path, out: Path, probes, fewshot, calibration, layers,
 @cache_option
 @model_options(default_limit=None)
 @user_errors
-def evaluate(config_file: Path, merged: Path, tasks, out: Path, cache_dir, **model):
+def evaluate(config_file: Path, merged: Path, tasks, out: Path, cache, **model):
     """Score the base, the merged model and each expert on that expert's task.
 
     \b
@@ -247,13 +270,13 @@ def evaluate(config_file: Path, merged: Path, tasks, out: Path, cache_dir, **mod
         mergekit-mergeability evaluate config.yml --merged ./merged --out eval/
     Writes OUT/evaluation.json and OUT/evaluation.png.
     """
-    from mergekit_mergeability.evaluation import evaluate as evaluation, harness
+    from mergekit_mergeability.evaluation import evaluate as evaluation
     from mergekit_mergeability.precheck import config as merge_config
     from mergekit_mergeability.summary import print_evaluation
 
     spec = merge_config.read(config_file)
     task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
-    report = evaluation.evaluate(spec, merged, task_list, _options(**model), harness.Cache(cache_dir or None))
+    report = evaluation.evaluate(spec, merged, task_list, _options(**model), cache)
     evaluation.write(report, out)
     print_evaluation(report, out)
 
@@ -268,7 +291,7 @@ def evaluate(config_file: Path, merged: Path, tasks, out: Path, cache_dir, **mod
 @cache_option
 @model_options(default_limit=None)
 @user_errors
-def mergeability(pool_file: Path, partners, trials, method, seed, out: Path, cache_dir, **model):
+def mergeability(pool_file: Path, partners, trials, method, seed, out: Path, cache, **model):
     """Measure each pool model's mergeability: its own-task score after merging with random partners.
 
     \b
@@ -281,12 +304,12 @@ def mergeability(pool_file: Path, partners, trials, method, seed, out: Path, cac
     changed. Finished trials go to OUT/trials.jsonl: an interrupted run resumes.
     Writes OUT/mergeability.json.
     """
-    from mergekit_mergeability.evaluation import harness, mergeability as protocol
+    from mergekit_mergeability.evaluation import mergeability as protocol
     from mergekit_mergeability.precheck import config as merge_config
     from mergekit_mergeability.summary import print_mergeability
 
     spec = merge_config.read(pool_file)
-    report = protocol.measure(spec, method, partners, trials, seed, _options(**model), harness.Cache(cache_dir or None), out)
+    report = protocol.measure(spec, method, partners, trials, seed, _options(**model), cache, out)
     protocol.write(report, out)
     print_mergeability(report, out)
 

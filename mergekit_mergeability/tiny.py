@@ -1,7 +1,16 @@
-"""Tiny real Hugging Face models with an offline tokenizer, for tests and quick runs.
+"""Tiny real Hugging Face models with an offline tokenizer: a public utility for trying
+mergekit-mergeability (and testing a plugin's methods or diagnostics) without a download.
 
-Built from transformers config classes with small sizes; a byte-level BPE
-tokenizer trained on a few sentences; saved with ``save_pretrained`` (~1 s).
+``demo --quick`` runs the whole pipeline on these, the package's tests and examples use
+them, and a plugin's tests can too::
+
+    from mergekit_mergeability.tiny import make_family
+    family = make_family(tmp_path / "models", "llama", experts=2)   # {"base": Path, "expert0": ...}
+
+Models are built from transformers config classes with small sizes (tens of thousands
+of parameters; any of ``ARCHITECTURES``); the tokenizer is a byte-level BPE trained on a few
+sentences. A family is written with ``save_pretrained`` in about a second. The numbers
+such models produce mean nothing: they exercise the mechanics, not the predictions.
 """
 
 from __future__ import annotations
@@ -28,7 +37,10 @@ CORPUS = [
 ]
 
 
-def tokenizer(directory: Path) -> transformers.PreTrainedTokenizerFast:
+def train_tokenizer() -> transformers.PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on ``CORPUS``, in memory. Saving is the caller's
+    ``save_pretrained(folder)``: a function that writes wherever its argument points turns
+    a string passed by mistake (a prompt) into a folder."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -40,9 +52,7 @@ def tokenizer(directory: Path) -> transformers.PreTrainedTokenizerFast:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(CORPUS, trainer)
-    wrapped = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>")
-    wrapped.save_pretrained(directory)
-    return wrapped
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>")
 
 
 def config(arch: str, vocab_size: int, layers: int = 4):
@@ -68,7 +78,7 @@ def make_family(
 ) -> Dict[str, Path]:
     """A base model and ``experts`` fine-tunes (base + seeded noise), as local folders."""
     root.mkdir(parents=True, exist_ok=True)
-    tok = tokenizer(root / "tokenizer")
+    tok = train_tokenizer()
     torch.manual_seed(seed)
     base = transformers.AutoModelForCausalLM.from_config(config(arch, len(tok), layers))
     paths = {"base": _save(base, tok, root / "base")}

@@ -1,3 +1,6 @@
+import json
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -7,6 +10,8 @@ from mergekit_mergeability.diagnostics.compatibility import Compatibility, tenso
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.plugins import contributions
 from mergekit_mergeability.tiny import make_family, state_dict
+
+from conftest import relabelled, widened
 
 
 def _inputs(base, *models):
@@ -32,12 +37,19 @@ def test_a_compatible_family_has_no_findings(llama):
     assert result.per_model[str(llama["expert0"])]["num_layers"] == 4
 
 
-def test_a_shallower_model_is_caught_naming_model_field_and_tensor(llama, tmp_path):
+def test_a_shallower_model_is_one_line_naming_both_models_field_and_first_tensor(llama, tmp_path):
     shallow = make_family(tmp_path / "shallow", "llama", experts=0, layers=3)["base"]
     findings = Compatibility().run(_inputs(llama["base"], shallow)).findings
-    messages = [f.message for f in findings if f.severity == "error"]
-    assert any("num_hidden_layers is 3 vs 4" in m and str(shallow) in m for m in messages)
-    assert any("model.layers.3.mlp.up_proj.weight is missing" in m for m in messages)
+    [message] = [f.message for f in findings if f.severity == "error"]
+    assert message.startswith(f"{shallow} vs {llama['base']}: num_hidden_layers is 3 vs 4 (9 tensors of {llama['base']} missing from {shallow}; first: model.layers.3.")
+
+
+def test_a_wider_model_is_one_line_not_one_per_tensor(llama, tmp_path):
+    wide = widened(llama["base"], tmp_path / "wide")
+    findings = Compatibility().run(_inputs(llama["base"], wide)).findings
+    [message] = [f.message for f in findings if f.severity == "error"]
+    assert f"{wide} vs {llama['base']}: hidden_size is 48 vs 32 (" in message
+    assert re.search(r"\((\d+) tensors differ in shape; first: \S+ \[\d+(, \d+)?\] vs \[\d+(, \d+)?\]\)$", message), message
 
 
 def test_another_architecture_is_caught(llama, families):
@@ -46,5 +58,31 @@ def test_another_architecture_is_caught(llama, families):
 
 
 def test_a_folder_without_weights_is_a_user_error(tmp_path):
-    with pytest.raises(UserError, match="no .safetensors files"):
+    with pytest.raises(UserError, match="no weights"):
         tensor_shapes(tmp_path)
+
+
+def test_different_vocabularies_with_equal_shapes_are_an_error_unless_mergekit_aligns_them(llama, tmp_path):
+    other_words = relabelled(llama["expert0"], tmp_path / "relabelled")
+    inputs = _inputs(llama["base"], other_words)
+    [error] = [f.message for f in Compatibility().run(inputs).findings if f.severity == "error"]
+    assert f"{other_words} vs {llama['base']}: vocabularies differ: 2 of " in error and "first: id 5 is" in error and "tokenizer_source" in error
+    aligned = DiagnosticInputs(inputs.base, inputs.models, {"tokenizer_source": "union"})
+    findings = Compatibility().run(aligned).findings
+    assert [f.severity for f in findings] == ["info"] and "tokenizer_source: union aligns them" in findings[0].message
+
+
+def test_special_tokens_and_chat_templates_differing_are_warnings(llama, tmp_path):
+    chat = shutil.copytree(llama["expert0"], tmp_path / "chat")
+    settings = json.loads((chat / "tokenizer_config.json").read_text())
+    settings.update(eos_token="Paris", chat_template="{{ messages }}")
+    (chat / "tokenizer_config.json").write_text(json.dumps(settings))
+    findings = Compatibility().run(_inputs(llama["base"], chat)).findings
+    assert [f.severity for f in findings] == ["warning", "warning"]
+    assert "eos_token 'Paris' vs '<eos>'" in findings[0].message and "chat templates differ" in findings[1].message
+
+
+def test_models_without_tokenizer_files_skip_the_comparison(llama, tmp_path):
+    bare = shutil.copytree(llama["expert0"], tmp_path / "bare", ignore=shutil.ignore_patterns("tokenizer*"))
+    findings = Compatibility().run(_inputs(llama["base"], bare)).findings
+    assert [(f.severity, f.message) for f in findings] == [("info", f"{bare} vs {llama['base']}: tokenizers not compared, {bare} has no tokenizer files")]

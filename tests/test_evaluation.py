@@ -143,7 +143,7 @@ def test_validate_reports_correlation_with_null_and_interval(tmp_path):
         (["mergeability", "{config}", "--partners", "3"], "--partners 3: the pool has 3 models, so at most 2 partners"),
         (["mergeability", "{config}", "--partners", "1", "--method", "nope"], "--method nope: not a registered merge method"),
         (["evaluate", "{config}", "--merged", "{root}/absent"], "no such folder; run the merge first"),
-        (["evaluate", "{config}", "--merged", "{root}", "--tasks", "no_such_task_anywhere"], "lm-eval task 'no_such_task_anywhere' not found"),
+        (["evaluate", "{config}", "--merged", "{root}/e0", "--tasks", "no_such_task_anywhere"], "lm-eval task 'no_such_task_anywhere' not found"),
     ],
 )
 def test_bad_input_fails_before_work(pool, tmp_path, args, message):
@@ -169,3 +169,113 @@ def test_shipped_translation_task_scores_chrf_with_signatures(llama):
     assert result["primary"] == "chrf" and result["samples"] == 2
     assert {"bleu", "chrf"} <= result["metrics"].keys()
     assert "tok:13a" in result["signatures"]["bleu_signature"]
+
+
+def test_fingerprints_cover_every_weight_format_and_refuse_a_folder_without_weights(tmp_path):
+    from mergekit_mergeability.errors import UserError
+    from mergekit_mergeability.evaluation.harness import fingerprint
+
+    def folder(name, files):
+        path = tmp_path / name
+        path.mkdir()
+        for file, data in files.items():
+            (path / file).write_bytes(data)
+        return path
+
+    bins = [folder(f"bin{i}", {"config.json": b"{}", "pytorch_model.bin": bytes([i]) * 64}) for i in range(2)]
+    sharded = folder("sharded", {"config.json": b"{}", "pytorch_model.bin": bytes(64), "pytorch_model.bin.index.json": b"{}"})
+    pt = folder("pt", {"config.json": b"{}", "model.pt": bytes(64)})
+    assert len({fingerprint(f) for f in [*bins, sharded, pt]}) == 4
+    with pytest.raises(UserError, match="no weights"):
+        fingerprint(folder("empty", {"config.json": b"{}"}))
+
+
+def _own_pool(pool, root):
+    """The pool with its own copies of the probe files, free to edit."""
+    probes = {n: root / p.name for n, p in pool["probes"].items()}
+    for name, path in probes.items():
+        path.write_bytes(pool["probes"][name].read_bytes())
+    config = yaml.safe_load(pool["config"].read_text())
+    for entry, probe in zip(config["models"], probes.values()):
+        entry["probe"] = str(probe)
+    (root / "pool.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return root / "pool.yml", probes
+
+
+def test_a_resumed_run_redoes_trials_whose_score_would_change_and_survives_a_torn_line(pool, tmp_path):
+    config, probes = _own_pool(pool, tmp_path)
+    out = tmp_path / "mg"
+    log = out / "trials.jsonl"
+
+    def run(*extra):
+        args = ["mergeability", str(config), "--partners", "1", "--trials", "1", "--out", str(out), "--cache-dir", str(tmp_path / "cache"), "--quiet"]
+        result = CliRunner().invoke(main, [*args, *extra])
+        assert result.exit_code == 0, result.output
+        return len(log.read_text().splitlines())
+
+    assert run("--limit", "4") == 3
+    assert run("--limit", "2") == 6  # another limit: every trial again
+    assert run("--limit", "2", "--dtype", "bfloat16") == 9
+    assert run("--limit", "2", "--dtype", "bfloat16") == 9  # same settings: resumed
+    with open(log, "a") as handle:
+        handle.write('{"model": "killed mid-wri')
+    rows = [json.loads(line) for line in probes["e0"].read_text().splitlines()]
+    probes["e0"].write_text("".join(json.dumps({**r, "label": (r["label"] + 1) % len(CHOICES)}) + "\n" for r in rows))
+    assert run("--limit", "2", "--dtype", "bfloat16") == 11  # the torn line, then e0's trial redone for its new probe
+    lines = log.read_text().splitlines()
+    assert lines[9] == '{"model": "killed mid-wri' and json.loads(lines[10])["model"] == str(pool["experts"]["e0"])
+
+
+def _group(root, pool, aggregate=True):
+    """A local lm-eval group of two local tasks (the pool's first two probe sets)."""
+    for name, probe in list(pool["probes"].items())[:2]:
+        task = {
+            "task": f"mm_part_{name}",
+            "dataset_path": "json",
+            "dataset_kwargs": {"data_files": {"test": str(probe)}},
+            "test_split": "test",
+            "output_type": "multiple_choice",
+            "doc_to_text": "{{question}}\nAnswer:",
+            "doc_to_choice": "{{choices}}",
+            "doc_to_target": "{{label}}",
+            "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
+        }
+        (root / f"part_{name}.yaml").write_text(yaml.safe_dump(task))
+    group = {"group": "mm_group", "task": ["mm_part_e0", "mm_part_e1"]}
+    if aggregate:
+        group["aggregate_metric_list"] = [{"metric": "acc", "aggregation": "mean", "weight_by_size": True}]
+    (root / "group.yaml").write_text(yaml.safe_dump(group))
+    return root / "group.yaml"
+
+
+def test_a_group_task_is_scored_by_its_aggregate(pool, tmp_path):
+    group = _group(tmp_path, pool)
+    out = tmp_path / "eval"
+    args = ["evaluate", str(pool["config"]), "--merged", str(pool["experts"]["e2"]), "--tasks", str(group), "--out", str(out), "--no-cache", "--quiet"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    [row] = json.loads((out / "evaluation.json").read_text())["tasks"]
+    base_model = load_causal_lm(pool["base"])
+    parts = [_accuracy(base_model, pool["probes"][name]) for name in ("e0", "e1")]
+    assert row["lm_eval_task"] == "mm_group" and row["base"] == pytest.approx(sum(parts) / 2)  # equal sizes
+
+
+def test_a_bad_task_among_good_ones_fails_before_any_model_is_scored(pool, tmp_path):
+    group = _group(tmp_path, pool, aggregate=False)
+    cache = tmp_path / "cache"
+    args = ["evaluate", str(pool["config"]), "--merged", str(pool["experts"]["e2"]), "--tasks", f"{pool['probes']['e0']},{group}", "--out", str(tmp_path / "eval"), "--cache-dir", str(cache), "--quiet"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and "lm-eval group 'mm_group' has no aggregate_metric_list" in result.output, result.output
+    assert not cache.exists() and not (tmp_path / "eval").exists()
+
+
+@pytest.mark.parametrize("option", [["--no-cache"], ["--cache-dir", ""]])
+def test_the_cache_can_be_turned_off(pool, tmp_path, monkeypatch, option):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    args = ["evaluate", str(pool["config"]), "--merged", str(pool["experts"]["e2"]), "--tasks", str(pool["probes"]["e0"]), "--out", str(tmp_path / "eval"), "--limit", "2", "--quiet"]
+    result = CliRunner().invoke(main, [*args, *option])
+    assert result.exit_code == 0, result.output
+    assert list(work.iterdir()) == [] and not (tmp_path / "xdg").exists()

@@ -373,3 +373,22 @@ def test_models_with_the_same_folder_name_stay_apart_at_80_columns(tmp_path, poo
     html = (tmp_path / "out" / "report.html").read_text()
     assert f'title="{tmp_path / "team_a" / "expert"}">team_a/expert<' in html
     assert "table.sortable" in html and "Recommended models" in html
+
+
+@pytest.mark.parametrize(
+    "value, report_to",
+    [("1", None), ("true", None), ("TRUE", None), ("Yes", None), ("./reports", "reports"), ("true-reports", "true-reports"), ("0", "off"), ("False", "off"), ("no", "off"), ("", "off")],
+)
+def test_the_gate_setting_reads_a_switch_or_a_folder(tmp_path, pool, monkeypatch, value, report_to):
+    from mergekit.config import MergeConfiguration
+
+    import mergekit_mergeability.precheck as precheck
+    from mergekit_mergeability.precheck import gate
+
+    runs = []
+    monkeypatch.setattr(precheck, "run", lambda spec, options, out: runs.append(out) or {"stop": []})
+    monkeypatch.setattr("mergekit_mergeability.summary.print_precheck", lambda report, out: None)
+    monkeypatch.setenv(gate.ENVIRONMENT, value)
+    config = _config(tmp_path, pool, ["known", "unknown"], [None, None])
+    gate.check(MergeConfiguration.model_validate(yaml.safe_load(config.read_text())))
+    assert runs == ([] if report_to == "off" else [None if report_to is None else Path(report_to)])

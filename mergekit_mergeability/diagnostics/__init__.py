@@ -12,7 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Protocol, Tuple, Union, runtime_checkable
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Mapping, Optional, Protocol, Tuple, Union, runtime_checkable
+
+if TYPE_CHECKING:
+    from mergekit_mergeability.checkpoints import HubModel
 
 
 class Need(str, Enum):
@@ -26,7 +29,9 @@ class ModelInput:
     """One model of the config, as the diagnostic sees it."""
 
     name: str  # the path or hub id exactly as written in the config
-    path: Path  # local folder (downloaded if the config names a hub id)
+    # A local folder, or for a hub id a checkpoints.HubModel: os.PathLike, downloaded the
+    # first time it is used as a path (Path(m.path), open, transformers), str() the hub id.
+    path: Union[Path, "HubModel"]
     probes: Optional[Any] = None  # the model's probe set, when PROBES is needed
     shots: Optional[Any] = None  # solved examples for few-shot prompts (its fewshot: file, else a neutral set)
 
@@ -35,7 +40,7 @@ class ModelInput:
 class DiagnosticInputs:
     base: Optional[ModelInput]
     models: Tuple[ModelInput, ...]  # the non-base models, in config order
-    options: Mapping[str, Any] = field(default_factory=dict)  # device, dtype, limit, layers
+    options: Mapping[str, Any] = field(default_factory=dict)  # device, dtype, limit, layers, tokenizer_source
 
 
 @dataclass

@@ -1,57 +1,138 @@
-"""Can these models be merged at all? From config.json and safetensors headers only.
+"""Can these models be merged at all? From config.json, safetensors headers and tokenizer files.
 
-Runs before anything heavy: no tensor is read, so a mismatch in architecture,
-depth, vocabulary or any tensor's shape is reported in well under a second.
+Runs before anything heavy: no tensor is read (for a hub model, not even downloaded),
+so a mismatch in architecture, depth, width or any tensor's shape, or vocabularies
+whose token ids mean different words, is reported in well under a second. Each
+problem is one line naming both models, with a count and the first example.
+
+Reads ``options["tokenizer_source"]``: what the config's ``tokenizer_source:`` (or
+``tokenizer:``) key says, if anything (``precheck.config.tokenizer_source``). When
+set, mergekit builds one vocabulary and differing ones are fine.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from pathlib import Path
-from typing import Dict, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
-from mergekit_mergeability.checkpoints import model_config, tensor_index
+from mergekit_mergeability import vocabulary
+from mergekit_mergeability.checkpoints import Source, model_config, tensor_index
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
+from mergekit_mergeability.errors import UserError
 
 Shapes = Dict[str, Tuple[int, ...]]
 
+# config keys, in Hugging Face's and GPT-2's spellings, whose change reshapes tensors
+WIDTH = ("hidden_size", "n_embd", "intermediate_size", "n_inner", "num_attention_heads", "n_head", "num_key_value_heads", "head_dim")
+DEPTH = ("num_hidden_layers", "n_layer")
 
-def tensor_shapes(folder: Path) -> Shapes:
-    """Every tensor's shape from the safetensors headers in ``folder`` (no data read)."""
-    return {name: info.shape for name, info in tensor_index(folder).items()}
+
+def tensor_shapes(model: Source) -> Shapes:
+    """Every tensor's shape from the safetensors headers (no data read, nothing downloaded)."""
+    return {name: info.shape for name, info in tensor_index(model).items()}
 
 
 class Compatibility:
     name = "compatibility"
     needs = frozenset({Need.WEIGHTS})
+    align = "set tokenizer_source: union (or base) in the config so mergekit aligns them"  # what fixes different vocabularies
 
     def run(self, inputs: DiagnosticInputs) -> DiagnosticResult:
         result = DiagnosticResult()
+        source = inputs.options.get("tokenizer_source")
         reference, *others = [m for m in (inputs.base, *inputs.models) if m is not None]
-        ref_config, ref_shapes = model_config(reference.path), tensor_shapes(reference.path)
-        result.per_model[reference.name] = _summary(ref_config, ref_shapes)
+        ref = _Facts(reference)
+        result.per_model[reference.name] = ref.summary()
         for model in others:
-            config, shapes = model_config(model.path), tensor_shapes(model.path)
-            result.per_model[model.name] = _summary(config, shapes)
-            result.findings.extend(_compare(reference, ref_config, ref_shapes, model, config, shapes))
+            facts = _Facts(model)
+            result.per_model[model.name] = facts.summary()
+            result.findings.extend(_compare(ref, facts))
+            result.findings.extend(_compare_vocabularies(ref, facts, source, self.align))
         return result
 
 
-def _summary(config: dict, shapes: Shapes) -> Dict[str, float]:
-    parameters = sum(math.prod(shape) for shape in shapes.values())
-    return {"num_layers": config.get("num_hidden_layers", config.get("n_layer", 0)), "parameters": parameters}
+def require_compatible(base: ModelInput, models: List[ModelInput]) -> None:
+    """Raise the first incompatibility as a UserError: for commands that merge in memory,
+    where no tokenizer is rebuilt and a shape mismatch would end in a traceback."""
+    check = Compatibility()
+    check.align = "merges in memory align no vocabularies, so use models that share one tokenizer"
+    result = check.run(DiagnosticInputs(base, tuple(models)))
+    errors = [f.message for f in result.findings if f.severity == "error"]
+    if errors:
+        raise UserError(errors[0])
 
 
-def _compare(reference: ModelInput, ref_config: dict, ref_shapes: Shapes, model: ModelInput, config: dict, shapes: Shapes):
-    against = f"{model.name} vs {reference.name}"
-    for key in ("architectures", "num_hidden_layers", "hidden_size", "vocab_size"):
-        if key in ref_config and ref_config.get(key) != config.get(key):
-            severity = "warning" if key == "vocab_size" else "error"
-            hint = " (align with a tokenizer: source in the config)" if key == "vocab_size" else ""
-            yield Finding(severity, f"{against}: {key} is {config.get(key)} vs {ref_config[key]}{hint}")
-    vocab_sizes = {ref_config.get("vocab_size"), config.get("vocab_size")} - {None}
-    for name, shape in ref_shapes.items():
-        if name not in shapes:
-            yield Finding("error", f"{against}: tensor {name} is missing from {model.name}")
-        elif shapes[name] != shape and not (len(vocab_sizes) > 1 and vocab_sizes & {*shape, *shapes[name]}):
-            yield Finding("error", f"{against}: tensor {name} has shape {list(shapes[name])} vs {list(shape)}")
+class _Facts:
+    """One model's config, tensor shapes and vocabulary (read once, on first use)."""
+
+    def __init__(self, model: ModelInput):
+        self.name = model.name
+        self.config = model_config(model.path)
+        self.shapes = tensor_shapes(model.path)
+        self.source = model.path
+
+    @functools.cached_property
+    def vocabulary(self) -> Optional[vocabulary.Vocabulary]:
+        return vocabulary.read(self.source)
+
+    def summary(self) -> Dict[str, float]:
+        parameters = sum(math.prod(shape) for shape in self.shapes.values())
+        return {"num_layers": self.config.get("num_hidden_layers", self.config.get("n_layer", 0)), "parameters": parameters}
+
+
+def _compare(ref: _Facts, model: _Facts) -> Iterator[Finding]:
+    against = f"{model.name} vs {ref.name}"
+
+    def changed(keys) -> List[str]:
+        return [f"{k} is {model.config.get(k)} vs {ref.config[k]}" for k in keys if k in ref.config and ref.config[k] != model.config.get(k)]
+
+    architecture = changed(["architectures"])
+    if architecture:  # every tensor differs then: one line says it all
+        yield Finding("error", f"{against}: {architecture[0]}; only models of one architecture merge")
+        return
+    vocab_sizes = {ref.config.get("vocab_size"), model.config.get("vocab_size")} - {None}
+    reshaped = [
+        (name, shape, model.shapes[name])
+        for name, shape in ref.shapes.items()
+        if name in model.shapes and model.shapes[name] != shape
+        and not (len(vocab_sizes) > 1 and vocab_sizes & {*shape, *model.shapes[name]})  # the vocabulary line covers these
+    ]
+    missing = [name for name in ref.shapes if name not in model.shapes]
+    extra = [name for name in model.shapes if name not in ref.shapes]
+    shapes = [f"{len(reshaped)} tensors differ in shape; first: {n} {list(b)} vs {list(a)}" for n, a, b in reshaped[:1]]
+    names = [f"{len(missing)} tensors of {ref.name} missing from {model.name}; first: {n}" for n in missing[:1]]
+    names += [f"{len(extra)} tensors of {model.name} not in {ref.name}; first: {n}" for n in extra[:1]]
+    for keys, evidence in ((changed(WIDTH), shapes), (changed(DEPTH), names)):
+        if keys or evidence:
+            details = f" ({'; '.join(evidence)})" if keys and evidence else "; ".join(evidence)
+            yield Finding("error", f"{against}: {', '.join(keys)}{details}")
+    for size in changed(["vocab_size"]):
+        yield Finding("warning", f"{against}: {size} (align with a tokenizer: source in the config)")
+
+
+def _compare_vocabularies(ref: _Facts, model: _Facts, source: Optional[str], align: str) -> Iterator[Finding]:
+    against = f"{model.name} vs {ref.name}"
+    lacking = [f.name for f in (model, ref) if f.vocabulary is None]
+    if lacking:
+        yield Finding("info", f"{against}: tokenizers not compared, {lacking[0]} has no tokenizer files")
+        return
+    a, b = ref.vocabulary, model.vocabulary
+    if a.tokens != b.tokens:
+        ref_ids, ids = a.ids(), b.ids()
+        clashes = sorted(i for i in ref_ids.keys() & ids.keys() if ref_ids[i] != ids[i])
+        if clashes:
+            first = clashes[0]
+            what = f"vocabularies differ: {len(clashes)} of {len(ref_ids.keys() & ids.keys())} shared token ids mean different tokens (first: id {first} is {ids[first]!r} vs {ref_ids[first]!r})"
+            if source:
+                yield Finding("info", f"{against}: {what}; tokenizer_source: {source} aligns them")
+            else:
+                yield Finding("error", f"{against}: {what}, so a merge garbles text; {align}")
+        elif (added := sorted(ref_ids.keys() ^ ids.keys())) and ref.config.get("vocab_size") == model.config.get("vocab_size"):  # else the vocab_size line says it
+            token = ids.get(added[0], ref_ids.get(added[0]))
+            yield Finding("info" if source else "warning", f"{against}: vocabularies differ by {len(added)} added tokens (first: id {added[0]} {token!r}); set tokenizer_source: union in the config to keep them")
+    special = [f"{k} {b.special[k]!r} vs {a.special[k]!r}" for k in vocabulary.SPECIAL_TOKENS if a.special[k] != b.special[k]]
+    if special:
+        yield Finding("warning", f"{against}: special tokens differ ({', '.join(special)}); the merge keeps one tokenizer's, so the other model's may stop or pad wrongly")
+    if a.chat_template != b.chat_template:
+        yield Finding("warning", f"{against}: chat templates differ; the merge keeps one tokenizer's, so prompts in the other's format may not work")

@@ -39,8 +39,10 @@ def evaluate(spec: MergeSpec, merged: Path, overrides: Optional[List[str]], opti
         raise UserError(f"--merged {merged}: no such folder; run the merge first")
     folders = {name: checkpoints.resolve(name, spec.folder) for name in [spec.base_model, *spec.models]}
     folders["merged"] = Path(merged).resolve()
+    for folder in folders.values():
+        checkpoints.check_model(folder)  # a damaged or empty folder fails here, before any scoring
     owners = owned_tasks(spec, overrides)
-    resolved = {s: task_specs.resolve(s, spec.folder) for s in owners}  # unknown tasks fail here, before work
+    resolved = task_specs.resolve_all(owners, spec.folder)  # a bad task fails here, before work
     scorer = Scorer(folders[spec.base_model], options, cache)
     # each task on the base, the merge, and its own expert (every expert for --tasks)
     plan = [(name, s) for s in resolved for name in (spec.base_model, "merged", *([owners[s]] if owners[s] else spec.models))]

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from mergekit_mergeability.checkpoints import weight_files
 from mergekit_mergeability.evaluation.tasks import Task
 from mergekit_mergeability.files import write_atomic
 
@@ -46,9 +47,13 @@ class Cache:
 
 
 def fingerprint(folder: Path) -> str:
-    """A model folder's content hash (its safetensors bytes), memoised by size and mtime."""
+    """A model folder's content hash: its config.json and every weight file, whatever the
+    format (``checkpoints.weight_files``, which refuses a folder without weights);
+    memoised by size and mtime."""
+    folder = Path(folder)
+    config = folder / "config.json"
     digest = hashlib.sha256()
-    for file in sorted(Path(folder).glob("*.safetensors")):
+    for file in [*weight_files(folder), *([config] if config.is_file() else [])]:
         stat = file.stat()
         digest.update(f"{file.name}:{stat.st_size}".encode())
         digest.update(_file_digest(file, stat.st_size, stat.st_mtime_ns).encode())
@@ -77,13 +82,14 @@ def score(model, tokenizer, task: Task, limit: Optional[int] = None, batch_size:
     with quiet_harness():
         lm = HFLM(pretrained=model, tokenizer=tokenizer, device=device, batch_size=batch_size)
         out = simple_evaluate(model=lm, tasks=[entry], task_manager=manager, limit=limit, log_samples=True, verbosity="ERROR")
-    (name, raw), = ((k, v) for k, v in out["results"].items())
+    # a group (Task.check made sure it has one) is scored by lm-eval's aggregate over its tasks
+    raw = (out.get("groups") or {}).get(task.name) or out["results"][task.name]
+    samples = out["samples"].get(task.name, [])
     metrics = {k.split(",")[0]: float(v) for k, v in raw.items() if "," in k and "_stderr" not in k and isinstance(v, (int, float))}
-    result = {"metrics": metrics, "primary": next(iter(metrics)), "samples": int(raw.get("sample_len", 0) or len(out["samples"][name]))}
-    if TRANSLATION_METRICS & metrics.keys():
+    result = {"metrics": metrics, "primary": next(iter(metrics)), "samples": int(raw.get("sample_len", 0) or len(samples))}
+    if TRANSLATION_METRICS & metrics.keys() and samples:
         from mergekit_mergeability.evaluation.translation import corpus_scores
 
-        samples = out["samples"][name]
         translation = corpus_scores([_text(s["filtered_resps"]) for s in samples], [_text(s["target"]) for s in samples])
         metrics.update({k: v for k, v in translation.items() if k in TRANSLATION_METRICS})
         result["signatures"] = {k: v for k, v in translation.items() if k.endswith("_signature")}
@@ -93,10 +99,11 @@ def score(model, tokenizer, task: Task, limit: Optional[int] = None, batch_size:
 
 @contextlib.contextmanager
 def quiet_harness():
-    """Silence lm-eval's per-request progress bars, prints and `git` probe (file descriptor 2 itself)."""
+    """Silence lm-eval's per-request progress bars, prints and `git` probe (file descriptor 2
+    itself, and sys.stderr where something has replaced it)."""
     sys.stderr.flush()
     saved = os.dup(2)
-    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
         os.dup2(null.fileno(), 2)
         try:
             yield

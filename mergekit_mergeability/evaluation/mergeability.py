@@ -14,6 +14,8 @@ from typing import Any, Dict, List, Mapping
 
 from mergekit_mergeability import checkpoints
 from mergekit_mergeability.checkpoints import TensorReader
+from mergekit_mergeability.diagnostics import ModelInput
+from mergekit_mergeability.diagnostics.compatibility import require_compatible
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.evaluation import harness, tasks as task_specs
 from mergekit_mergeability.evaluation.inmemory import load_update, merge_updates
@@ -44,14 +46,17 @@ def check_pool(spec: MergeSpec, partner_count: int, method: str) -> None:
 def measure(spec: MergeSpec, method: str, partner_count: int, trials: int, seed: int, options: Mapping[str, Any], cache: harness.Cache, out: Path) -> Dict[str, Any]:
     check_pool(spec, partner_count, method)
     folders = {name: checkpoints.resolve(name, spec.folder) for name in [spec.base_model, *spec.models]}
-    own_task = {m: task_specs.resolve(spec.probes[m], spec.folder) for m in spec.models}
+    require_compatible(ModelInput(spec.base_model, folders[spec.base_model]), [ModelInput(m, folders[m]) for m in spec.models])
+    tasks = task_specs.resolve_all(dict.fromkeys(spec.probes[m] for m in spec.models), spec.folder)
+    own_task = {m: tasks[spec.probes[m]] for m in spec.models}
     shared = dict(spec.document.get("parameters") or {})
     per_model = {str(e["model"]): dict(e.get("parameters") or {}) for e in model_entries(spec.document)}
     fingerprints = {name: harness.fingerprint(folder) for name, folder in folders.items()}
     base = TensorReader(folders[spec.base_model])
     scorer = Scorer(folders[spec.base_model], options, cache)
+    # a resumed run reuses a trial only if nothing that changes its score has changed
     settings = {"method": method, "partners": partner_count, "seed": seed, "parameters": shared, "per_model": per_model, "fingerprints": fingerprints}
-    log = TrialLog(Path(out) / "trials.jsonl", settings)
+    log = TrialLog(Path(out) / "trials.jsonl", settings, {m: scorer.settings(own_task[m]) for m in spec.models})
     updates: Dict[str, Any] = {}
 
     def update(name):

@@ -42,23 +42,33 @@ def summarise(scores: List[float], seed: int = 0, resamples: int = 2000) -> Dict
 class TrialLog:
     """``trials.jsonl``: one line per finished trial; read back to resume."""
 
-    def __init__(self, path: Path, settings: Mapping[str, Any]):
+    def __init__(self, path: Path, settings: Mapping[str, Any], own: Mapping[str, Any] = {}):
+        """A finished trial is reused only under the same ``settings`` (every trial's) and
+        ``own[model]`` (that model's trials only: how its own task is scored)."""
         self.path = Path(path)
-        self.settings = json.dumps(settings, sort_keys=True, default=str)
+        self.settings, self.own = dict(settings), own
         self.done: Dict[tuple, dict] = {}
-        if self.path.is_file():
-            for line in self.path.read_text().splitlines():
+        text = self.path.read_text(encoding="utf-8", errors="replace") if self.path.is_file() else ""
+        self._torn = bool(text) and not text.endswith("\n")  # killed mid-write: the next row starts a fresh line
+        for line in text.splitlines():
+            try:
                 row = json.loads(line)
-                if row.get("settings") == self.settings:
-                    self.done[row["model"], row["trial"]] = row
+            except json.JSONDecodeError:  # a torn line: its trial simply runs again
+                continue
+            if isinstance(row, dict) and row.get("settings") == self.key(row.get("model")):
+                self.done[row["model"], row["trial"]] = row
+
+    def key(self, model: str) -> str:
+        return json.dumps({**self.settings, "own": self.own.get(model)}, sort_keys=True, default=str)
 
     def get(self, model: str, trial: int) -> Optional[dict]:
         return self.done.get((model, trial))
 
     def add(self, row: dict) -> dict:
-        row = {**row, "settings": self.settings}
+        row = {**row, "settings": self.key(row["model"])}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as handle:  # one whole line per write
-            handle.write(json.dumps(row) + "\n")
+            handle.write("\n" * self._torn + json.dumps(row) + "\n")
+        self._torn = False
         self.done[row["model"], row["trial"]] = row
         return row

@@ -22,7 +22,8 @@ class Scorer:
         self._module = None
         self._tokenizer = None
 
-    def _settings(self, task: Task):
+    def settings(self, task: Task):
+        """Everything besides the model that changes a score on ``task`` (cache and resume keys)."""
         return task.fingerprint, self.options.get("limit"), self.options.get("dtype", "float32")
 
     def _run(self, module, tokenizer, task: Task) -> Dict[str, Any]:
@@ -32,7 +33,7 @@ class Scorer:
 
     def folder(self, path: Path, task: Task) -> Dict[str, Any]:
         """A model folder's score on ``task``."""
-        key = self.cache.key("folder", harness.fingerprint(path), *self._settings(task))
+        key = self.cache.key("folder", harness.fingerprint(path), *self.settings(task))
         cached = self.cache.get(key)
         if cached is not None:
             return cached
@@ -45,7 +46,7 @@ class Scorer:
     def patch(self, recipe: Any, task: Task, make: Callable[[], Mapping[str, torch.Tensor]]) -> Dict[str, Any]:
         """The base with ``make()``'s tensors patched in; ``make`` runs only on a cache miss,
         so ``recipe`` must identify what it returns."""
-        key = self.cache.key("patch", self.base_fingerprint, recipe, *self._settings(task))
+        key = self.cache.key("patch", self.base_fingerprint, recipe, *self.settings(task))
         cached = self.cache.get(key)
         if cached is not None:
             return cached

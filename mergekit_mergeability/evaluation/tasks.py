@@ -38,6 +38,23 @@ class Task:
             raise UserError(f"lm-eval task {self.entry!r} not found; list tasks with `lm_eval ls tasks`")
         return manager, self.entry
 
+    def check(self) -> None:
+        """Build the task (data included) once, so a bad spec fails before any model is scored.
+        A group must declare how its tasks add up to one score (``aggregate_metric_list``)."""
+        from mergekit_mergeability.evaluation.harness import quiet_harness
+
+        manager, entry = self.load()
+        try:
+            with quiet_harness():
+                loaded = manager.load(entry)
+        except Exception as error:  # lm-eval's and datasets' errors: the first line is what the user can act on
+            raise UserError(f"lm-eval task {self.name!r}: cannot be loaded ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})") from None
+        group = loaded["groups"].get(self.name)
+        if group is not None and not group.aggregate_metric_list:
+            raise UserError(f"lm-eval group {self.name!r} has no aggregate_metric_list, so no single score; add one, or name one of its tasks: {', '.join(sorted(loaded['tasks']))}")
+        if group is None and len(loaded["tasks"]) != 1:
+            raise UserError(f"lm-eval tag {self.name!r} stands for {len(loaded['tasks'])} tasks; name one, or a group with an aggregate_metric_list")
+
 
 @functools.lru_cache(maxsize=None)
 def _manager(include_path: Optional[str], defaults: bool):
@@ -48,13 +65,13 @@ def _manager(include_path: Optional[str], defaults: bool):
 
 
 def resolve(spec: str, relative_to: Optional[Path] = None, what: str = "task") -> Task:
-    from mergekit_mergeability.probes import existing_file, task_name
+    from mergekit_mergeability.probes import existing_file
 
     path = existing_file(spec, relative_to)
     if path is not None and path.suffix == ".jsonl":
         return _jsonl_task(path)
     if path is not None and path.suffix in (".yaml", ".yml"):
-        name = task_name(path)
+        name = _declared_name(path)
         return Task(name, name, path.parent, f"{name}:{_digest(*sorted(path.parent.iterdir()))}")
     if path is None and not spec.endswith((".jsonl", ".yaml", ".yml")) and "/" not in spec:
         shipped = shipped_tasks()
@@ -64,6 +81,22 @@ def resolve(spec: str, relative_to: Optional[Path] = None, what: str = "task") -
 
         return Task(spec, spec, None, f"lm-eval {version('lm-eval')}:{spec}", defaults=True)
     raise UserError(f"{what} {spec}: no such file; give a .jsonl file, an lm-eval task YAML or an lm-eval task name")
+
+
+def resolve_all(specs, relative_to: Optional[Path] = None) -> Dict[str, Task]:
+    """spec -> Task for every spec, each built once: any bad spec fails here, before work."""
+    resolved = {spec: resolve(spec, relative_to) for spec in specs}
+    for task in resolved.values():
+        task.check()
+    return resolved
+
+
+def _declared_name(path: Path) -> str:
+    """The task or group a YAML file declares, as lm-eval's own index of its folder reads it."""
+    names = [e.name for e in _manager(str(path.parent), False).task_index.values() if e.yaml_path and Path(e.yaml_path).resolve() == path]
+    if not names:
+        raise UserError(f"{path}: not an lm-eval task or group YAML (it needs a `task:` or `group:` name)")
+    return names[0]
 
 
 def _declares(yaml_file: Path, name: str) -> bool:

@@ -22,22 +22,25 @@ from mergekit_mergeability.precheck.calibration import FEATURES, features
 PREDICTION = "precheck prediction"
 
 
-def _read(path: Path, kind: str) -> dict:
+def _read(path: Path, kind: str, fields: tuple) -> dict:
+    """``kind``'s JSON output, checked to have ``models`` entries with ``fields``."""
     try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
+        document = json.loads(Path(path).read_text())
+    except (FileNotFoundError, IsADirectoryError):
         raise UserError(f"{path}: no such file; run `mergekit-mergeability {kind}` first") from None
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, UnicodeDecodeError):
         raise UserError(f"{path}: not JSON; expected {kind}'s output") from None
+    models = document.get("models") if isinstance(document, dict) else None
+    if not isinstance(models, list) or not all(isinstance(m, dict) and set(fields) <= m.keys() for m in models):
+        raise UserError(f"{path}: not {kind}'s output (needs models with {', '.join(fields)})")
+    return document
 
 
 def validate(precheck_path: Path, mergeability_path: Path, target: str = "mergeability", permutations: int = 10_000, seed: int = 0) -> Dict[str, Any]:
-    precheck, measured = _read(precheck_path, "precheck"), _read(mergeability_path, "mergeability")
-    try:
-        predicted = {m["path"]: m for m in precheck["models"] if m["role"] == "expert"}
-        outcome = {m["path"]: m[target] for m in measured["models"] if m.get(target) is not None}
-    except (KeyError, TypeError):
-        raise UserError(f"{precheck_path} / {mergeability_path}: expected precheck.json and mergeability.json") from None
+    precheck = _read(precheck_path, "precheck", ("path", "role", "predicted_mergeability", "knowledge", "weights"))
+    measured = _read(mergeability_path, "mergeability", ("path",))
+    predicted = {m["path"]: m for m in precheck["models"] if m["role"] == "expert"}
+    outcome = {m["path"]: m[target] for m in measured["models"] if m.get(target) is not None}
     common = [p for p in predicted if p in outcome]
     if len(common) < 3:
         raise UserError(f"{precheck_path} and {mergeability_path} share {len(common)} models (matched by path as written); need at least 3")

@@ -72,10 +72,12 @@ def measure(spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping
 
     if not plugin_manager().has_plugin(BUILTIN):
         raise MeasurementError("the built-in diagnostics did not load (see the warning above); reinstall mergekit-mergeability")
+    from mergekit_mergeability.precheck.config import tokenizer_source
+
     specs = probe_specs(spec, overrides)
     base, models = load_inputs(spec, specs, options.get("limit"))
     measured = Measurements(spec, base, models, specs)
-    inputs = DiagnosticInputs(base, models, options)
+    inputs = DiagnosticInputs(base, models, {"tokenizer_source": tokenizer_source(spec.document), **options})
     skip = set(options.get("skip") or ())
     for plugin, diagnostic in contributions("mergeability_diagnostics", strict=(BUILTIN,)):
         if measured.errors():

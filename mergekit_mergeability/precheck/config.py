@@ -33,18 +33,24 @@ class MergeSpec:
 
 
 def read(path: Path) -> MergeSpec:
+    return from_document(load(path), Path(path))
+
+
+def load(path: Path) -> Dict[str, Any]:
+    """The YAML of a mergekit config, checked to be a config mergekit accepts."""
     import yaml
 
     try:
         document = yaml.safe_load(Path(path).read_text())
     except FileNotFoundError:
         raise UserError(f"{path}: no such config file") from None
-    except yaml.YAMLError as error:
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
         raise UserError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
-    return from_document(document, Path(path))
+    validate(document, Path(path))
+    return document
 
 
-def from_document(document: Any, source: Path) -> MergeSpec:
+def validate(document: Any, source: Path) -> None:
     from mergekit.config import MergeConfiguration
     from pydantic import ValidationError
 
@@ -54,6 +60,10 @@ def from_document(document: Any, source: Path) -> MergeSpec:
         MergeConfiguration.model_validate(document)
     except (ValidationError, RuntimeError) as error:
         raise UserError(f"{source}: not a valid mergekit config ({_first_line(error)})") from None
+
+
+def from_document(document: Any, source: Path) -> MergeSpec:
+    validate(document, source)
     base = document.get("base_model")
     names: List[str] = []
     probes: Dict[str, str] = {}
@@ -69,6 +79,30 @@ def from_document(document: Any, source: Path) -> MergeSpec:
     if not names:
         raise UserError(f"{source}: no models to merge besides the base")
     return MergeSpec(document, source, str(document["merge_method"]), base and str(base), names, probes, fewshot)
+
+
+def tokenizer_source(document: Dict[str, Any]) -> Optional[str]:
+    """Where the config tells mergekit to take the merged vocabulary from (``tokenizer_source:``,
+    or ``tokenizer: {source: ...}``, whose default is ``union``); None when it does not say."""
+    if document.get("tokenizer_source"):
+        return str(document["tokenizer_source"])
+    tokenizer = document.get("tokenizer")
+    return str(tokenizer.get("source", "union")) if isinstance(tokenizer, dict) else None
+
+
+def check_local_weights(path: Path) -> None:
+    """Before mergekit reads a tensor: name any damaged weight file of the config's local
+    models in one line (mergekit's own error is a traceback from deep inside safetensors)."""
+    from mergekit_mergeability.checkpoints import weight_files
+
+    document = load(path)
+    references = [document.get("base_model"), *(entry["model"] for entry in model_entries(document))]
+    for reference in {str(r) for r in references if r}:
+        for model in (reference, reference.split("+")[0]):  # mergekit applies model+adapter itself
+            folder = Path(model).expanduser()
+            if folder.is_dir():
+                weight_files(folder)
+                break
 
 
 def model_entries(document: Dict[str, Any]) -> Iterator[Dict[str, Any]]:

@@ -1,8 +1,9 @@
 """The opt-in pre-merge gate: the stock ``mergekit-yaml`` (or ``run_merge``) runs the
-precheck first and stops on a ``do_not_merge`` verdict or a plugin's reason to stop.
+precheck first and stops on a ``do_not_merge`` verdict, a plugin's reason to stop, or a
+precheck that could not measure (it fails closed).
 
-    MERGEKIT_MERGEABILITY_PRECHECK=1 mergekit-yaml config.yml ./merged
-    MERGEKIT_MERGEABILITY_PRECHECK=./precheck mergekit-yaml config.yml ./merged   # also writes the report there
+    MERGEKIT_MERGEABILITY_PRECHECK=1 mergekit-yaml config.yml ./merged          # 1, true, yes: terminal summary only
+    MERGEKIT_MERGEABILITY_PRECHECK=./precheck mergekit-yaml config.yml ./merged   # any other value: also writes the report there
 
 mergekit drops keys it does not know (``probe:``) while parsing, so the raw
 document is kept as it is validated; relative paths resolve against the working
@@ -17,12 +18,18 @@ from types import ModuleType
 from typing import Any, Dict, Optional
 
 ENVIRONMENT = "MERGEKIT_MERGEABILITY_PRECHECK"
+OFF, SUMMARY_ONLY = ("", "0", "false", "no"), ("1", "true", "yes")  # compared lower-cased
 _documents: Dict[int, Any] = {}  # id(parsed MergeConfiguration) -> the raw document
 
 
-def enabled() -> Optional[str]:
+def enabled() -> bool:
+    return os.environ.get(ENVIRONMENT, "").strip().lower() not in OFF
+
+
+def report_folder() -> Optional[Path]:
+    """Where the gate writes the precheck report: None for a terminal summary only."""
     value = os.environ.get(ENVIRONMENT, "").strip()
-    return None if value.lower() in ("", "0", "false", "no") else value
+    return None if value.lower() in OFF + SUMMARY_ONLY else Path(value)
 
 
 def keep_documents(module: ModuleType) -> None:
@@ -44,19 +51,22 @@ def keep_documents(module: ModuleType) -> None:
 
 def check(merge_config) -> None:
     """Run the precheck on the config being planned; raise UserError to stop the merge."""
-    setting = enabled()
-    if setting is None:
+    if not enabled():
         return
-    from mergekit_mergeability.errors import UserError
+    from mergekit_mergeability.errors import MeasurementError, UserError
     from mergekit_mergeability.precheck import config, run
     from mergekit_mergeability.summary import print_precheck
 
     document = _documents.get(id(merge_config)) or merge_config.model_dump(mode="json", exclude_none=True)
-    out = None if setting == "1" else Path(setting)
+    out = report_folder()
     from mergekit_mergeability.checkpoints import auto_device
 
+    spec = config.from_document(document, Path.cwd())
     options = {"limit": 64, "device": auto_device(), "quiet": True}
-    report = run(config.from_document(document, Path.cwd()), options=options, out=out)
+    try:
+        report = run(spec, options=options, out=out)
+    except MeasurementError as error:  # fail closed: no verdict is not a go-ahead
+        raise UserError(f"{ENVIRONMENT} is set and the precheck could not measure: {error}") from None
     print_precheck(report, out)
     if report["stop"]:
         raise UserError(f"{ENVIRONMENT} is set and the precheck says stop: {report['stop'][0]}")

@@ -1,0 +1,166 @@
+"""Bad input through the real command line, every command.
+
+Each case: exit status 2; one line of output naming the file, model, tensor or field,
+no traceback; nothing left behind (no report, no recommended.yml, no half-written
+folder, nothing in the working directory); every input byte-identical afterwards.
+"""
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from mergekit_mergeability.cli import main
+
+from conftest import garbled, relabelled, truncated, widened
+
+GOOD_PROBE = [{"question": f"Item {i}: which one?", "choices": ["Paris", "water"], "label": i % 2} for i in range(3)]
+
+
+class World(dict):
+    """Paths of the inputs every case draws on, built once; ``config`` writes a mergekit config."""
+
+    def config(self, name, models, base="base", probes=True, **top):
+        entries = [{"model": str(self.get(m, m)), **({"probe": str(self["probe"])} if probes else {})} for m in models]
+        document = {"merge_method": "task_arithmetic", "base_model": str(self[base]), "models": entries, "parameters": {"weight": 0.5}, "dtype": "float32", **top}
+        path = self["root"] / f"{name}.yml"
+        path.write_text(yaml.safe_dump(document, sort_keys=False))
+        return path
+
+
+@pytest.fixture(scope="module")
+def world(llama, tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad_input")
+    w = World(root=root, base=llama["base"], e0=llama["expert0"], e1=llama["expert1"])
+    w.update(
+        truncated=truncated(llama["expert0"], root / "truncated"),
+        garbled=garbled(llama["expert0"], root / "garbled"),
+        wide=widened(llama["base"], root / "wide"),
+        relabelled=relabelled(llama["expert0"], root / "relabelled"),
+        no_config=shutil.copytree(llama["expert0"], root / "no_config", ignore=shutil.ignore_patterns("config.json")),
+        no_weights=shutil.copytree(llama["expert0"], root / "no_weights", ignore=shutil.ignore_patterns("*.safetensors")),
+        lora=f"{llama['expert0']}+{root / 'adapter'}",
+        absent=root / "absent",
+    )
+    files = {
+        "probe.jsonl": "".join(json.dumps(r) + "\n" for r in GOOD_PROBE),
+        "not_json.jsonl": json.dumps(GOOD_PROBE[0]) + "\n{question: 'unquoted'}\n",
+        "label.jsonl": json.dumps({**GOOD_PROBE[0], "label": 5}) + "\n",
+        "keys.jsonl": json.dumps({"q": "what?", "a": "this"}) + "\n",
+        "not_yaml.yml": "merge_method: [task_arithmetic\nmodels: {\n",
+        "list.yml": "- model: ./a\n- model: ./b\n",
+        "garbage.json": "{not json at all",
+        "wrong_shape.json": json.dumps([1, 2, 3]),
+    }
+    for name, text in files.items():
+        (root / name).write_text(text)
+        w[Path(name).stem] = root / name
+    expert = lambda i: {"path": f"./m{i}", "role": "expert", "predicted_mergeability": 0.5, "knowledge": None, "weights": None}  # noqa: E731
+    (root / "precheck.json").write_text(json.dumps({"models": [expert(0), expert(1)]}))
+    (root / "measured.json").write_text(json.dumps({"models": [{"path": f"./m{i}", "mergeability": 0.5} for i in range(3)]}))
+    w.update(precheck_json=root / "precheck.json", measured_json=root / "measured.json")
+    w.update(
+        pool=w.config("pool", ["e0", "e1"]),
+        field=w.config("field", ["e0", "e1"], merge_method=42),
+        pool_absent=w.config("pool_absent", ["e0", "absent"]),
+        pool_no_config=w.config("pool_no_config", ["e0", "no_config"]),
+        pool_no_weights=w.config("pool_no_weights", ["e0", "no_weights"]),
+        pool_truncated=w.config("pool_truncated", ["e0", "truncated"]),
+        pool_garbled=w.config("pool_garbled", ["e0", "garbled"]),
+        pool_wide=w.config("pool_wide", ["e0", "wide"]),
+        pool_relabelled=w.config("pool_relabelled", ["e0", "relabelled"]),
+        pool_lora=w.config("pool_lora", ["e1", "lora"]),
+        pool_unprobed=w.config("pool_unprobed", ["e0", "e1"], probes=False),
+    )
+    for name, probe in (("not_json", "not_json"), ("label", "label"), ("keys", "keys"), ("missing", "absent.jsonl")):
+        document = yaml.safe_load(w["pool"].read_text())
+        document["models"][0]["probe"] = str(w.get(probe, root / probe))
+        (root / f"probe_{name}.yml").write_text(yaml.safe_dump(document))
+        w[f"probe_{name}"] = root / f"probe_{name}.yml"
+    return w
+
+
+# command, arguments (``{name}`` = a world path), what the one line must contain
+CASES = {
+    "precheck: missing config file": ("precheck", ["{root}/absent.yml"], ["{root}/absent.yml", "does not exist"]),
+    "precheck: config not YAML": ("precheck", ["{not_yaml}"], ["{not_yaml}: not valid YAML"]),
+    "precheck: YAML not a mapping": ("precheck", ["{list}"], ["{list}: expected a mergekit config (a YAML mapping)"]),
+    "precheck: invalid mergekit field": ("precheck", ["{field}"], ["{field}: not a valid mergekit config", "merge_method"]),
+    "precheck: missing model folder": ("precheck", ["{pool_absent}"], ["model {absent}: no such folder"]),
+    "precheck: model folder without config.json": ("precheck", ["{pool_no_config}"], ["model {no_config}: no config.json"]),
+    "precheck: model folder without weights": ("precheck", ["{pool_no_weights}"], ["{no_weights}: no weights"]),
+    "precheck: truncated safetensors": ("precheck", ["{pool_truncated}"], ["{truncated}/model.safetensors: truncated or corrupted (7 bytes short"]),
+    "precheck: corrupted safetensors header": ("precheck", ["{pool_garbled}"], ["{garbled}/model.safetensors: not a safetensors file"]),
+    "precheck: model+lora reference": ("precheck", ["{pool_lora}"], ["model {lora}: a model+adapter reference", "merge_and_unload"]),
+    "precheck: missing probe file": ("precheck", ["{probe_missing}"], ["probe {root}/absent.jsonl: no such file"]),
+    "precheck: probe line not JSON": ("precheck", ["{probe_not_json}"], ["{not_json}:2: not JSON"]),
+    "precheck: probe label out of range": ("precheck", ["{probe_label}"], ["{label}:1: label must index one of at least 2 choices, got 5"]),
+    "precheck: probe with wrong keys": ("precheck", ["{probe_keys}"], ["{keys}:1: expected", "['a', 'q']"]),
+    "precheck: --probe naming no model": ("precheck", ["{pool}", "--probe", "nobody={probe}"], ["--probe nobody=", "'nobody' matches 0 models"]),
+    "precheck: bad --layers": ("precheck", ["{pool}", "--layers", "3-x"], ["--layers", "'3-x' is not a layer or a range"]),
+    "evaluate: model+lora reference": ("evaluate", ["{pool_lora}", "--merged", "{e1}"], ["model {lora}: a model+adapter reference"]),
+    "evaluate: unknown lm-eval task": ("evaluate", ["{pool}", "--merged", "{e1}", "--tasks", "no_such_task_anywhere"], ["lm-eval task 'no_such_task_anywhere' not found"]),
+    "evaluate: merged folder missing": ("evaluate", ["{pool}", "--merged", "{absent}"], ["--merged {absent}: no such folder"]),
+    "evaluate: merged folder without weights": ("evaluate", ["{pool}", "--merged", "{no_weights}"], ["{no_weights}: no weights"]),
+    "evaluate: truncated expert": ("evaluate", ["{pool_truncated}", "--merged", "{e1}"], ["{truncated}/model.safetensors: truncated or corrupted"]),
+    "mergeability: width mismatch": ("mergeability", ["{pool_wide}", "--partners", "1"], ["{wide} vs {base}: hidden_size is 48 vs 32 (", "tensors differ in shape; first: "]),
+    "mergeability: different vocabularies": ("mergeability", ["{pool_relabelled}", "--partners", "1"], ["{relabelled} vs {base}: vocabularies differ: 2 of 320 shared token ids"]),
+    "mergeability: model+lora reference": ("mergeability", ["{pool_lora}", "--partners", "1"], ["model {lora}: a model+adapter reference"]),
+    "mergeability: more partners than the pool allows": ("mergeability", ["{pool}", "--partners", "2"], ["--partners 2: the pool has 2 models, so at most 1 partners"]),
+    "mergeability: unregistered method": ("mergeability", ["{pool}", "--partners", "1", "--method", "nope"], ["--method nope: not a registered merge method"]),
+    "mergeability: pool model without probe": ("mergeability", ["{pool_unprobed}", "--partners", "1"], ["{pool_unprobed}: model {e0} has no probe: key"]),
+    "mergeability: truncated pool model": ("mergeability", ["{pool_truncated}", "--partners", "1"], ["{truncated}/model.safetensors: truncated or corrupted"]),
+    "validate: missing JSON file": ("validate", ["{root}/absent.json", "{measured_json}"], ["{root}/absent.json: no such file"]),
+    "validate: garbage JSON": ("validate", ["{garbage}", "{measured_json}"], ["{garbage}: not JSON"]),
+    "validate: JSON of the wrong shape": ("validate", ["{precheck_json}", "{wrong_shape}"], ["{wrong_shape}: not mergeability's output"]),
+    "validate: fewer than 3 shared models": ("validate", ["{precheck_json}", "{measured_json}"], ["share 2 models", "need at least 3"]),
+    "merge: non-empty output folder": ("merge", ["{pool}", "{tmp}/merged"], ["{tmp}/merged: output folder exists and is not empty"]),
+    "merge: truncated safetensors": ("merge", ["{pool_truncated}", "{tmp}/merged"], ["{truncated}/model.safetensors: truncated or corrupted"]),
+    "merge: config not YAML": ("merge", ["{not_yaml}", "{tmp}/merged"], ["{not_yaml}: not valid YAML"]),
+}
+
+OUTPUT_OPTIONS = {
+    "precheck": ["--out", "{tmp}/out", "--quiet"],
+    "evaluate": ["--out", "{tmp}/out", "--no-cache", "--quiet"],
+    "mergeability": ["--out", "{tmp}/out", "--no-cache", "--quiet"],
+    "validate": ["--out", "{tmp}/out"],
+    "merge": [],
+}
+
+
+def snapshot(*folders: Path) -> dict:
+    return {p: hashlib.sha256(p.read_bytes()).hexdigest() for folder in folders for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_one_line_exit_2_and_leaves_everything_as_it_was(world, tmp_path, monkeypatch, case):
+    command, arguments, expected = CASES[case]
+    if case == "merge: non-empty output folder":
+        (tmp_path / "merged").mkdir()
+        (tmp_path / "merged" / "keep.txt").write_text("the user's")
+    fill = lambda text: text.format(**world, tmp=tmp_path)  # noqa: E731
+    monkeypatch.chdir(tmp_path)  # anything written to the working directory shows up below
+    before = snapshot(world["root"], world["base"].parent, tmp_path)
+    result = CliRunner().invoke(main, [command, *map(fill, arguments), *map(fill, OUTPUT_OPTIONS[command])])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2, result.output
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert all(fill(part) in lines[0] for part in expected), lines[0]
+    assert snapshot(world["root"], world["base"].parent, tmp_path) == before
+
+
+def test_incompatible_models_in_precheck_are_one_error_line_each(world, tmp_path):
+    result = CliRunner().invoke(main, ["precheck", str(world["pool_wide"]), "--out", str(tmp_path / "out"), "--quiet"], env={"COLUMNS": "1000"})
+    assert result.exit_code == 1, result.output  # a verdict, not a usage error: the report says why
+    errors = [line for line in result.output.splitlines() if line.startswith("error ")]
+    assert len(errors) == 1 and f"{world['wide']} vs {world['base']}: hidden_size is 48 vs 32" in errors[0], result.output
+
+
+def test_a_do_not_merge_verdict_leaves_no_runnable_config(world, tmp_path):
+    result = CliRunner().invoke(main, ["precheck", str(world["pool_relabelled"]), "--out", str(tmp_path / "out"), "--quiet"])
+    assert result.exit_code == 1 and "vocabularies differ" in result.output, result.output
+    assert not (tmp_path / "out" / "recommended.yml").exists()

@@ -1,0 +1,117 @@
+"""Model references and folders: damaged files, adapters and hub ids, each caught in one line."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mergekit_mergeability import checkpoints
+from mergekit_mergeability.checkpoints import TensorReader, load_causal_lm, resolve, tensor_index
+from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
+from mergekit_mergeability.diagnostics.compatibility import Compatibility
+from mergekit_mergeability.errors import UserError
+
+from conftest import garbled, truncated
+
+
+@pytest.fixture
+def damaged(llama, tmp_path):
+    return {kind: make(llama["expert0"], tmp_path / kind) / "model.safetensors" for kind, make in (("truncated", truncated), ("garbled", garbled))}
+
+
+@pytest.mark.parametrize("kind", ["truncated", "garbled"])
+def test_a_damaged_safetensors_file_is_named_by_every_reader(damaged, kind):
+    file = damaged[kind]
+    readers = [tensor_index, TensorReader, load_causal_lm, checkpoints.weight_files]
+    for read in readers:
+        with pytest.raises(UserError) as caught:
+            read(file.parent)
+        message = str(caught.value)
+        assert str(file) in message and "\n" not in message, (read, message)
+
+
+def test_a_truncated_file_says_how_much_is_missing(damaged):
+    with pytest.raises(UserError, match="truncated or corrupted .*7 bytes short"):
+        tensor_index(damaged["truncated"].parent)
+
+
+def test_a_model_plus_adapter_reference_is_refused_not_reduced(llama, tmp_path):
+    reference = f"{llama['expert0']}+{tmp_path / 'adapter'}"
+    with pytest.raises(UserError) as caught:
+        resolve(reference)
+    assert reference in str(caught.value) and "merge_and_unload" in str(caught.value)
+
+
+def test_a_folder_whose_name_has_a_plus_is_a_folder(llama, tmp_path):
+    folder = shutil.copytree(llama["expert0"], tmp_path / "model+v2")
+    assert resolve(str(folder)) == folder.resolve()
+
+
+class FakeHub:
+    """huggingface_hub's download functions, answering from a local folder and counting calls."""
+
+    def __init__(self, folders):
+        self.folders = folders  # repo id -> local folder
+        self.calls = []
+
+    def hf_hub_download(self, repo_id, filename, **_):
+        self.calls.append(("file", repo_id, filename))
+        path = self.folders[repo_id] / filename
+        if not path.is_file():
+            from huggingface_hub.errors import RemoteEntryNotFoundError
+
+            raise RemoteEntryNotFoundError.__new__(RemoteEntryNotFoundError)  # the hub's 404 for a file (needs no response)
+        return str(path)
+
+    def get_safetensors_metadata(self, repo_id, **_):
+        from huggingface_hub.utils._safetensors import SafetensorsFileMetadata, SafetensorsRepoMetadata, TensorInfo
+
+        self.calls.append(("headers", repo_id))
+        header = checkpoints.read_header(self.folders[repo_id] / "model.safetensors")
+        tensors = {n: TensorInfo(i["dtype"], i["shape"], tuple(i["data_offsets"])) for n, i in header.items() if n != "__metadata__"}
+        return SafetensorsRepoMetadata(None, False, dict.fromkeys(tensors, "model.safetensors"), {"model.safetensors": SafetensorsFileMetadata({}, tensors)})
+
+    def snapshot_download(self, repo_id, **_):
+        self.calls.append(("snapshot", repo_id))
+        return str(self.folders[repo_id])
+
+
+@pytest.fixture
+def hub(llama, monkeypatch):
+    import huggingface_hub
+
+    fake = FakeHub({"org/base": llama["base"], "org/expert": llama["expert0"]})
+    for name in ("hf_hub_download", "get_safetensors_metadata", "snapshot_download"):
+        monkeypatch.setattr(huggingface_hub, name, getattr(fake, name))
+    return fake
+
+
+def test_hub_models_are_checked_from_headers_before_any_weight_downloads(hub, llama):
+    base, expert = resolve("org/base"), resolve("org/expert")
+    inputs = DiagnosticInputs(ModelInput("org/base", base), (ModelInput("org/expert", expert),))
+    result = Compatibility().run(inputs)
+    assert [f for f in result.findings if f.severity != "info"] == []
+    assert result.per_model["org/expert"]["num_layers"] == 4
+    assert not [c for c in hub.calls if c[0] == "snapshot"]
+    assert ("headers", "org/expert") in hub.calls and ("file", "org/expert", "config.json") in hub.calls
+    assert str(expert) == "org/expert"  # reports and recommended configs keep the hub id
+    assert Path(expert) == llama["expert0"]  # used as a folder, it downloads, once
+    assert TensorReader(expert).index.keys() == tensor_index(llama["expert0"]).keys()
+    assert [c for c in hub.calls if c[0] == "snapshot"] == [("snapshot", "org/expert")]
+
+
+def test_an_unknown_hub_id_is_one_line(hub):
+    missing = resolve("org/missing")
+    with pytest.raises(UserError, match="model org/missing: no such folder, and not on the hub"):
+        checkpoints.model_config(missing)
+
+
+def test_a_bin_only_folder_has_weights_and_a_folder_without_any_is_refused(llama, tmp_path):
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    with pytest.raises(UserError, match="no weights"):
+        checkpoints.weight_files(folder)
+    (folder / "pytorch_model.bin").write_bytes(b"weights")
+    assert checkpoints.weight_files(folder) == [folder / "pytorch_model.bin"]
