@@ -77,7 +77,7 @@ def test_calibrate_writes_a_fit_that_precheck_can_load(tmp_path):
     weights = {f["name"]: f["weight"] for f in document["model"]["features"]}
     assert weights["p_gold"] > 0 and weights["relative_norm"] > 0
     knows, doubts = calibration.predict({"p_gold": 2.0, "relative_norm": -1.0}), calibration.predict({"p_gold": -2.0, "relative_norm": 1.0})
-    assert knows[0] > doubts[0] and "↑ base p(gold)" in knows[1][0]
+    assert knows[0] > doubts[0] and "↑ p(gold)" in knows[1][0]
 
 
 def test_calibrate_refuses_noise_and_writes_nothing(tmp_path):

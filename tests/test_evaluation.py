@@ -34,7 +34,7 @@ def _accuracy(model_and_tokenizer, probe_file):
     model, tok = model_and_tokenizer
     instances = load_probes(str(probe_file))
     scores = choice_logprobs(model, tok, instances)
-    return sum(int(torch.argmax(s)) == i.label for s, i in zip(scores, instances)) / len(instances)
+    return sum(int(torch.argmax(s)) == i.label for (s, _), i in zip(scores, instances)) / len(instances)
 
 
 def _favourites(model_dir, path):
@@ -134,7 +134,9 @@ def test_validate_reports_correlation_with_null_and_interval(tmp_path):
     first = report["correlations"][0]
     assert first["predictor"] == "precheck prediction" and first["spearman"] == pytest.approx(1)
     assert first["p_permutation"] == pytest.approx(2 / 720, abs=0.003)  # 2 of 6! orderings reach |ρ| = 1
-    assert {r["predictor"] for r in report["correlations"]} >= {"− update norm (weights only)", "base accuracy (knowledge only)"}
+    assert {r["predictor"] for r in report["correlations"]} >= {"−relative_norm alone", "accuracy alone", "−gap alone"}
+    versus = report["versus_best_single"]  # every input here ranks perfectly: no room to beat them
+    assert versus["difference"] == pytest.approx(0) and not versus["beats"]
 
 
 @pytest.mark.parametrize(

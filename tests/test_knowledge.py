@@ -60,15 +60,33 @@ def test_generation_gap_is_the_mean_per_token_gap():
     assert knowledge.generation(distribution, torch.tensor([0, 1])).correct
 
 
+def test_multiple_choice_p_gold_and_letters_by_hand():
+    scores = knowledge.multiple_choice(torch.log(torch.tensor([0.5, 0.3, 0.2])), label=1, letter_logprobs=torch.log(torch.tensor([0.1, 0.6, 0.3])))
+    assert scores.p_gold == pytest.approx(0.3) and scores.letter_p_gold == pytest.approx(0.6) and scores.letter_correct
+    # unnormalised log-probs (continuations do not sum to 1): p(gold) is the softmax over the options
+    scores = knowledge.multiple_choice(torch.tensor([-2.0, -3.0]), label=1)
+    assert scores.p_gold == pytest.approx(1 / (1 + math.e)) and scores.letter_p_gold is None
+
+
+def test_generation_p_gold_is_the_per_token_geometric_mean():
+    distribution = torch.log(torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3]]))
+    scores = knowledge.generation(distribution, torch.tensor([1, 1]))
+    assert scores.p_gold == pytest.approx(math.sqrt(0.2 * 0.6)) and scores.tokens == 2
+
+
 def test_aggregate():
-    scores = [knowledge.InstanceKnowledge(-1.0, 0.0, True), knowledge.InstanceKnowledge(-3.0, 0.5, False)]
-    assert knowledge.aggregate(scores) == knowledge.TaskKnowledge(accuracy=0.5, mean_gap=0.25, mean_gold_logprob=-2.0, instances=2)
+    scores = [knowledge.InstanceKnowledge(0.4, 0.0, True, -1.0, 1, 0.5, True), knowledge.InstanceKnowledge(0.2, 0.5, False, -3.0, 2, 0.1, False)]
+    assert knowledge.aggregate(scores) == knowledge.TaskKnowledge(
+        accuracy=0.5, mean_p_gold=pytest.approx(0.3), mean_gap=0.25, mean_gold_logprob=-2.0, mean_gold_logprob_per_token=-1.25,
+        letter_accuracy=0.5, mean_letter_p_gold=pytest.approx(0.3), instances=2,
+    )
 
 
 def test_adapter_scores_continuations_of_a_controlled_model():
     model, tok = BigramLM(TABLE), CharTokenizer()
     instance = Instance("ab", (" c", " d"), label=1)
-    (logprobs,) = choice_logprobs(model, tok, [instance])
+    ((logprobs, letters),) = choice_logprobs(model, tok, [instance])
+    assert letters is None
     expected = [logp("b", " ") + logp(" ", c) for c in "cd"]
     assert logprobs.tolist() == pytest.approx(expected, abs=1e-5)
     scores = knowledge.multiple_choice(logprobs, instance.label)
@@ -102,3 +120,14 @@ def test_batched_scoring_with_padding_equals_one_at_a_time(llama):
         assert torch.allclose(a.continuation_logprobs, b.continuation_logprobs, atol=1e-5)
         assert torch.allclose(a.continuation_pool, b.continuation_pool, atol=1e-5)
         assert torch.allclose(a.prompt_pool, b.prompt_pool, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
+def test_the_prompt_run_once_scores_every_option_as_a_whole_pass_would(families, arch):
+    from mergekit_mergeability.diagnostics.activations import shared_prompt_logprobs
+
+    model, tok = load_causal_lm(families[arch]["base"])
+    prompt = "Question: The capital of France?\nA. Paris\nB. water\nAnswer:"
+    options = [" Paris", " water fox dog", " B", " the quick brown"]
+    whole = torch.stack([s.continuation_logprobs.sum() for s in score(model, tok, [(prompt, o) for o in options])])
+    assert torch.allclose(shared_prompt_logprobs(model, tok, prompt, options), whole, atol=1e-4)

@@ -34,7 +34,6 @@ class Settings:
     translation_steps: int = 60
     partners: int = 8
     trials: int = 4
-    temperature: float = 0.1
 
 
 FULL = Settings()
@@ -153,11 +152,13 @@ class Demo:
         return {"limit": None, "device": "cpu", "dtype": "float32", "batch_size": 16, "quiet": self.quiet}
 
     def mergeability(self, facts_config: Path, knowledge: Dict[str, float]) -> Dict[str, Dict[str, Any]]:
+        from mergekit_mergeability.methods.knowledge_weighted import DEFAULT_DENSITY, DEFAULT_TEMPERATURE, DEFAULT_TIES
+
         members = self.s.partners + 1
         variants = {
             "task_arithmetic": {"weight": round(1 / members, 6)},  # the mean of the updates (paper 1's averaging)
             "ties": {"weight": 1.0, "density": 0.5},
-            "knowledge_weighted": {"temperature": self.s.temperature},
+            "knowledge_weighted": {"temperature": DEFAULT_TEMPERATURE, "ties": DEFAULT_TIES, "density": DEFAULT_DENSITY},  # as the precheck recommends it
         }
         return {method: self.measure(facts_config, method, variants[method], knowledge) for method in METHODS}
 
@@ -177,18 +178,27 @@ class Demo:
         protocol.write(report, out)
         return report
 
-    def translation(self, name: str, config: Path, recommended: Path) -> Dict[str, Any]:
-        """Merge a translation pair as configured and as the precheck recommends; evaluate both."""
+    def translation(self, name: str, config: Path, precheck: Dict[str, Any]) -> Dict[str, Any]:
+        """Merge a translation pair as configured and as the precheck recommends; evaluate each.
+
+        A layer_selective recommendation is one model per expert: each is scored on its own
+        expert's task (paper 3's layer patch, once per target language)."""
         from mergekit_mergeability.evaluation import evaluate as evaluation, harness
         from mergekit_mergeability.precheck import config as merge_config
 
+        folder = self.out / "precheck" / name
+        advice = precheck["recommendation"]["models"]
+        per_expert = [a for a in advice if a["expert"] and a["file"] != "recommended.yml"]
+        plans = [("as configured", config, None)]
+        plans += [(f"recommended for {Path(a['expert']).name}", folder / a["file"], a["expert"]) for a in per_expert] or [("recommended", folder / a["file"], None) for a in advice[:1]]
         results = {}
-        for label, path in (("as configured", config), ("recommended", recommended)):
+        for label, path, expert in plans:
             spec = merge_config.read(path)
             merged = self.merge(path)
             report = evaluation.evaluate(spec, merged, None, self.options(), harness.Cache(self.cache / "scores"))
             evaluation.write(report, self.out / "evaluation" / name / label.replace(" ", "_"))
-            results[label] = {"method": spec.merge_method, "tasks": report["tasks"]}
+            tasks = [t for t in report["tasks"] if expert is None or t["expert_model"] == expert]
+            results[label] = {"method": spec.merge_method, "tasks": tasks}
         return results
 
     def merge(self, config: Path) -> Path:
@@ -208,11 +218,8 @@ class Demo:
 
 
 def knowledge_groups(precheck: Dict[str, Any]) -> Dict[str, List[str]]:
-    """Experts in thirds by the base's knowledge of their fact (mean gap, then accuracy)."""
-    experts = sorted(
-        (m for m in precheck["models"] if m["role"] == "expert"),
-        key=lambda m: (m["knowledge"]["accuracy"], -m["knowledge"]["mean_gap"]),
-    )
+    """Experts in thirds by the base's knowledge of their fact: its p(gold), few-shot."""
+    experts = sorted((m for m in precheck["models"] if m["role"] == "expert"), key=lambda m: m["knowledge"]["mean_p_gold"])
     third = max(1, len(experts) // 3)
     return {
         "weakly known": [m["path"] for m in experts[:third]],
@@ -251,10 +258,10 @@ def run(settings: Settings, cache: Path, out: Path, console: Optional[Console] =
         rec = prechecks[name]["recommendation"]
         console.print(f"{name}: verdict [bold]{rec['verdict']}[/bold], cut-off {rec['cutoff']}: " + " ".join(rec["reasons"]))
     console.rule("4. merge and measure")
-    knowledge = {m["path"]: m["knowledge"]["accuracy"] for m in prechecks["facts"]["models"] if m["role"] == "expert"}
+    knowledge = {m["path"]: m["knowledge"]["mean_p_gold"] for m in prechecks["facts"]["models"] if m["role"] == "expert"}
     reports = demo.mergeability(configs["facts"], knowledge)
     translation = {
-        name: demo.translation(name, configs[name], out / "precheck" / name / "recommended.yml")
+        name: demo.translation(name, configs[name], prechecks[name])
         for name in ("translation_different_targets", "translation_shared_target")
     }
     console.rule("5. results")
@@ -288,8 +295,8 @@ def _expert_rows(precheck: Dict[str, Any], reports: Dict[str, Dict[str, Any]]) -
         rows.append(
             {
                 "expert": Path(m["path"]).name,
+                "base_p_gold": m["knowledge"]["mean_p_gold"],
                 "base_accuracy": m["knowledge"]["accuracy"],
-                "base_gap": m["knowledge"]["mean_gap"],
                 "predicted": m["predicted_mergeability"],
                 **{method: measured[method][m["path"]]["mergeability"] for method in METHODS},
             }
@@ -300,9 +307,9 @@ def _expert_rows(precheck: Dict[str, Any], reports: Dict[str, Dict[str, Any]]) -
 def _print_results(console: Console, summary: Dict[str, Any]) -> None:
     from rich.table import Table
 
-    table = Table("expert", "base acc", "base gap", "predicted", *(f"S {m}" for m in METHODS), title="Predicted vs measured mergeability")
+    table = Table("expert", "p(gold)", "acc", "predicted", *(f"S {m}" for m in METHODS), title="Predicted vs measured mergeability")
     for row in summary["experts"]:
-        table.add_row(row["expert"], f"{row['base_accuracy']:.2f}", f"{row['base_gap']:.2f}", f"{row['predicted']:.2f}", *(f"{row[m]:.2f}" for m in METHODS))
+        table.add_row(row["expert"], f"{row['base_p_gold']:.2f}", f"{row['base_accuracy']:.2f}", f"{row['predicted']:.2f}", *(f"{row[m]:.2f}" for m in METHODS))
     console.print(table)
     groups = Table("group", *METHODS, title="Mean own-fact accuracy after merging, by the base's knowledge of the fact")
     for group in ("weakly known", "partly known", "well known", "all"):

@@ -105,16 +105,19 @@ def shared_prompt_logprobs(model, tokenizer, prompt: str, continuations: Sequenc
     are computed once and repeated for every option (equal to scoring each
     prompt + option alone; tests check it).
     """
+    parameters = inspect.signature(model.forward).parameters
+    argument = next((a for a in ("cache", "past_key_values") if a in parameters), None)  # transformers ≥ 5.2x renamed it
+    if argument is None:  # a model without a key/value cache: score each option whole
+        return torch.stack([s.continuation_logprobs.sum() for s in score(model, tokenizer, [(prompt, c) for c in continuations])])
     encoded = [encode(tokenizer, prompt, c) for c in continuations]
     context = encoded[0][0]
     device = next(model.parameters()).device
     out = model(input_ids=torch.tensor([context], device=device), use_cache=True)
     first = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
-    cache = out["cache"] if "cache" in out else out["past_key_values"]  # transformers ≥ 5.2x renamed it
+    cache = out[argument]
     cache.batch_repeat_interleave(len(encoded))
     ids, mask = pad([([], c) for _, c in encoded])
     mask = torch.cat([torch.ones(len(encoded), len(context), dtype=mask.dtype), mask], dim=1)
-    argument = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), **{argument: cache}).logits
     following = torch.log_softmax(logits.float(), dim=-1)
     totals = []

@@ -48,14 +48,14 @@ FEATURES: Dict[str, int] = {
 Features = Dict[str, Optional[float]]
 # How a reason names each feature's value
 SAY = {
-    "p_gold": lambda v: f"base p(gold) {v:.2f}",
+    "p_gold": lambda v: f"p(gold) {v:.2f}",
     "gap": lambda v: f"gap {v:.2f}",
-    "accuracy": lambda v: f"base accuracy {v:.2f}",
+    "accuracy": lambda v: f"accuracy {v:.2f}",
     "letter_p_gold": lambda v: f"p(gold letter) {v:.2f}",
-    "gold_logprob_per_token": lambda v: f"gold log-prob/token {v:.2f}",
-    "relative_norm": lambda v: f"update {math.exp(v):.2g}× the median size",
-    "relative_top_sv": lambda v: f"top singular value {math.exp(v):.2g}× the median",
-    "pool_cosine": lambda v: f"cosine with the others {v:+.2f}",
+    "gold_logprob_per_token": lambda v: f"log p(gold)/token {v:.2f}",
+    "relative_norm": lambda v: f"size {math.exp(v):.2g}× median",
+    "relative_top_sv": lambda v: f"σ_max {math.exp(v):.2g}× median",
+    "pool_cosine": lambda v: f"cos(rest) {v:+.2f}",
     "mean_sign_conflict": lambda v: f"sign conflict {v:.2f}",
 }
 
