@@ -60,8 +60,8 @@ def precheck(demo: Demo, config: Path, fewshot: int) -> dict:
     if saved.is_file():
         return json.loads(saved.read_text())
     options = {"limit": 64, "device": "cpu", "dtype": "float32", "batch_size": 16, "quiet": demo.quiet, "skip": ["representations"]}
-    if fewshot is not None:
-        options["fewshot"] = fewshot
+    if fewshot is not None:  # only the knowledge differs between these
+        options.update(fewshot=fewshot, skip=["representations", "weights"])
     return run(merge_config.read(config), {}, options, out)
 
 
@@ -84,7 +84,7 @@ def main():
     console.print(f"{len(facts)} experts ({time.perf_counter() - started:.0f} s); pool config {config}")
     for k in args.fewshot or ():
         precheck(demo, config, k)
-    methods = [method(spec.strip(), settings.partners) for spec in args.methods.split(",")]
+    methods = [method(spec.strip(), settings.partners) for spec in args.methods.split(",") if spec.strip()]
     knowledge = {}
     if args.precheck or any(name == "knowledge_weighted" for _, name, _ in methods):
         report = precheck(demo, config, None)

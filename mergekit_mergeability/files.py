@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Union
+from typing import Sequence, Union
+
+from mergekit_mergeability.errors import UserError
+
+# Every JSON this package writes (precheck, evaluation, mergeability, validation,
+# calibration) carries it: minor versions only add fields, a major one renames or removes.
+SCHEMA_VERSION = "2.0"
 
 
 def write_atomic(path: Path, data: Union[str, bytes]) -> Path:
@@ -22,3 +29,17 @@ def write_atomic(path: Path, data: Union[str, bytes]) -> Path:
         Path(temporary).unlink(missing_ok=True)
         raise
     return path
+
+
+def read_report(path: Path, kind: str, fields: Sequence[str]) -> dict:
+    """``kind``'s JSON output, checked to have ``models`` entries with ``fields``."""
+    try:
+        document = json.loads(Path(path).read_text())
+    except (FileNotFoundError, IsADirectoryError):
+        raise UserError(f"{path}: no such file; run `mergekit-mergeability {kind}` first") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise UserError(f"{path}: not JSON; expected {kind}'s output") from None
+    models = document.get("models") if isinstance(document, dict) else None
+    if not isinstance(models, list) or not all(isinstance(m, dict) and set(fields) <= m.keys() for m in models):
+        raise UserError(f"{path}: not {kind}'s output (needs models with {', '.join(fields)})")
+    return document

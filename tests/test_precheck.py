@@ -125,6 +125,8 @@ def test_divergent_upper_layers_get_one_model_per_expert_that_keeps_its_own_uppe
     assert min(pair["cka_unbiased"][:3]) > 0.8 > max(pair["cka_unbiased"][3:])  # blocks 0–1 untouched, 2–3 randomised
     rec = report["recommendation"]
     assert (rec["verdict"], rec["cutoff"]) == ("layer_selective", 2)
+    # item 4: the verdict reads the unbiased estimator (the biased one drifts with the number of probe rows)
+    assert report["layers"]["cka_estimator"] == "unbiased" and report["layers"]["divergence"] == pair["cka_unbiased"]
     assert [m["file"] for m in rec["models"]] == ["recommended.yml", "recommended/upper_a.yml", "recommended/upper_b.yml"]
     assert "upper_b" in rec["models"][0]["drops"] or "upper_a" in rec["models"][0]["drops"]
     base = state_dict(pool["base"])

@@ -24,3 +24,8 @@ def test_every_tracked_path_is_a_plain_name():
     if listed.returncode:
         pytest.skip("not a git checkout")
     assert [p for p in listed.stdout.splitlines() if not re.fullmatch(r"[\w./+-]+", p)] == []
+
+
+def test_one_schema_version_for_every_json_the_package_writes():
+    definitions = [p for p in (REPO / "mergekit_mergeability").rglob("*.py") if re.search(r"^SCHEMA_VERSION\s*=", p.read_text(), re.M)]
+    assert [p.name for p in definitions] == ["files.py"]

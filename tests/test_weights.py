@@ -55,3 +55,22 @@ def test_nan_weights_are_an_error_finding(llama, tmp_path):
     assert result.per_model["broken"]["nonfinite"] > 0
     assert [f.severity for f in result.findings] == ["error"]
     assert "NaN/Inf" in result.findings[0].message and "broken" in result.findings[0].message
+
+
+def test_top_singular_value_and_interference_of_known_updates(llama, tmp_path):
+    g = torch.Generator().manual_seed(7)
+    name = "model.layers.2.mlp.up_proj.weight"
+    shape = state_dict(llama["base"])[name].shape
+    low_rank = torch.randn(shape[0], 3, generator=g) @ torch.randn(3, shape[1], generator=g) * 0.01
+    only = lambda update: lambda k, v: update if k == name else 0 * v  # noqa: E731
+    experts = {
+        "lora": derive(llama["base"], tmp_path / "lora", only(low_rank)),
+        "same": derive(llama["base"], tmp_path / "same", only(low_rank)),
+        "undo": derive(llama["base"], tmp_path / "undo", only(-2 * low_rank)),
+    }
+    result = _run(llama["base"], experts)
+    assert result.per_model["lora"]["top_singular_value"] == pytest.approx(float(torch.linalg.matrix_norm(low_rank.double(), ord=2)), rel=1e-4)
+    # lora + same − 2·lora = 0: the rest cancels lora exactly; undo's rest (2·lora) is its exact opposite
+    assert result.per_model["lora"]["pool_cosine"] == pytest.approx(-1, abs=1e-5)
+    assert result.per_model["undo"]["pool_cosine"] == pytest.approx(-1, abs=1e-5)
+    assert result.per_model["lora"]["mean_cosine"] == pytest.approx(0, abs=1e-5)  # (1 + −1) / 2

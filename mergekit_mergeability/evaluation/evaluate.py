@@ -15,12 +15,11 @@ from mergekit_mergeability import checkpoints
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.evaluation import harness, tasks as task_specs
 from mergekit_mergeability.evaluation.scorer import Scorer
-from mergekit_mergeability.files import write_atomic
+from mergekit_mergeability.files import SCHEMA_VERSION, write_atomic
 from mergekit_mergeability.maths.retention import normalised_gain, retention
 from mergekit_mergeability.precheck.config import MergeSpec
 from mergekit_mergeability.progress import task as progress
 
-SCHEMA_VERSION = "1.0"
 
 
 def owned_tasks(spec: MergeSpec, overrides: Optional[List[str]]) -> Dict[str, Optional[str]]:

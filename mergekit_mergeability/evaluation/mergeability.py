@@ -21,12 +21,11 @@ from mergekit_mergeability.evaluation import harness, tasks as task_specs
 from mergekit_mergeability.evaluation.inmemory import load_update, merge_updates
 from mergekit_mergeability.evaluation.protocol import TrialLog, partners, summarise
 from mergekit_mergeability.evaluation.scorer import Scorer
-from mergekit_mergeability.files import write_atomic
+from mergekit_mergeability.files import SCHEMA_VERSION, write_atomic
 from mergekit_mergeability.maths.retention import normalised_gain
 from mergekit_mergeability.precheck.config import MergeSpec, model_entries
 from mergekit_mergeability.progress import task as progress
 
-SCHEMA_VERSION = "1.0"
 
 
 def check_pool(spec: MergeSpec, partner_count: int, method: str) -> None:

@@ -15,30 +15,16 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from mergekit_mergeability.errors import UserError
-from mergekit_mergeability.files import write_atomic
+from mergekit_mergeability.files import SCHEMA_VERSION, read_report, write_atomic
 from mergekit_mergeability.maths.stats import correlate, difference
-from mergekit_mergeability.precheck.calibration import FEATURES, features
+from mergekit_mergeability.precheck.calibration import FEATURES, PRECHECK_FIELDS, features
 
 PREDICTION = "precheck prediction"
 
 
-def _read(path: Path, kind: str, fields: tuple) -> dict:
-    """``kind``'s JSON output, checked to have ``models`` entries with ``fields``."""
-    try:
-        document = json.loads(Path(path).read_text())
-    except (FileNotFoundError, IsADirectoryError):
-        raise UserError(f"{path}: no such file; run `mergekit-mergeability {kind}` first") from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise UserError(f"{path}: not JSON; expected {kind}'s output") from None
-    models = document.get("models") if isinstance(document, dict) else None
-    if not isinstance(models, list) or not all(isinstance(m, dict) and set(fields) <= m.keys() for m in models):
-        raise UserError(f"{path}: not {kind}'s output (needs models with {', '.join(fields)})")
-    return document
-
-
 def validate(precheck_path: Path, mergeability_path: Path, target: str = "mergeability", permutations: int = 10_000, seed: int = 0) -> Dict[str, Any]:
-    precheck = _read(precheck_path, "precheck", ("path", "role", "predicted_mergeability", "knowledge", "weights"))
-    measured = _read(mergeability_path, "mergeability", ("path",))
+    precheck = read_report(precheck_path, "precheck", (*PRECHECK_FIELDS, "predicted_mergeability"))
+    measured = read_report(mergeability_path, "mergeability", ("path",))
     predicted = {m["path"]: m for m in precheck["models"] if m["role"] == "expert"}
     outcome = {m["path"]: m[target] for m in measured["models"] if m.get(target) is not None}
     common = [p for p in predicted if p in outcome]
@@ -56,7 +42,7 @@ def validate(precheck_path: Path, mergeability_path: Path, target: str = "mergea
         if len(known) >= 3:
             result = correlate([values[p] for p in known], [outcome[p] for p in known], permutations=permutations, seed=seed)
             rows.append({"predictor": label, **asdict(result)})
-    report = {"schema_version": "2.0", "precheck": str(precheck_path), "mergeability": str(mergeability_path), "target": target, "models": len(common), "method": measured.get("method"), "correlations": rows}
+    report = {"schema_version": SCHEMA_VERSION, "precheck": str(precheck_path), "mergeability": str(mergeability_path), "target": target, "models": len(common), "method": measured.get("method"), "correlations": rows}
     report["versus_best_single"] = _versus_best(rows, predictors, outcome, common, seed)
     return report
 

@@ -54,8 +54,8 @@ def configured_update(document: Mapping[str, Any]) -> Dict[str, Any]:
     weights = list(configured_weights(document).values())
     lam = as_number(shared.get("lambda", spec.get("lambda", 1.0)))
     normalize = bool(shared.get("normalize", spec.get("normalize", False)))
-    total = lam * (1.0 if normalize else sum(weights))
-    how = f"lambda {lam:g} × " + ("1 (weights normalised)" if normalize else f"Σ weight {sum(weights):g}")
+    total = round(lam * (1.0 if normalize else sum(weights)), 4)  # weights of 1/n are written rounded
+    how = f"lambda {lam:g} × " + ("1 (weights normalised)" if normalize else f"Σ weight {round(sum(weights), 4):g}")
     return {"total": total, "lambda": lam, "normalize": normalize, "sum_weights": sum(weights), "note": f"{method}: {how} = {total:g}"}
 
 

@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from mergekit_mergeability.errors import UserError
+from mergekit_mergeability.files import SCHEMA_VERSION, read_report
 from mergekit_mergeability.maths import calibration as fitting
 from mergekit_mergeability.maths.stats import correlate
 
@@ -46,6 +47,7 @@ FEATURES: Dict[str, int] = {
     "mean_sign_conflict": -1,
 }
 Features = Dict[str, Optional[float]]
+PRECHECK_FIELDS = ("path", "role", "knowledge", "weights")
 # How a reason names each feature's value
 SAY = {
     "p_gold": lambda v: f"p(gold) {v:.2f}",
@@ -124,18 +126,10 @@ class Calibration:
         return value, reasons
 
 
-def _read(path: Path, kind: str) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file; run `mergekit-mergeability {kind}` first") from None
-    except json.JSONDecodeError:
-        raise UserError(f"{path}: not JSON; expected {kind}'s output") from None
-
-
 def measured_pool(precheck_path: Path, mergeability_path: Path, target: str = "mergeability") -> Tuple[List[str], np.ndarray, np.ndarray, dict]:
     """(models, features (n × f), targets, mergeability report) for the models both files share."""
-    precheck, measured = _read(precheck_path, "precheck"), _read(mergeability_path, "mergeability")
+    precheck = read_report(precheck_path, "precheck", PRECHECK_FIELDS)
+    measured = read_report(mergeability_path, "mergeability", ("path",))
     table = features(precheck.get("models", []))
     outcome = {m["path"]: m.get(target) for m in measured.get("models", [])}
     common = [m for m in table if outcome.get(m) is not None]
@@ -204,7 +198,7 @@ def write(report: Dict[str, Any], out: Path, sources: Sequence[str]) -> Path:
     from mergekit_mergeability.files import write_atomic
 
     document = {
-        "schema_version": "2.0",
+        "schema_version": SCHEMA_VERSION,
         **report,
         "provenance": {
             "command": "mergekit-mergeability calibrate " + " ".join(sources),

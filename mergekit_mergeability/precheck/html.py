@@ -18,7 +18,19 @@ VERDICT_COLOURS = {
     "sign_election": "#6a1b9a",
     "do_not_merge": "#c62828",
 }
-COLUMNS = ("model", "probe", "p(gold)", "accuracy", "gap", "‖τ‖", "σ_max", "cos(rest)", "kept", "predicted", "why")
+COLUMNS = {  # header: what it means (the header's tooltip)
+    "model": "the folder name; the full path on hover",
+    "probe": "its probe set",
+    "p(gold)": "the base's probability of the gold option, few-shot (mean over the probe)",
+    "accuracy": "the base's accuracy on the probe",
+    "gap": "p(top) − p(gold): 0 when the base is right",
+    "‖τ‖": "update norm",
+    "σ_max": "top singular value of the update",
+    "cos(rest)": "cosine between this update and the sum of the others",
+    "kept": "what the configured merge keeps of this update along its direction: 1 untouched, >1 reinforced, 0 cancelled",
+    "predicted": "predicted mergeability: own-task score after a mean merge with 8 random partners",
+    "why": "the two features that moved the prediction most",
+}
 SORT_SCRIPT = """
 document.querySelectorAll('table.sortable th').forEach((th, column) => th.addEventListener('click', () => {
   const body = th.closest('table').tBodies[0];
@@ -57,7 +69,7 @@ def render(report: Dict[str, Any]) -> str:
 <style>body{{font-family:system-ui,sans-serif;max-width:1220px;margin:1.5em auto;padding:0 1em;color:#222}}
 table{{border-collapse:collapse;font-size:13px;width:100%}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}}
 th{{background:#f3f3f3;cursor:pointer;white-space:nowrap}}th[data-order=up]::after{{content:" ▲"}}th[data-order=down]::after{{content:" ▼"}}
-td.num{{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}}td.name{{white-space:nowrap}}
+td.num{{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}}td.name{{white-space:nowrap;max-width:13em;overflow:hidden;text-overflow:ellipsis}}td.why{{min-width:15em}}
 .verdict{{color:white;background:{VERDICT_COLOURS.get(rec['verdict'], '#555')};padding:.2em .7em;border-radius:4px}}
 img{{max-width:100%}}code{{word-break:break-all}}small{{color:#555}}</style></head><body>
 <h1>Mergeability precheck</h1>
@@ -72,7 +84,7 @@ base <code>{esc(str(report['base_model']))}</code>.</p>
 <p><small>Click a column to sort. Predicted mergeability: the expected own-task score after merging with 8 random partners
 (calibration <code>{esc(str(calibration.get('path')))}</code>, fitted on {esc(str(calibration.get('fitted_on_models')))} measured experts;
 leave-one-out Spearman {number(calibration.get('leave_one_out_spearman'))}), capped by the share of its update the merge keeps.</small></p>
-<table class="sortable"><thead><tr>{''.join(f'<th>{esc(c)}</th>' for c in COLUMNS)}</tr></thead><tbody>{rows}</tbody></table>
+<table class="sortable"><thead><tr>{''.join(f'<th title="{esc(t)}">{esc(c)}</th>' for c, t in COLUMNS.items())}</tr></thead><tbody>{rows}</tbody></table>
 <ul><small>{places}</small></ul>
 {''.join(figures)}
 <h2>Findings</h2><ul>{findings or '<li>none</li>'}</ul>
@@ -101,7 +113,7 @@ def _model_row(model: Dict[str, Any]) -> str:
         (model["predicted_mergeability"], 2),
     ):
         cells.append(f'<td class="num" data-value="{"" if value is None else value}">{number(value, digits)}</td>')
-    cells.append(f"<td>{esc('; '.join(model['reasons']))}</td>")
+    cells.append(f"<td class=\"why\">{esc('; '.join(model['reasons']))}</td>")
     return "<tr>" + "".join(cells) + "</tr>"
 
 

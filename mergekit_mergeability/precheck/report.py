@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from mergekit_mergeability.files import write_atomic
+from mergekit_mergeability.files import SCHEMA_VERSION, write_atomic
 from mergekit_mergeability.names import short_names
 from mergekit_mergeability.precheck import Measurements
 from mergekit_mergeability.precheck.advice import MAIN, PER_EXPERT, Advice, advise, configured_update, configured_weights
@@ -27,7 +27,6 @@ from mergekit_mergeability.precheck.predict import (
     recommend,
 )
 
-SCHEMA_VERSION = "2.0"
 SCHEMA = Path(__file__).with_name("schema.json")
 # On the unbiased (minibatch) estimator, whose value does not drift with the number of
 # probe rows: the demo's translators into different languages fall to 0.5–0.7 in their
@@ -138,15 +137,15 @@ def _pairs(results) -> List[Dict[str, Any]]:
 
 
 def _shares(recommendation, spec) -> Optional[Dict[str, float]]:
+    """The knowledge_weighted shares the advice gives, else the configured weights."""
+    configured = configured_weights(spec.document)
     if recommendation.verdict == KNOWLEDGE_WEIGHTED:
         from mergekit_mergeability.methods.knowledge_weighted import DEFAULT_TEMPERATURE, knowledge_weights
 
         names = list(recommendation.knowledge)
-        shares = knowledge_weights([recommendation.knowledge[n] for n in names], DEFAULT_TEMPERATURE)
+        shares = knowledge_weights([recommendation.knowledge[n] for n in names], DEFAULT_TEMPERATURE, [configured.get(n, 1.0) for n in names])
         return {n: float(w) for n, w in zip(names, shares)}
-    configured = {str(e["model"]): (e.get("parameters") or {}).get("weight") for e in model_entries(spec.document)}
-    numeric = {m: float(w) for m, w in configured.items() if isinstance(w, (int, float))}
-    return numeric or None
+    return configured or None
 
 
 def _describe(advice: Advice) -> Dict[str, Any]:
