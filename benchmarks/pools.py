@@ -27,7 +27,7 @@ from pathlib import Path
 from rich.console import Console
 
 from mergekit_mergeability.cli import default_cache_dir
-from mergekit_mergeability.demo.run import Demo, Settings
+from mergekit_mergeability.demo.run import Demo, Settings, knowledge_of
 
 HERE = Path(__file__).resolve().parent
 POOLS = {
@@ -88,7 +88,7 @@ def main():
     knowledge = {}
     if args.precheck or any(name == "knowledge_weighted" for _, name, _ in methods):
         report = precheck(demo, config, None)
-        knowledge = {m["path"]: m["knowledge"]["mean_p_gold"] for m in report["models"] if m["role"] == "expert"}
+        knowledge = knowledge_of(report)  # the knowledge the precheck would recommend with
     for label, name, parameters in methods:
         begun = time.perf_counter()
         measured = demo.measure(config, name, parameters, knowledge, label=label)

@@ -76,17 +76,18 @@ def validate(args) -> None:
 
 def methods(args) -> None:
     """Mean own-task S by thirds of the base's p(gold), for every method measured on the pool."""
-    report = json.loads((OUT / args.pool / "precheck" / "precheck.json").read_text())
-    experts = sorted((m for m in report["models"] if m["role"] == "expert"), key=lambda m: m["knowledge"]["mean_p_gold"])
-    third = len(experts) // 3
-    groups = {"weakest-known third": experts[:third], "middle": experts[third:-third], "strongest-known third": experts[-third:], "all": experts}
+    from mergekit_mergeability.demo.run import knowledge_groups
+
+    thirds = knowledge_groups(json.loads((OUT / args.pool / "precheck" / "precheck.json").read_text()))
+    groups = {"weakest-known third": thirds["weakly known"], "middle": thirds["partly known"], "strongest-known third": thirds["well known"]}
+    groups["all"] = [m for members in groups.values() for m in members]
     table = Table("merge", *(f"{g} ({len(m)})" for g, m in groups.items()), title=f"Own-fact accuracy after merging ({args.pool} pool, 8 partners × 5 trials)")
     baseline = None
     for folder in sorted((OUT / args.pool / "mergeability").iterdir()):
         if not (folder / "mergeability.json").is_file():
             continue
         s = _mean_s(args.pool, folder.name)
-        means = {g: statistics.fmean(s[m["path"]] for m in members) for g, members in groups.items()}
+        means = {g: statistics.fmean(s[m] for m in members) for g, members in groups.items()}
         baseline = baseline or (means if folder.name == "mean" else None)
         cells = [f"{v:.3f}" + (f" ({v - baseline[g]:+.3f})" if baseline and folder.name != "mean" else "") for g, v in means.items()]
         table.add_row(folder.name, *cells)

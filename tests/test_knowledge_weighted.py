@@ -80,3 +80,15 @@ def test_bad_parameters_in_memory(parameters, message):
 def test_needs_a_base():
     with pytest.raises(ValueError, match="requires a base"):
         merge_tensors([torch.zeros(2), torch.ones(2)], "knowledge_weighted", parameters={"knowledge": 0.5})
+
+
+@pytest.mark.parametrize("density", [0.1, 0.5, 0.9])
+def test_trim_keeps_the_same_entries_as_mergekit_magnitude_sparsification(density):
+    from mergekit.sparsify import SparsificationMethod, sparsify
+
+    from mergekit_mergeability.methods.knowledge_weighted import trim
+
+    g = torch.Generator().manual_seed(3)
+    delta = torch.randn(64, 48, generator=g)
+    delta[:, :10] = 0  # untouched entries, as a partial update has
+    assert torch.equal(trim(delta, density), sparsify(delta, density=density, method=SparsificationMethod.magnitude))

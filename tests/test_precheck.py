@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from mergekit_mergeability.cli import main
 from mergekit_mergeability.plugins import contributions, hookimpl, plugin_manager
+from mergekit_mergeability.precheck.calibration import Calibration
 from mergekit_mergeability.precheck.report import SCHEMA
 from mergekit_mergeability.tiny import CORPUS, derive
 
@@ -73,14 +74,15 @@ def test_weakly_known_probes_lead_to_knowledge_weighting(tmp_path, pool):
     jsonschema.validate(report, json.loads(SCHEMA.read_text()))
     experts = {m["path"]: m for m in report["models"] if m["role"] == "expert"}
     known, unknown = experts[str(pool["known"])], experts[str(pool["unknown"])]
-    assert known["knowledge"]["accuracy"] == 1 and known["knowledge"]["mean_gap"] == 0
-    assert unknown["knowledge"]["accuracy"] == 0 and unknown["knowledge"]["mean_gap"] > 0
-    assert known["knowledge"]["mean_p_gold"] > unknown["knowledge"]["mean_p_gold"]
+    assert known["knowledge"]["task_accuracy"] == 1 and known["knowledge"]["task_mean_gap"] == 0
+    assert unknown["knowledge"]["task_accuracy"] == 0 and unknown["knowledge"]["task_mean_gap"] > 0
+    assert known["knowledge"]["task_mean_p_gold"] > unknown["knowledge"]["task_mean_p_gold"]
     assert len(known["knowledge"]["per_instance"]) == len(QUESTIONS) and known["knowledge"]["fewshot"] == 3
     assert known["predicted_mergeability"] > unknown["predicted_mergeability"]
     rec = report["recommendation"]
     assert rec["verdict"] == "knowledge_weighted"
-    assert rec["knowledge"] == {str(pool["known"]): known["knowledge"]["mean_p_gold"], str(pool["unknown"]): unknown["knowledge"]["mean_p_gold"]}
+    feature = Calibration.load().knowledge_feature
+    assert rec["knowledge"] == {str(pool["known"]): known["features"][feature], str(pool["unknown"]): unknown["features"][feature]}
     assert rec["weights"][str(pool["unknown"])] > rec["weights"][str(pool["known"])]
     # pairs: base–known, base–unknown, known–unknown; CKA at the embedding output and after each of 4 blocks
     assert {(p["a"], p["b"]) for p in report["pairs"]} >= {(str(pool["known"]), str(pool["unknown"]))}

@@ -217,15 +217,21 @@ class Demo:
         return folder
 
 
+def knowledge_of(precheck: Dict[str, Any]) -> Dict[str, float]:
+    """The base's knowledge of each expert's fact, as the precheck's calibration reads it (the
+    values a knowledge_weighted recommendation carries)."""
+    from mergekit_mergeability.precheck.calibration import Calibration
+
+    feature = Calibration.load(precheck["options"].get("calibration")).knowledge_feature
+    return {m["path"]: m["features"][feature] for m in precheck["models"] if m["role"] == "expert"}
+
+
 def knowledge_groups(precheck: Dict[str, Any]) -> Dict[str, List[str]]:
-    """Experts in thirds by the base's knowledge of their fact: its p(gold), few-shot."""
-    experts = sorted((m for m in precheck["models"] if m["role"] == "expert"), key=lambda m: m["knowledge"]["mean_p_gold"])
+    """Experts in thirds by the base's knowledge of their fact."""
+    known = knowledge_of(precheck)
+    experts = sorted(known, key=known.get)
     third = max(1, len(experts) // 3)
-    return {
-        "weakly known": [m["path"] for m in experts[:third]],
-        "partly known": [m["path"] for m in experts[third:-third]],
-        "well known": [m["path"] for m in experts[-third:]],
-    }
+    return {"weakly known": experts[:third], "partly known": experts[third:-third], "well known": experts[-third:]}
 
 
 def group_means(reports: Dict[str, Dict[str, Any]], groups: Dict[str, List[str]]) -> Dict[str, Dict[str, float]]:
@@ -258,8 +264,7 @@ def run(settings: Settings, cache: Path, out: Path, console: Optional[Console] =
         rec = prechecks[name]["recommendation"]
         console.print(f"{name}: verdict [bold]{rec['verdict']}[/bold], cut-off {rec['cutoff']}: " + " ".join(rec["reasons"]))
     console.rule("4. merge and measure")
-    knowledge = {m["path"]: m["knowledge"]["mean_p_gold"] for m in prechecks["facts"]["models"] if m["role"] == "expert"}
-    reports = demo.mergeability(configs["facts"], knowledge)
+    reports = demo.mergeability(configs["facts"], knowledge_of(prechecks["facts"]))
     translation = {
         name: demo.translation(name, configs[name], prechecks[name])
         for name in ("translation_different_targets", "translation_shared_target")

@@ -7,6 +7,9 @@ Features of model i (each with its prior direction: + means higher is more merge
     accuracy               +  the base's accuracy
     letter_p_gold          +  p(gold) over the options' letters
     gold_logprob_per_token +  the gold answer's log-prob per token
+    task_p_gold            +  p(gold) with the probe asked as its task scores it
+    task_accuracy          +  accuracy, likewise
+    task_gap               −  gap, likewise
     relative_norm          −  log(‖τ_i‖ / median over the config's models)
     relative_top_sv        −  log(σ_max(τ_i) / median)
     pool_cosine            +  cos(τ_i, Σ_{j≠i} τ_j): the others pull along (+) or against (−)
@@ -15,7 +18,8 @@ Features of model i (each with its prior direction: + means higher is more merge
 ``calibrate`` fits ``maths.calibration.fit`` on measured pools (precheck.json +
 mergeability.json pairs) and writes a calibration file; ``precheck --calibration``
 reads one; ``calibration.json`` beside this file is the default, with its provenance
-and out-of-sample numbers inside.
+and out-of-sample numbers inside, and which knowledge feature (the better predictor of
+p_gold and task_p_gold on the fitted pools) supplies knowledge_weighted's values.
 """
 
 from __future__ import annotations
@@ -41,12 +45,16 @@ FEATURES: Dict[str, int] = {
     "accuracy": +1,
     "letter_p_gold": +1,
     "gold_logprob_per_token": +1,
+    "task_p_gold": +1,
+    "task_accuracy": +1,
+    "task_gap": -1,
     "relative_norm": -1,
     "relative_top_sv": -1,
     "pool_cosine": +1,
     "mean_sign_conflict": -1,
 }
 Features = Dict[str, Optional[float]]
+KNOWLEDGE_VALUES = ("p_gold", "task_p_gold")  # candidates for knowledge_weighted's knowledge: in [0, 1]
 PRECHECK_FIELDS = ("path", "role", "knowledge", "weights")
 # How a reason names each feature's value
 SAY = {
@@ -55,6 +63,9 @@ SAY = {
     "accuracy": lambda v: f"accuracy {v:.2f}",
     "letter_p_gold": lambda v: f"p(gold letter) {v:.2f}",
     "gold_logprob_per_token": lambda v: f"log p(gold)/token {v:.2f}",
+    "task_p_gold": lambda v: f"p(gold) as the task asks {v:.2f}",
+    "task_accuracy": lambda v: f"accuracy as the task asks {v:.2f}",
+    "task_gap": lambda v: f"gap as the task asks {v:.2f}",
     "relative_norm": lambda v: f"size {math.exp(v):.2g}× median",
     "relative_top_sv": lambda v: f"σ_max {math.exp(v):.2g}× median",
     "pool_cosine": lambda v: f"cos(rest) {v:+.2f}",
@@ -76,6 +87,9 @@ def features(models: Sequence[Mapping[str, Any]]) -> Dict[str, Features]:
             "accuracy": k.get("accuracy"),
             "letter_p_gold": k.get("mean_letter_p_gold"),
             "gold_logprob_per_token": k.get("mean_gold_logprob_per_token"),
+            "task_p_gold": k.get("task_mean_p_gold"),
+            "task_accuracy": k.get("task_accuracy"),
+            "task_gap": k.get("task_mean_gap"),
             "relative_norm": _log_ratio(w.get("update_norm"), medians["update_norm"]),
             "relative_top_sv": _log_ratio(w.get("top_singular_value"), medians["top_singular_value"]),
             "pool_cosine": w.get("pool_cosine"),
@@ -98,6 +112,11 @@ class Calibration:
     model: fitting.Linear
     document: Dict[str, Any]  # the whole file: target, method, provenance, out-of-sample numbers
     path: Path
+
+    @property
+    def knowledge_feature(self) -> str:
+        """Which knowledge feature knowledge_weighted's ``knowledge`` values come from."""
+        return self.document.get("knowledge_feature", "p_gold")
 
     @classmethod
     def load(cls, path: Optional[Path] = None) -> "Calibration":
@@ -159,8 +178,10 @@ def calibrate(pairs: Sequence[Tuple[Path, Path]], target: str = "mergeability", 
     if len(pairs) > 1:
         held_out["leave_one_pool_out"] = _out_of_sample(x, y, groups, names, directions, singles, permutations, seed, by_group=True)
     model = fitting.fit(x, y, names, directions)
+    knowing = {f: singles[f] for f in KNOWLEDGE_VALUES if f in singles}
     return {
         "target": target,
+        "knowledge_feature": max(knowing, key=knowing.get) if knowing else "p_gold",
         "method": sorted(m for m, _ in methods if m),
         "partners": sorted(p for _, p in methods if p),
         "model": model.as_dict(),

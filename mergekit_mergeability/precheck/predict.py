@@ -133,7 +133,8 @@ def recommend(
     errors: Sequence[str],
     label: Callable[[str], str] = str,
 ) -> Recommendation:
-    """``knowledge``: the base's p(gold) per model (None without probes); ``label`` names a model in reasons."""
+    """``knowledge``: the base's p(gold) per model, as the calibration reads it (None without
+    probes); ``label`` names a model in reasons."""
     if errors:
         return Recommendation(DO_NOT_MERGE, None, reasons=list(errors))
     cancelling, conflicting = interference(cosines)

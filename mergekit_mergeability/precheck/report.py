@@ -66,8 +66,8 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
     curves = {pair: layers["cka_unbiased"] for pair, layers in _per_layer(results, "representations").items()}
     curve = divergence_curve(curves, spec.base_model)
     cutoff = cutoff_from_curve(curve, threshold)
-    p_gold = {m["path"]: (m["knowledge"] or {}).get("mean_p_gold") for m in models if m["role"] == "expert"}
-    recommendation = recommend(spec.merge_method, predictions, p_gold, cosines, cutoff, measured.errors(), label=names.get)
+    known = {name: values[calibration.knowledge_feature] for name, values in table.items()}
+    recommendation = recommend(spec.merge_method, predictions, known, cosines, cutoff, measured.errors(), label=names.get)
     rec = {
         "verdict": recommendation.verdict,
         "method": recommendation.method,
