@@ -444,9 +444,13 @@ def demo(quick: bool, cache_dir: Path, out: Path, quiet: bool, sweep_only: bool)
        and knowledge_weighted, and merges the translators as configured and as
        the precheck recommends (layer_selective), scoring chrF with sacrebleu;
     5. prints predicted vs measured mergeability with Spearman, its bootstrap
-       interval and permutation p-value, and writes the HTML report.
-    First run about 8 minutes on 2 CPU cores; reruns read the cache (~1.5 min).
+       interval and permutation p-value, and writes the HTML report;
+    6. trains a "thinking" SmolLM2 that adds two-digit numbers with a short
+       <think>…</think> trace and sweeps λ from the instruct model to it on
+       held-out problems: the stage table and the sweet spot (paper 2).
+    First run about 13 minutes on 2 CPU cores (5 of them step 6); reruns read
+    the cache (~1.5 min).
     """
     from mergekit_mergeability.demo.run import FULL, QUICK, run
 
-    run(QUICK if quick else FULL, cache_dir, out, quiet=quiet)
+    run(QUICK if quick else FULL, cache_dir, out, quiet=quiet, sweep_only=sweep_only)

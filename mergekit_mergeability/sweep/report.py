@@ -185,7 +185,7 @@ def render(report: Dict[str, Any], figure: bytes, config_text: Optional[str]) ->
     from mergekit_mergeability.precheck.html import SORT_SCRIPT
 
     esc = html.escape
-    settings, models = report["settings"], report["models"]
+    settings, models, names = report["settings"], report["models"], labels(report)
     image = base64.b64encode(figure).decode("ascii")
     k = settings["samples"]
     heads = ["λ", "stage", f"Mean@{k}", *([f"Pass@{k}", f"Vote@{k}"] if k > 1 else []), "tokens", "marker rate", "accuracy per token", "refined"]
@@ -201,14 +201,14 @@ def render(report: Dict[str, Any], figure: bytes, config_text: Optional[str]) ->
     chosen = f"<pre>{esc(config_text)}</pre>" if config_text else "<p>No <code>chosen.yml</code>: " + ("no sweet spot." if report["sweet_spot"]["lambda"] is None else "mergekit builds models from models, not from task vectors (<code>--save-chosen</code> writes the model).") + "</p>"
     restricted = ", ".join(f"{k} {v}" for k, v in (("layers", settings["layers"]), ("modules", settings["modules"])) if v) or "every tensor"
     return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>mergeability sweep: {esc(models['a']['name'])} → {esc(models['b']['name'])}</title>
+<html lang="en"><head><meta charset="utf-8"><title>mergeability sweep: {esc(names['a'])} → {esc(names['b'])}</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:1220px;margin:1.5em auto;padding:0 1em;color:#222}}
 table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}
 th{{background:#f3f3f3;cursor:pointer;white-space:nowrap}}td.num{{text-align:right;font-variant-numeric:tabular-nums}}
 img{{max-width:100%}}code{{word-break:break-all}}pre{{background:#f7f7f7;padding:.6em;overflow:auto;max-height:20em}}</style></head><body>
 <h1>Interpolation sweep</h1>
-<p>θ(λ) = λ·B + (1 − λ)·A with A <code title="{esc(models['a']['path'])}">{esc(models['a']['name'])}</code> and B
-<code title="{esc(models['b']['path'])}">{esc(models['b']['name'])}</code>{' (task vectors of <code>' + esc(models['base']['name']) + '</code>)' if report['task_vectors'] else ''},
+<p>θ(λ) = λ·B + (1 − λ)·A with A <code title="{esc(models['a']['path'])}">{esc(names['a'])}</code> and B
+<code title="{esc(models['b']['path'])}">{esc(names['b'])}</code>{' (task vectors of <code title="' + esc(models['base']['path']) + '">' + esc(names['base']) + '</code>)' if report['task_vectors'] else ''},
 built in memory with mergekit's <code>linear</code> on {report['tensors']['interpolated']} of the {report['tensors']['differing']} tensors where they differ ({esc(restricted)}).
 Task <code>{esc(report['task'])}</code> (lm-eval <code>{esc(report['lm_eval_task'])}</code>, {esc(str(report['metric']))}),
 {k} answer{'s' if k > 1 else ''} per problem{f' at temperature {settings["temperature"]:g}' if k > 1 else ' (greedy)'}; marker <code>{esc(settings['marker'])}</code>.</p>

@@ -129,8 +129,9 @@ class Sweep:
         with progress("sweep: refining where the curves change fastest", self.s.refine, quiet) as advance:
 
             def measure(lam: float) -> Dict[str, Any]:
+                point = self.point(lam)
                 advance(1)
-                return self.point(lam)
+                return point
 
             added = stages.refine(points, measure, self.s.resolution, self.s.refine)
         return self.report(points, added)
