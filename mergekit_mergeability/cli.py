@@ -378,12 +378,60 @@ def calibrate(measured, out: Path, target, permutations, alpha):
 
 
 @main.command()
+@click.argument("model_a")
+@click.argument("model_b")
+@click.option("--tasks", "task", required=True, help="One lm-eval generation task: a task YAML, a shipped or installed task name, or a .jsonl of {prompt, answer} lines.")
+@click.option("--lambdas", default="0:1:0.1", show_default=True, help="START:STOP:STEP (both ends included) or a list like 0,0.5,1.")
+@click.option("--marker", default="</think>", show_default=True, help="A regex: answers containing it count towards the marker rate.")
+@click.option("--budget", type=click.FloatRange(min=0, min_open=True), help="Tokens per answer: the sweet spot is then the best accuracy within it.")
+@click.option("--base", help="MODEL_A and MODEL_B are task vectors of this base model (folders of .safetensors holding θ − θ_base).")
+@click.option("--layers", help="Interpolate only these layers, e.g. 12-35 (everything else is A's).")
+@click.option("--modules", type=click.Choice(["mlp", "attention"]), help="Interpolate only MLP or only attention tensors (everything else is A's).")
+@click.option("--samples", "-k", type=click.IntRange(min=1), default=1, show_default=True, help="Answers per problem: 1 is greedy; more are sampled, for Pass@k and Vote@k.")
+@click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=0.7, show_default=True, help="Sampling temperature when --samples > 1.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--refine", type=click.IntRange(min=0), default=8, show_default=True, help="At most this many λ added where the curves change fastest (0: the grid only).")
+@click.option("--resolution", type=click.FloatRange(min=0, min_open=True), default=0.025, show_default=True, help="Refine until the transition is located to ± this.")
+@click.option("--tolerance", type=click.FloatRange(min=0), default=0.05, show_default=True, help="Without --budget, accuracy within this of the best counts as matching it.")
+@click.option("--save-chosen", is_flag=True, help="Also write the sweet spot's model to OUT/chosen/ (otherwise no checkpoint is written).")
+@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("sweep"), show_default=True)
+@cache_option
+@model_options(default_limit=None)
+@user_errors
+def sweep(model_a, model_b, task, lambdas, marker, budget, base, layers, modules, samples, temperature, seed, refine, resolution, tolerance, save_chosen, out: Path, cache, **model):
+    """Interpolate MODEL_A and MODEL_B along λ; find the three stages and the sweet spot.
+
+    \b
+    Paper 2 (arXiv 2510.10977): θ(λ) = λ·B + (1 − λ)·A moves from A-like answers,
+    through a transition where the marker rate (answers containing </think>) and
+    accuracy jump, to B-like ones; the middle often gives most of B's accuracy for
+    fewer tokens. Each λ-model is built in memory with mergekit's linear and scored
+    with an lm-eval generation task: accuracy (Mean@k; Pass@k and Vote@k with
+    --samples k > 1), tokens per answer and marker rate. After the grid, λ are added
+    where the curves change fastest until the transition is located to ± --resolution.
+        mergekit-mergeability sweep ./instruct ./thinking --tasks my_task.yaml --out sweep/
+    Scores are cached by content: a rerun or a wider refinement reuses every
+    finished point. Writes OUT/sweep.json, sweep.png, report.html and chosen.yml
+    (the sweet spot as a config for mergekit-yaml).
+    """
+    from mergekit_mergeability.sweep import report as outputs, run as sweeping
+    from mergekit_mergeability.sweep.models import Selection
+
+    selection = Selection(frozenset(_layer_set(layers)) if layers else None, modules)
+    settings = sweeping.Settings(task, sweeping.grid(lambdas), marker, budget, selection, samples, temperature, seed, refine, resolution, tolerance)
+    report, run = sweeping.run(model_a, model_b, base, settings, _options(**model), cache, out / "chosen" if save_chosen else None)
+    outputs.write(report, run, out)
+    outputs.print_sweep(report, out)
+
+
+@main.command()
 @click.option("--quick", is_flag=True, help="Tiny random models instead of SmolLM2: the same pipeline in about half a minute (numbers are meaningless).")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=lambda: default_cache_dir() / "demo", show_default="~/.cache/mergekit-mergeability/demo", help="Base model, experts, merges and scores; delete to rebuild.")
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("mergeability-demo"), show_default=True, help="Configs, precheck reports, measurements and summary.json.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
+@click.option("--sweep", "sweep_only", is_flag=True, help="Only step 6: the interpolation sweep from SmolLM2 to its thinking variant (~4 min first run).")
 @user_errors
-def demo(quick: bool, cache_dir: Path, out: Path, quiet: bool):
+def demo(quick: bool, cache_dir: Path, out: Path, quiet: bool, sweep_only: bool):
     """Predict, merge and measure on a real model, offline: the whole story in one command.
 
     \b
@@ -396,9 +444,13 @@ def demo(quick: bool, cache_dir: Path, out: Path, quiet: bool):
        and knowledge_weighted, and merges the translators as configured and as
        the precheck recommends (layer_selective), scoring chrF with sacrebleu;
     5. prints predicted vs measured mergeability with Spearman, its bootstrap
-       interval and permutation p-value, and writes the HTML report.
-    First run about 8 minutes on 2 CPU cores; reruns read the cache (~1.5 min).
+       interval and permutation p-value, and writes the HTML report;
+    6. trains a "thinking" SmolLM2 that adds two-digit numbers with a short
+       <think>…</think> trace and sweeps λ from the instruct model to it on
+       held-out problems: the stage table and the sweet spot (paper 2).
+    First run about 13 minutes on 2 CPU cores (5 of them step 6); reruns read
+    the cache (~1.5 min).
     """
     from mergekit_mergeability.demo.run import FULL, QUICK, run
 
-    run(QUICK if quick else FULL, cache_dir, out, quiet=quiet)
+    run(QUICK if quick else FULL, cache_dir, out, quiet=quiet, sweep_only=sweep_only)

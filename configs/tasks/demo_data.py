@@ -13,3 +13,11 @@ def translation(expert: str, **_):
 
     rows = [json.loads(line) for line in (DEMO / "translation.jsonl").read_text().splitlines() if line.strip()]
     return datasets.DatasetDict({"test": datasets.Dataset.from_list([r for r in rows if r["expert"] == expert])})
+
+
+def arithmetic(**_):
+    """The held-out two-digit additions of the demo's interpolation sweep."""
+    import datasets
+
+    rows = [json.loads(line) for line in (DEMO / "arithmetic.jsonl").read_text().splitlines() if line.strip()]
+    return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})

@@ -7,7 +7,7 @@ phrasing) or one mapping (English into an invented language).
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -36,9 +36,11 @@ def train_low_rank(
     min_steps: int = 5,
     max_steps: int = 150,
     seed: int = 0,
+    batch_size: Optional[int] = None,
 ) -> Dict[str, torch.Tensor]:
-    """Train ΔW = B·A on each layer's up_proj until ``done()`` (checked every 5 steps);
-    returns the updated matrices by tensor name. ``model`` is left unchanged."""
+    """Train ΔW = B·A on each layer's up_proj until ``done()`` (checked every 5 steps), on
+    all ``pairs`` each step or on the next ``batch_size`` of them in turn; returns the
+    updated matrices by tensor name. ``model`` is left unchanged."""
     generator = torch.Generator().manual_seed(seed)
     factors: List[Tuple[torch.Tensor, torch.Tensor]] = []
     hooks = []
@@ -50,7 +52,8 @@ def train_low_rank(
         hooks.append(target.register_forward_hook(lambda module, inputs, out, a=a, b=b: out + (inputs[0] @ a.T) @ b.T))
     for parameter in model.parameters():
         parameter.requires_grad_(False)
-    ids, mask, labels = _batch(tokenizer, pairs)
+    size = batch_size or len(pairs)
+    batches = [_batch(tokenizer, pairs[i : i + size]) for i in range(0, len(pairs), size)]
     optimiser = torch.optim.Adam([t for pair in factors for t in pair], lr=lr)
     try:
         for step in range(max_steps):
@@ -58,6 +61,7 @@ def train_low_rank(
                 with torch.no_grad():
                     if done():
                         break
+            ids, mask, labels = batches[step % len(batches)]
             loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
             optimiser.zero_grad()
             loss.backward()

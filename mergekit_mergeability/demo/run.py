@@ -34,10 +34,14 @@ class Settings:
     translation_steps: int = 60
     partners: int = 8
     trials: int = 4
+    thinking_layers: tuple = tuple(range(14, 30))  # the sweep's thinking model (demo/reasoning.py)
+    thinking_rank: int = 16
+    thinking_steps: int = 40
+    sweep_limit: Optional[int] = None  # held-out problems scored per λ (None: all 64)
 
 
 FULL = Settings()
-QUICK = Settings("tiny", fact_count=6, fact_layer=2, fact_rank=4, translation_layers=(2, 3), translation_rank=4, translation_steps=20, partners=2, trials=2)
+QUICK = Settings("tiny", fact_count=6, fact_layer=2, fact_rank=4, translation_layers=(2, 3), translation_rank=4, translation_steps=20, partners=2, trials=2, thinking_layers=(2, 3), thinking_rank=4, thinking_steps=10, sweep_limit=8)
 METHODS = ("task_arithmetic", "ties", "knowledge_weighted")
 
 
@@ -243,7 +247,8 @@ def group_means(reports: Dict[str, Dict[str, Any]], groups: Dict[str, List[str]]
     return table
 
 
-def run(settings: Settings, cache: Path, out: Path, console: Optional[Console] = None, quiet: bool = False) -> Dict[str, Any]:
+def run(settings: Settings, cache: Path, out: Path, console: Optional[Console] = None, quiet: bool = False, sweep_only: bool = False) -> Dict[str, Any]:
+    from mergekit_mergeability.demo import reasoning
     from mergekit_mergeability.evaluation.validate import validate
     from mergekit_mergeability.summary import print_precheck, print_validation
 
@@ -252,6 +257,8 @@ def run(settings: Settings, cache: Path, out: Path, console: Optional[Console] =
     out = demo.out
     console.rule(f"1. base model ({settings.model})")
     console.print(f"base: {demo.base()}")
+    if sweep_only:
+        return {"sweep": reasoning.sweep(demo)}
     console.rule("2. experts")
     facts = demo.fact_experts()
     translators = demo.translation_experts()
@@ -286,6 +293,7 @@ def run(settings: Settings, cache: Path, out: Path, console: Optional[Console] =
         "report": str(out / "precheck" / "facts" / "report.html"),
     }
     _print_results(console, summary)
+    summary["sweep"] = reasoning.sweep(demo)
     write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     console.print(f"\nHTML report: [bold]{summary['report']}[/bold]; everything else under {out}; cache: {demo.cache} (delete to rebuild)")
     return summary

@@ -1,0 +1,71 @@
+"""The demo's interpolation sweep (paper 2, arXiv 2510.10977) on a real model.
+
+A is SmolLM2-135M-Instruct itself, which answers a two-digit addition directly (and
+mostly wrongly). B is a "thinking" variant trained on CPU to answer with a short
+reasoning trace closed by ``</think>``::
+
+    Question: What is 47 + 38?
+    Answer: <think>7+8=15, 4+3+1=8</think> 85
+
+B is a low-rank update of the upper layers' ``mlp.up_proj`` (``experts.train_low_rank``),
+trained on additions outside the held-out problems the sweep scores (the shipped task
+``demo_arithmetic``, data in ``configs/demo/arithmetic.jsonl``); prompts come from
+that task, so training and scoring ask alike.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+TASK = "demo_arithmetic"
+BATCH = 16  # problems per training step
+LAMBDAS = "0:1:0.1"
+
+
+def trace(a: int, b: int) -> str:
+    """The thinking answer: units, then tens with the carry, then the sum after the marker."""
+    units, tens = a % 10 + b % 10, a // 10 + b // 10 + (a % 10 + b % 10) // 10
+    carry = "+1" if units >= 10 else ""
+    return f" <think>{a % 10}+{b % 10}={units}, {a // 10}+{b // 10}{carry}={tens}</think> {a + b}"
+
+
+def training_pairs(task, count: int, seed: int) -> List[Tuple[str, str]]:
+    """(prompt, thinking answer) for ``count`` two-digit additions the task does not hold."""
+    held_out = {(doc["a"], doc["b"]) for doc in task.test_docs()}
+    problems = [(a, b) for a in range(10, 100) for b in range(10, 100) if (a, b) not in held_out]
+    random.Random(seed).shuffle(problems)
+    return [(task.doc_to_text({"a": a, "b": b}), trace(a, b) + "\n") for a, b in problems[:count]]
+
+
+def thinking_model(demo) -> Path:
+    """B, trained once into the demo's cache (a folder sharing the base's unchanged shards)."""
+    from mergekit_mergeability.demo.checkpoints import save_expert
+    from mergekit_mergeability.demo.experts import train_low_rank
+    from mergekit_mergeability.evaluation.tasks import resolve
+    from mergekit_mergeability.sweep.answers import GenerationTask
+
+    folder = demo.cache / "sweep" / "thinking"
+    if not folder.is_dir():
+        model, tokenizer = demo.model()
+        steps = demo.s.thinking_steps
+        pairs = training_pairs(GenerationTask(resolve(TASK), 1, 1.0).task, steps * BATCH, seed=0)
+        changed = train_low_rank(model, tokenizer, demo.s.thinking_layers, pairs, lambda: False, rank=demo.s.thinking_rank, min_steps=steps, max_steps=steps, batch_size=BATCH)
+        save_expert(demo.base(), changed, folder)
+    return folder
+
+
+def sweep(demo) -> Dict[str, Any]:
+    """Step 6: sweep λ from the instruct model (0) to the thinking model (1) on held-out problems."""
+    from mergekit_mergeability.evaluation.harness import Cache
+    from mergekit_mergeability.sweep import report as outputs, run
+
+    demo.console.rule("6. interpolation sweep: instruct → thinking (paper 2)")
+    thinking = thinking_model(demo)
+    settings = run.Settings(TASK, run.grid(LAMBDAS))
+    options = {**demo.options(), "limit": demo.s.sweep_limit}
+    report, done = run.run(str(demo.base()), str(thinking), None, settings, options, Cache(demo.cache / "sweep" / "scores"))
+    outputs.write(report, done, demo.out / "sweep")
+    outputs.print_sweep(report, demo.out / "sweep")
+    return report

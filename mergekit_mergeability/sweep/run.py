@@ -1,0 +1,250 @@
+"""``sweep``: the models between A and B along λ, scored, staged, and the sweet spot.
+
+Everything the user can get wrong (models, task, marker, layers, modules) is checked
+before any tensor is read. Then one model is loaded, and each λ point is built in
+memory (``models.interpolate``), answered through lm-eval (``answers``) and cached by
+content: the models' fingerprints, λ, the interpolated tensors, the task and the
+decoding settings. The marker is applied to the cached answers, so changing it costs
+no evaluation, and a rerun or a refinement reuses every finished point.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from statistics import fmean
+from typing import Any, Dict, List, Mapping, Optional, Pattern, Tuple
+
+from mergekit_mergeability.errors import UserError
+from mergekit_mergeability.evaluation import harness, tasks as task_specs
+from mergekit_mergeability.files import SCHEMA_VERSION
+from mergekit_mergeability.maths import sampling, stages
+from mergekit_mergeability.sweep.models import Endpoints, Selection, endpoints, interpolate, plan
+
+
+def grid(text: str) -> Tuple[float, ...]:
+    """``START:STOP:STEP`` (both ends included) or a comma list, as sorted distinct λ."""
+    try:
+        if ":" in text:
+            start, stop, step = (float(x) for x in text.split(":"))
+            if step <= 0 or stop <= start:
+                raise ValueError
+            count = int((stop - start) / step + 10**-stages.DIGITS)
+            values = [start + i * step for i in range(count + 1)] + [stop]
+        else:
+            values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--lambdas {text}: expected START:STOP:STEP with STOP > START and STEP > 0 (e.g. 0:1:0.1), or a list like 0,0.5,1") from None
+    lambdas = tuple(sorted({round(v, stages.DIGITS) for v in values}))
+    if len(lambdas) < 2:
+        raise UserError(f"--lambdas {text}: a sweep needs at least two λ")
+    return lambdas
+
+
+@dataclass(frozen=True)
+class Settings:
+    task: str
+    lambdas: Tuple[float, ...] = field(default_factory=lambda: grid("0:1:0.1"))
+    marker: str = "</think>"
+    budget: Optional[float] = None
+    selection: Selection = Selection()
+    samples: int = 1  # answers per problem: 1 is greedy, more are sampled at ``temperature``
+    temperature: float = 0.7
+    seed: int = 0
+    refine: int = 8  # at most this many λ added
+    resolution: float = 0.025
+    tolerance: float = 0.05
+
+
+def marker_pattern(marker: str) -> Pattern[str]:
+    try:
+        return re.compile(marker)
+    except re.error as error:
+        raise UserError(f"--marker {marker!r}: not a regular expression ({error})") from None
+
+
+class Sweep:
+    def __init__(self, a: str, b: str, base: Optional[str], settings: Settings, options: Mapping[str, Any], cache: harness.Cache):
+        from mergekit_mergeability.sweep.answers import GenerationTask
+
+        self.s, self.options, self.cache = settings, options, cache
+        self.marker = marker_pattern(settings.marker)
+        if "," in settings.task:
+            raise UserError(f"--tasks {settings.task}: the sweep scores one task; name one")
+        self.ends: Endpoints = endpoints(a, b, base)
+        self.task = task_specs.resolve(settings.task)
+        self.task.check()
+        self.generation = GenerationTask(self.task, settings.samples, settings.temperature)
+        self.interpolated, self.differing = plan(self.ends, settings.selection)
+        self.metric: Optional[str] = None  # the task's metric, as the first answers name it
+        self._lm = None
+
+    def lm(self):
+        """The loaded module (A, or the base for task vectors) wrapped for lm-eval, once."""
+        if self._lm is None:
+            from lm_eval.models.huggingface import HFLM
+
+            from mergekit_mergeability.checkpoints import load_causal_lm
+
+            module, tokenizer = load_causal_lm(self.ends.origin, self.options.get("device", "cpu"), self.options.get("dtype", "float32"))
+            with harness.quiet_harness():
+                self._lm = HFLM(pretrained=module, tokenizer=tokenizer, device=self.options.get("device", "cpu"), batch_size=self.options.get("batch_size", 16))
+        return self._lm
+
+    def key(self, lam: float) -> str:
+        decoding = (self.s.samples, self.s.temperature if self.s.samples > 1 else None, self.s.seed)
+        return self.cache.key("sweep", self.ends.fingerprints, lam, self.interpolated, self.task.fingerprint, decoding, self.options.get("limit"), self.options.get("dtype", "float32"))
+
+    def record(self, lam: float) -> Dict[str, Any]:
+        """The answers of the λ-model, from the cache or evaluated."""
+        from mergekit_mergeability.evaluation.inmemory import patched
+
+        key = self.key(lam)
+        cached = self.cache.get(key)
+        if cached is not None:
+            return cached
+        lm = self.lm()
+        with patched(lm.model, interpolate(self.ends, self.interpolated, lam)):
+            result = self.generation.answer(lm, self.options.get("limit"), self.s.seed)
+        for problem in result["problems"]:
+            problem["tokens"] = [len(lm.tokenizer.encode(r, add_special_tokens=False)) for r in problem["responses"]]
+        return self.cache.put(key, {"lambda": lam, **result})
+
+    def point(self, lam: float) -> Dict[str, Any]:
+        record = self.record(lam)
+        self.metric = self.metric or record["metric"]
+        return summarise(record, self.marker, self.s.samples)
+
+    def run(self) -> Dict[str, Any]:
+        from mergekit_mergeability.progress import task as progress
+
+        quiet = self.options.get("quiet", False)
+        points: Dict[float, Dict[str, Any]] = {}
+        with progress(f"sweep: {len(self.s.lambdas)} λ points", len(self.s.lambdas), quiet) as advance:
+            for lam in self.s.lambdas:
+                points[lam] = self.point(lam)
+                advance(1)
+        with progress("sweep: refining where the curves change fastest", self.s.refine, quiet) as advance:
+
+            def measure(lam: float) -> Dict[str, Any]:
+                point = self.point(lam)
+                advance(1)
+                return point
+
+            added = stages.refine(points, measure, self.s.resolution, self.s.refine)
+        return self.report(points, added)
+
+    def report(self, points: Dict[float, Dict[str, Any]], added: List[float]) -> Dict[str, Any]:
+        from importlib.metadata import version
+
+        lambdas = sorted(points)
+        curves = {name: [points[lam][name] for lam in lambdas] for name in stages.CURVES}
+        found = stages.detect(lambdas, curves)
+        spot = stages.sweet_spot(lambdas, curves["accuracy"], [points[lam]["tokens"] for lam in lambdas], self.s.tolerance, self.s.budget)
+        rows = [{"lambda": lam, "stage": found.stage(lam), "refined": lam in added, **points[lam]} for lam in lambdas]
+        settings = {k: v for k, v in asdict(self.s).items() if k != "selection"}
+        layers = self.s.selection.layers
+        settings.update(lambdas=list(self.s.lambdas), layers=sorted(layers) if layers else None, modules=self.s.selection.modules)
+        settings.update({k: self.options.get(k) for k in ("limit", "dtype")})
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "tool": {"name": "mergekit-mergeability", "version": version("mergekit-mergeability")},
+            "models": {role: {"name": self.ends.names[role], "path": str(source)} for role, source in self.ends.sources.items()},
+            "task_vectors": self.ends.vectors,
+            "task": self.s.task,
+            "lm_eval_task": self.generation.name,
+            "metric": self.metric,
+            "settings": settings,
+            "tensors": {"differing": self.differing, "interpolated": len(self.interpolated)},
+            "points": rows,
+            "stages": stage_table(found, rows),
+            "refinement": refinement(self.s.lambdas, added, lambdas, found, self.s.resolution),
+            "sweet_spot": {"lambda": spot.lam, "reason": spot.reason, **({k: points[spot.lam][k] for k in ("accuracy", "tokens", "marker_rate")} if spot.lam is not None else {})},
+        }
+
+    def save_model(self, lam: float, folder: Path) -> Path:
+        """The λ-model as a model folder (written to a temporary folder, renamed when complete)."""
+        import shutil
+
+        from mergekit_mergeability.evaluation.inmemory import patched
+
+        lm = self.lm()
+        partial = folder.with_name(f".{folder.name}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        with patched(lm.model, interpolate(self.ends, self.interpolated, lam)):
+            lm.model.save_pretrained(partial)
+        lm.tokenizer.save_pretrained(partial)
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(partial, folder)
+        return folder
+
+
+def summarise(record: Mapping[str, Any], marker: Pattern[str], samples: int) -> Dict[str, Any]:
+    """One λ point's numbers from its answers (pure: the marker and metrics apply to cached answers)."""
+    problems = record["problems"]
+    scores = [p["scores"] for p in problems]
+    responses = [r for p in problems for r in p["responses"]]
+    tokens = fmean(t for p in problems for t in p["tokens"])
+    accuracy = sampling.mean_at(scores)
+    # Pass@k and Vote@k count correct answers: only a right/wrong metric (exact_match) has them
+    binary = samples > 1 and all(s in (0.0, 1.0) for row in scores for s in row)
+    correct = [[s == 1.0 for s in row] for row in scores]
+    return {
+        "accuracy": accuracy,
+        "pass_at": {str(k): sampling.pass_at(correct, k) for k in sampling.reported_ks(samples)} if binary else None,
+        "vote": sampling.vote_at([p["answers"] for p in problems], correct) if binary else None,
+        "tokens": tokens,
+        "marker_rate": fmean(bool(marker.search(r)) for r in responses),
+        "accuracy_per_token": stages.per_token(accuracy, tokens),
+        "problems": len(problems),
+    }
+
+
+def stage_table(found: stages.Stages, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+    table = []
+    for stage in (1, 2, 3):
+        members = [r for r in rows if r["stage"] == stage]
+        if members:
+            table.append(
+                {
+                    "stage": stage,
+                    "from": members[0]["lambda"],
+                    "to": members[-1]["lambda"],
+                    "points": len(members),
+                    **{f"{k}_range": [min(r[k] for r in members), max(r[k] for r in members)] for k in ("accuracy", "tokens", "marker_rate")},
+                }
+            )
+    return {
+        "found": found.leading is not None,
+        "leading": found.leading,
+        "jumping": list(found.jumping),
+        "stage2_from": found.stage2,
+        "stage3_from": found.stage3,
+        "transition": list(found.transition) if found.transition else None,
+        "table": table,
+    }
+
+
+def refinement(coarse: Tuple[float, ...], added: List[float], lambdas: List[float], found: stages.Stages, resolution: float) -> Dict[str, Any]:
+    uniform = stages.uniform_points(lambdas[0], lambdas[-1], resolution)
+    half_width = (found.transition[1] - found.transition[0]) / 2 if found.transition else None
+    return {
+        "coarse": len(coarse),
+        "added": added,
+        "evaluated": len(lambdas),
+        "resolution": resolution,
+        "transition_half_width": half_width,
+        "located": half_width is not None and half_width <= resolution + 10**-stages.DIGITS,
+        "uniform_grid": uniform,  # points a uniform grid needs for the same resolution
+        "saved": uniform - len(lambdas),
+    }
+
+
+def run(a: str, b: str, base: Optional[str], settings: Settings, options: Mapping[str, Any], cache: harness.Cache, save_chosen: Optional[Path] = None) -> Tuple[Dict[str, Any], Sweep]:
+    sweep = Sweep(a, b, base, settings, options, cache)
+    report = sweep.run()
+    lam = report["sweet_spot"]["lambda"]
+    report["chosen_model"] = str(sweep.save_model(lam, save_chosen)) if save_chosen and lam is not None else None
+    return report, sweep
