@@ -61,3 +61,49 @@ def ranked_probes(path: Path, model_dir: Path, questions, choices, pick: int) ->
     labels = [int(torch.argsort(s, descending=True)[pick]) for s, _ in choice_logprobs(model, tok, instances)]
     path.write_text("".join(json.dumps({"question": q, "choices": list(choices), "label": l}) + "\n" for q, l in zip(questions, labels)))
     return path
+
+
+# Damaged and mismatched copies of a model folder, as users end up with them.
+
+
+def truncated(source: Path, folder: Path, cut: int = 7) -> Path:
+    """A copy whose safetensors file lost its last bytes, as an interrupted download does."""
+    shutil.copytree(source, folder)
+    file = folder / "model.safetensors"
+    file.write_bytes(file.read_bytes()[:-cut])
+    return folder
+
+
+def garbled(source: Path, folder: Path) -> Path:
+    """A copy whose safetensors header is overwritten with junk."""
+    shutil.copytree(source, folder)
+    file = folder / "model.safetensors"
+    data = bytearray(file.read_bytes())
+    data[8:24] = b"\x00garbage\xff\xfe!!!!!!!"
+    file.write_bytes(bytes(data))
+    return folder
+
+
+def relabelled(source: Path, folder: Path, swap=(5, 6)) -> Path:
+    """A copy whose tokenizer gives two token ids each other's tokens: same shapes, other words."""
+    import json
+
+    shutil.copytree(source, folder)
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    first, second = (next(t for t, i in vocab.items() if i == n) for n in swap)
+    vocab[first], vocab[second] = swap[1], swap[0]
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    return folder
+
+
+def widened(source: Path, folder: Path, hidden_size: int = 48) -> Path:
+    """A random model like ``source`` but wider, with ``source``'s tokenizer."""
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(source)
+    config.hidden_size = hidden_size
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    for tokenizer_file in source.glob("tokenizer*"):
+        shutil.copy(tokenizer_file, folder)
+    return folder
