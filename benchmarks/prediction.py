@@ -82,15 +82,14 @@ def methods(args) -> None:
     groups = {"weakest-known third": thirds["weakly known"], "middle": thirds["partly known"], "strongest-known third": thirds["well known"]}
     groups["all"] = [m for members in groups.values() for m in members]
     table = Table("merge", *(f"{g} ({len(m)})" for g, m in groups.items()), title=f"Own-fact accuracy after merging ({args.pool} pool, 8 partners × 5 trials)")
-    baseline = None
-    for folder in sorted((OUT / args.pool / "mergeability").iterdir()):
-        if not (folder / "mergeability.json").is_file():
-            continue
-        s = _mean_s(args.pool, folder.name)
-        means = {g: statistics.fmean(s[m] for m in members) for g, members in groups.items()}
-        baseline = baseline or (means if folder.name == "mean" else None)
-        cells = [f"{v:.3f}" + (f" ({v - baseline[g]:+.3f})" if baseline and folder.name != "mean" else "") for g, v in means.items()]
-        table.add_row(folder.name, *cells)
+    table.columns[0].no_wrap = True
+    labels = sorted(f.name for f in (OUT / args.pool / "mergeability").iterdir() if (f / "mergeability.json").is_file())
+    means = {}
+    for label in ["mean", *(l for l in labels if l != "mean")]:
+        s = _mean_s(args.pool, label)
+        means[label] = {g: statistics.fmean(s[m] for m in members) for g, members in groups.items()}
+        change = lambda g: "" if label == "mean" else f" ({means[label][g] - means['mean'][g]:+.3f})"  # noqa: E731
+        table.add_row(label, *(f"{v:.3f}{change(g)}" for g, v in means[label].items()))
     console.print(table)
 
 
