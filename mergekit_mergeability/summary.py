@@ -17,8 +17,8 @@ def print_precheck(report: Dict[str, Any], out: Optional[Path] = None) -> None:
     table = _table("Mergeability precheck", "model", "p(gold)", "acc", "predicted", "why")
     table.columns[-1].overflow = "fold"
     for model in (m for m in report["models"] if m["role"] == "expert"):
-        k = model["knowledge"] or {}
-        table.add_row(model["name"], number(k.get("mean_p_gold")), number(k.get("accuracy")), number(model["predicted_mergeability"]), "; ".join(model["reasons"]))
+        p_gold, accuracy = known(model, report)
+        table.add_row(model["name"], number(p_gold), number(accuracy), number(model["predicted_mergeability"]), "; ".join(model["reasons"]))
     console.print(table)
     for folder, names in legend(report["models"]).items():
         console.print(f"[dim]in {folder}: {', '.join(names)}[/dim]")
@@ -40,6 +40,14 @@ def print_precheck(report: Dict[str, Any], out: Optional[Path] = None) -> None:
     if out is not None:
         files = ["precheck.json", "report.html"] + (["recommended.yml"] if rec["models"] else [])
         console.print(f"wrote {', '.join(f'{out}/{f}' for f in files)}")
+
+
+def known(model: Dict[str, Any], report: Dict[str, Any]):
+    """The base's p(gold) and accuracy on a model's probes, asked the way the calibration reads
+    knowledge (as the task scores it, or the paper's lettered few-shot prompt)."""
+    k = model["knowledge"] or {}
+    as_task = (report.get("calibration") or {}).get("knowledge_feature", "p_gold").startswith("task_")
+    return (k.get("task_mean_p_gold"), k.get("task_accuracy")) if as_task else (k.get("mean_p_gold"), k.get("accuracy"))
 
 
 def legend(models) -> Dict[str, list]:

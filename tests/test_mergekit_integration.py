@@ -34,13 +34,13 @@ def test_stock_mergekit_yaml_runs_knowledge_weighted(llama, tmp_path):
     merged = state_dict(tmp_path / "out")
     expected = merge_state_dicts(
         _models(llama), "knowledge_weighted", base="base",
-        parameters={"knowledge": {"expert0": 0.85, "expert1": 0.30}, "temperature": 0.1},
+        parameters={"knowledge": {"expert0": 0.85, "expert1": 0.30}, "temperature": 0.3, "ties": True, "density": 0.5, "scale": 1.0},
     )
     for name, tensor in expected.items():
         torch.testing.assert_close(merged[name], tensor)
 
 
-@pytest.mark.parametrize("name", ["knowledge_weighted_ties.yml", "layer_selective.yml", "layer_selective_interpolate.yml"])
+@pytest.mark.parametrize("name", ["knowledge_weighted_plain.yml", "layer_selective.yml", "layer_selective_interpolate.yml"])
 def test_every_shipped_config_merges_with_run_merge(llama, tmp_path, name):
     config = MergeConfiguration.model_validate(yaml.safe_load(shipped_config(name, llama, tmp_path).read_text()))
     run_merge(config, str(tmp_path / "out"), MergeOptions(write_model_card=False, quiet=True))
@@ -64,7 +64,7 @@ def test_layer_patch_config_takes_upper_layers_from_the_marked_expert(llama, tmp
     [
         (("knowledge: 0.30", "knowledge: 1.30"), "'knowledge' of model"),
         (("    parameters:\n      knowledge: 0.30\n", ""), "needs parameter 'knowledge'"),
-        (("temperature: 0.1", "temperature: 0"), "'temperature'"),
+        (("temperature: 0.3", "temperature: 0"), "'temperature'"),
         (("base_model: ./models/base\n", ""), "requires a base"),
     ],
 )

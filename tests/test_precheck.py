@@ -98,7 +98,8 @@ def test_weakly_known_probes_lead_to_knowledge_weighting(tmp_path, pool):
 
 def test_knowledge_weighted_advice_keeps_the_configured_update_size(tmp_path, pool):
     """Item 2: task_arithmetic with weight 1.0 each adds both whole updates; the advice must too."""
-    from mergekit_mergeability.methods.knowledge_weighted import knowledge_weights
+    from mergekit.merge_methods import merge_tensors
+
     from mergekit_mergeability.tiny import state_dict
 
     config = _config(tmp_path, pool, ["known", "unknown"], ["probe_known", "probe_unknown"])
@@ -107,11 +108,12 @@ def test_knowledge_weighted_advice_keeps_the_configured_update_size(tmp_path, po
     assert recommended["parameters"]["scale"] == 2.0
     merged = state_dict(_merge(tmp_path / "out" / "recommended.yml", tmp_path / "merged"))
     base, known, unknown = (state_dict(pool[k]) for k in ("base", "known", "unknown"))
-    knowledge = [m["parameters"]["knowledge"] for m in recommended["models"]]
-    shares = knowledge_weights(knowledge, recommended["parameters"]["temperature"]).tolist()
     name = "model.layers.1.mlp.up_proj.weight"
-    expected = base[name] + 2.0 * (shares[0] * (known[name] - base[name]) + shares[1] * (unknown[name] - base[name]))
-    assert torch.allclose(merged[name], expected, atol=1e-6)
+    unit = merge_tensors(
+        [base[name], known[name], unknown[name]], "knowledge_weighted", base_index=0,
+        parameters={**recommended["parameters"], "scale": 1.0, "knowledge": [m["parameters"]["knowledge"] for m in recommended["models"]]},
+    )
+    assert torch.allclose(merged[name] - base[name], 2.0 * (unit - base[name]), atol=1e-6)  # twice the shares' update, as configured
     assert "scale 2 keeps the configured update size" in (tmp_path / "out" / "recommended.yml").read_text()
 
 

@@ -300,6 +300,8 @@ def run(settings: Settings, cache: Path, out: Path, console: Optional[Console] =
 
 
 def _expert_rows(precheck: Dict[str, Any], reports: Dict[str, Dict[str, Any]]) -> List[Dict[str, Any]]:
+    from mergekit_mergeability.summary import known
+
     measured = {method: {m["path"]: m for m in r["models"]} for method, r in reports.items()}
     rows = []
     for m in precheck["models"]:
@@ -308,8 +310,7 @@ def _expert_rows(precheck: Dict[str, Any], reports: Dict[str, Dict[str, Any]]) -
         rows.append(
             {
                 "expert": Path(m["path"]).name,
-                "base_p_gold": m["knowledge"]["mean_p_gold"],
-                "base_accuracy": m["knowledge"]["accuracy"],
+                **dict(zip(("base_p_gold", "base_accuracy"), known(m, precheck))),
                 "predicted": m["predicted_mergeability"],
                 **{method: measured[method][m["path"]]["mergeability"] for method in METHODS},
             }

@@ -7,7 +7,7 @@ import base64
 import html
 from typing import Any, Dict, List, Optional
 
-from mergekit_mergeability.summary import legend, number
+from mergekit_mergeability.summary import known, legend, number
 
 MAX_LINES = 8  # pairs drawn one line each; more are drawn as a band
 ANNOTATED = 12  # heatmaps print their values up to this many models
@@ -21,9 +21,9 @@ VERDICT_COLOURS = {
 COLUMNS = {  # header: what it means (the header's tooltip)
     "model": "the folder name; the full path on hover",
     "probe": "its probe set",
-    "p(gold)": "the base's probability of the gold option, few-shot (mean over the probe)",
-    "accuracy": "the base's accuracy on the probe",
-    "gap": "p(top) − p(gold): 0 when the base is right",
+    "p(gold)": "the base's probability of the gold option, asked as the calibration reads knowledge (mean over the probe)",
+    "accuracy": "the base's accuracy on the probe, likewise",
+    "lettered": "p(gold) asked as Will it Merge? asks it: few-shot, options lettered",
     "‖τ‖": "update norm",
     "σ_max": "top singular value of the update",
     "cos(rest)": "cosine between this update and the sum of the others",
@@ -50,7 +50,7 @@ def render(report: Dict[str, Any]) -> str:
     esc = html.escape
     names = {m["path"]: m["name"] for m in report["models"]}
     figures = [f for f in (_cka_plot(report, names), _knowledge_plot(report), _cosine_plot(report, names)) if f]
-    rows = "".join(_model_row(m) for m in report["models"] if m["role"] == "expert")
+    rows = "".join(_model_row(m, report) for m in report["models"] if m["role"] == "expert")
     findings = "".join(f"<li><b>{esc(f['severity'])}</b> {esc(f['message'])}</li>" for f in report["findings"] if f["severity"] != "info")
     places = "".join(f"<li><code>{esc(folder)}</code>: {esc(', '.join(members))}</li>" for folder, members in legend(report["models"]).items())
     advice = "".join(
@@ -94,18 +94,19 @@ leave-one-out Spearman {number(calibration.get('leave_one_out_spearman'))}), cap
 """
 
 
-def _model_row(model: Dict[str, Any]) -> str:
+def _model_row(model: Dict[str, Any], report: Dict[str, Any]) -> str:
     esc = html.escape
     k, w = model["knowledge"] or {}, model["weights"] or {}
+    p_gold, accuracy = known(model, report)
     probe = model["probe"] or "–"
     cells = [
         f'<td class="name" title="{esc(model["path"])}">{esc(model["name"])}</td>',
         f'<td class="name" title="{esc(probe)}">{esc(probe.rstrip("/").split("/")[-1])}</td>',
     ]
     for value, digits in (
+        (p_gold, 2),
+        (accuracy, 2),
         (k.get("mean_p_gold"), 2),
-        (k.get("accuracy"), 2),
-        (k.get("mean_gap"), 2),
         (w.get("update_norm"), 3),
         (w.get("top_singular_value"), 3),
         (w.get("pool_cosine"), 2),
@@ -162,7 +163,7 @@ def _knowledge_plot(report) -> Optional[str]:
 
     def draw(fig, ax):
         y = range(len(experts))
-        p_gold = [(m["knowledge"] or {}).get("mean_p_gold") or 0 for m in experts]
+        p_gold = [known(m, report)[0] or 0 for m in experts]
         predicted = [m["predicted_mergeability"] or 0 for m in experts]
         ax.barh([i + 0.2 for i in y], p_gold, height=0.4, label="base p(gold) on its probes")
         ax.barh([i - 0.2 for i in y], predicted, height=0.4, label="predicted mergeability")

@@ -161,6 +161,7 @@ def _calibration_summary(calibration: Calibration) -> Dict[str, Any]:
         "method": document.get("method"),
         "partners": document.get("partners"),
         "fitted_on_models": document.get("models"),
+        "knowledge_feature": calibration.knowledge_feature,
         "leave_one_out_spearman": held_out.get("spearman"),
         "provenance": document.get("provenance"),
     }
