@@ -10,6 +10,11 @@ def number(value: Optional[float], digits: int = 2) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
+def p_value(p: float) -> str:
+    """A permutation p-value as papers print it: never 0.000, which no finite test gives."""
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
 def print_precheck(report: Dict[str, Any], out: Optional[Path] = None) -> None:
     from rich.console import Console
 
@@ -96,7 +101,7 @@ def print_validation(report: Dict[str, Any]) -> None:
     table = _table(f"Predicting {report['target']} over {report['models']} models ({report['method']})", "predictor", "Spearman", "95% bootstrap interval", "permutation p")
     for row in report["correlations"]:
         low, high = row["interval"]
-        table.add_row(row["predictor"], f"{row['spearman']:+.2f}", f"{low:+.2f} – {high:+.2f}", f"{row['p_permutation']:.3f}")
+        table.add_row(row["predictor"], f"{row['spearman']:+.2f}", f"{low:+.2f} – {high:+.2f}", p_value(row["p_permutation"]))
     console = Console()
     console.print(table)
     versus = report.get("versus_best_single")
@@ -117,5 +122,5 @@ def print_calibration(report: Dict[str, Any]) -> None:
     console.print(weights)
     held = _table("Out of sample", "held out", "Spearman", "permutation p", "null 95th pct.", "best single feature")
     for how, r in report["out_of_sample"].items():
-        held.add_row(how.replace("_", " "), f"{r['spearman']:+.2f}", f"{r['p_permutation']:.3f}", f"{r['null_95th_percentile']:+.2f}", f"{r['best_single_feature']} ({r['best_single_spearman']:+.2f})")
+        held.add_row(how.replace("_", " "), f"{r['spearman']:+.2f}", p_value(r["p_permutation"]), f"{r['null_95th_percentile']:+.2f}", f"{r['best_single_feature']} ({r['best_single_spearman']:+.2f})")
     console.print(held)

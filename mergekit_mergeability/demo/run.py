@@ -326,15 +326,22 @@ def _print_results(console: Console, summary: Dict[str, Any]) -> None:
         table.add_row(row["expert"], f"{row['base_p_gold']:.2f}", f"{row['base_accuracy']:.2f}", f"{row['predicted']:.2f}", *(f"{row[m]:.2f}" for m in METHODS))
     console.print(table)
     groups = Table("group", *METHODS, title="Mean own-fact accuracy after merging, by the base's knowledge of the fact")
+    sizes = {g: len(experts) for g, experts in summary["groups"].items()}
+    sizes["all"] = len(summary["experts"])
     for group in ("weakly known", "partly known", "well known", "all"):
-        groups.add_row(f"{group} ({len(summary['groups'].get(group, [])) or 'every'})", *(f"{summary['mergeability_by_knowledge'][m][group]:.2f}" for m in METHODS))
+        groups.add_row(f"{group} ({sizes[group]})", *(f"{summary['mergeability_by_knowledge'][m][group]:.2f}" for m in METHODS))
     console.print(groups)
-    translation = Table("translators", "merged", "method", "expert", "expert chrF", "merged chrF", "retention", title="Translation experts: the layer cut-off")
+    translation = Table(
+        "targets", "merge", "expert", "chrF alone", "chrF merged", "kept",
+        title="Translation experts: the layer cut-off",
+        caption="★ merged as the precheck recommends, for that expert",
+    )
     for name, results in summary["translation"].items():
         for how, result in results.items():
+            mark = "" if how == "as configured" else " ★"
             for task in result["tasks"]:
                 retention = "–" if task["retention"] is None else f"{task['retention']:.2f}"
-                merge = name.removeprefix("translation_").replace("_", " ")
+                targets = name.removeprefix("translation_").removesuffix("_targets").removesuffix("_target")
                 expert = task["task"].removeprefix("demo_translate_")
-                translation.add_row(merge, how, result["method"], expert, f"{task['expert']:.1f}", f"{task['merged']:.1f}", retention)
+                translation.add_row(targets, result["method"] + mark, expert, f"{task['expert']:.1f}", f"{task['merged']:.1f}", retention)
     console.print(translation)
