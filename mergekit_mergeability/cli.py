@@ -425,7 +425,7 @@ def sweep(model_a, model_b, task, lambdas, marker, budget, base, layers, modules
 
 
 @main.command()
-@click.option("--quick", is_flag=True, help="Tiny random models instead of SmolLM2: the same pipeline in about half a minute (numbers are meaningless).")
+@click.option("--quick", is_flag=True, help="Tiny random models instead of SmolLM2: the same pipeline in under a minute (numbers are meaningless).")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=lambda: default_cache_dir() / "demo", show_default="~/.cache/mergekit-mergeability/demo", help="Base model, experts, merges and scores; delete to rebuild.")
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("mergeability-demo"), show_default=True, help="Configs, precheck reports, measurements and summary.json.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
@@ -448,8 +448,9 @@ def demo(quick: bool, cache_dir: Path, out: Path, quiet: bool, sweep_only: bool)
     6. trains a "thinking" SmolLM2 that adds two-digit numbers with a short
        <think>…</think> trace and sweeps λ from the instruct model to it on
        held-out problems: the stage table and the sweet spot (paper 2).
-    First run about 13 minutes on 2 CPU cores (5 of them step 6); reruns read
-    the cache (~1.5 min).
+    First run 15–19 minutes on 2 CPU cores (about 5 of them step 6); reruns
+    read experts, merges and scores from the cache and redo the prechecks
+    (~4 min).
     """
     from mergekit_mergeability.demo.run import FULL, QUICK, run
 
