@@ -65,7 +65,7 @@ def run_once(config: dict, work: Path) -> tuple:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--work", type=Path, default=None)
     args = parser.parse_args()

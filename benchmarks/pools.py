@@ -66,7 +66,7 @@ def precheck(demo: Demo, config: Path, fewshot: int) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("pool", choices=sorted(POOLS))
     parser.add_argument("--methods", default="mean,ties", help="comma-separated: mean, ties[:D], kw:T, kw-ties:T:D")
     parser.add_argument("--precheck", action="store_true", help="run the precheck (the features) even when no method needs it")

@@ -117,7 +117,7 @@ def alternate(repeats: int, **runs) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--memory-of", type=Path, help=argparse.SUPPRESS)  # internal: one measurement per process

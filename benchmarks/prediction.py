@@ -94,7 +94,7 @@ def methods(args) -> None:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("fewshot").set_defaults(run=fewshot)
     fit = commands.add_parser("calibrate")
