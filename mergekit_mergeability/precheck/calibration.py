@@ -56,21 +56,25 @@ FEATURES: Dict[str, int] = {
 Features = Dict[str, Optional[float]]
 KNOWLEDGE_VALUES = ("p_gold", "task_p_gold")  # candidates for knowledge_weighted's knowledge: in [0, 1]
 PRECHECK_FIELDS = ("path", "role", "knowledge", "weights")
-# How a reason names each feature's value
+# How a reason names each feature's value; the relative_* features are log ratios to the pool median
 SAY = {
-    "p_gold": lambda v: f"p(gold) {v:.2f}",
-    "gap": lambda v: f"gap {v:.2f}",
-    "accuracy": lambda v: f"accuracy {v:.2f}",
-    "letter_p_gold": lambda v: f"p(gold letter) {v:.2f}",
-    "gold_logprob_per_token": lambda v: f"log p(gold)/token {v:.2f}",
-    "task_p_gold": lambda v: f"p(gold) as the task asks {v:.2f}",
-    "task_accuracy": lambda v: f"accuracy as the task asks {v:.2f}",
-    "task_gap": lambda v: f"gap as the task asks {v:.2f}",
-    "relative_norm": lambda v: f"size {math.exp(v):.2g}× median",
-    "relative_top_sv": lambda v: f"σ_max {math.exp(v):.2g}× median",
-    "pool_cosine": lambda v: f"cos(rest) {v:+.2f}",
-    "mean_sign_conflict": lambda v: f"sign conflict {v:.2f}",
+    "p_gold": "p(gold) {:.2f}",
+    "gap": "gap {:.2f}",
+    "accuracy": "accuracy {:.2f}",
+    "letter_p_gold": "p(gold letter) {:.2f}",
+    "gold_logprob_per_token": "log p(gold)/token {:.2f}",
+    "task_p_gold": "p(gold) as the task asks {:.2f}",
+    "task_accuracy": "accuracy as the task asks {:.2f}",
+    "task_gap": "gap as the task asks {:.2f}",
+    "relative_norm": "size {:.2g}× median",
+    "relative_top_sv": "σ_max {:.2g}× median",
+    "pool_cosine": "cos(rest) {:+.2f}",
+    "mean_sign_conflict": "sign conflict {:.2f}",
 }
+
+
+def say(feature: str, value: float) -> str:
+    return SAY[feature].format(math.exp(value) if feature.startswith("relative_") else value)
 
 
 def features(models: Sequence[Mapping[str, Any]]) -> Dict[str, Features]:
@@ -138,7 +142,7 @@ class Calibration:
         value = float(np.clip(self.model.predict(x)[0], 0.0, 1.0))
         z = np.nan_to_num((x[0] - self.model.means) / self.model.stds) * self.model.directions * self.model.weights
         drivers = sorted((i for i in range(len(names)) if self.model.weights[i] > 0), key=lambda i: -abs(z[i]))
-        reasons = [f"{'↑' if z[i] >= 0 else '↓'} {SAY[names[i]](values[names[i]])}" for i in drivers[:2] if values.get(names[i]) is not None and abs(z[i]) >= 0.02]
+        reasons = [f"{'↑' if z[i] >= 0 else '↓'} {say(names[i], values[names[i]])}" for i in drivers[:2] if values.get(names[i]) is not None and abs(z[i]) >= 0.02]
         missing = [names[i] for i in drivers if values.get(names[i]) is None]
         if missing:
             reasons.append(f"not measured, taken as typical: {', '.join(missing)}")
