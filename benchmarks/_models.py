@@ -1,6 +1,9 @@
 """~100M-parameter Llama-style models (base + experts = base + seeded noise) for the benchmarks."""
 
+import contextlib
+import tempfile
 from pathlib import Path
+from typing import Iterator, Optional
 
 import torch
 import transformers
@@ -23,3 +26,14 @@ def build_models(root: Path, experts: int = 2, layers: int = 8) -> dict:
         model.save_pretrained(paths[name])
     print(f"models: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters each, in {root}")
     return paths
+
+
+@contextlib.contextmanager
+def workdir(given: Optional[Path], prefix: str) -> Iterator[Path]:
+    """``--work DIR`` as given (kept), or a temporary folder removed afterwards."""
+    if given is not None:
+        given.mkdir(parents=True, exist_ok=True)
+        yield given
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix) as folder:
+        yield Path(folder)

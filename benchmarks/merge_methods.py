@@ -12,13 +12,12 @@ import argparse
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import yaml
 
-from _models import build_models
+from _models import build_models, workdir
 
 PAIRS = {  # ours -> (built-in counterpart, our parameters, its parameters)
     "knowledge_weighted": ("task_arithmetic", {"temperature": 1e9}, {}),
@@ -69,13 +68,13 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--work", type=Path, default=None)
     args = parser.parse_args()
-    work = args.work or Path(tempfile.mkdtemp(prefix="mm-bench-"))
-    paths = build_models(work / "models")
-    results = {}
-    for _ in range(args.repeats):
-        for ours, (builtin, our_params, their_params) in PAIRS.items():
-            for label, method, params in ((ours, ours, our_params), (f"{builtin} (for {ours})", builtin, their_params)):
-                results.setdefault(label, []).append(run_once(merge_config(method, params, paths), work))
+    with workdir(args.work, "mm-bench-") as work:
+        paths = build_models(work / "models")
+        results = {}
+        for _ in range(args.repeats):
+            for ours, (builtin, our_params, their_params) in PAIRS.items():
+                for label, method, params in ((ours, ours, our_params), (f"{builtin} (for {ours})", builtin, their_params)):
+                    results.setdefault(label, []).append(run_once(merge_config(method, params, paths), work))
     print(f"\n{'method':34} {'time s':>8} {'peak MiB':>9}   ratios vs built-in (time, memory)")
     for ours, (builtin, _, _) in PAIRS.items():
         mine, theirs = results[ours], results[f"{builtin} (for {ours})"]

@@ -19,14 +19,13 @@ import math
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import torch
 
-from _models import build_models
+from _models import build_models, workdir
 from mergekit_mergeability.checkpoints import TensorReader, load_causal_lm
 from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
 from mergekit_mergeability.diagnostics.activations import encode, pad, score
@@ -122,15 +121,17 @@ def main():
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--memory-of", type=Path, help=argparse.SUPPRESS)  # internal: one measurement per process
     args = parser.parse_args()
-    work = args.work or Path(tempfile.mkdtemp(prefix="mm-bench-precheck-"))
-
     if args.memory_of:
         paths = {p.name: p for p in sorted(args.memory_of.iterdir()) if p.is_dir() and any(p.glob("*.safetensors"))}
         with PeakMemory() as peak:
             weight_pass(paths)
         print(peak.growth)
         return
+    with workdir(args.work, "mm-bench-precheck-") as work:
+        benchmark(work, args.repeats)
 
+
+def benchmark(work: Path, repeats: int) -> None:
     print("1. weight pass")
     # the fixed cost of a pass (torch's own buffers, file handles): tiny models, ~40K parameters
     from mergekit_mergeability.tiny import make_family
@@ -147,7 +148,7 @@ def main():
         growth = float(done.stdout.split()[-1])
         print(f"   {layers} layers: model {size:.0f} MiB, largest tensor {largest:.0f} MiB, peak memory growth {growth:.0f} MiB = {growth / size:.2f}x one model")
         if layers == 8:
-            t = alternate(args.repeats, files=lambda: read_files(paths), mapped=lambda: read_only(paths), weights=lambda: weight_pass(paths))
+            t = alternate(repeats, files=lambda: read_files(paths), mapped=lambda: read_only(paths), weights=lambda: weight_pass(paths))
             print(f"   weight statistics {t['weights']:.2f} s")
             print(f"   vs reading the safetensors files' bytes {t['files']:.2f} s: {t['weights'] / t['files']:.2f}x (target <= 1.5x)")
             print(f"   vs touching every memory-mapped block once {t['mapped']:.2f} s: {t['weights'] / t['mapped']:.2f}x (the memory-bandwidth floor)")
@@ -155,7 +156,7 @@ def main():
     print("2. activation pass (64 probe rows, batch 16)")
     train_tokenizer().save_pretrained(work / "models8" / "base")  # an offline tokenizer beside the weights
     model, tok = load_causal_lm(work / "models8" / "base")
-    t = alternate(args.repeats, plain=lambda: plain_forward(model, tok), activations=lambda: activation_pass(model, tok))
+    t = alternate(repeats, plain=lambda: plain_forward(model, tok), activations=lambda: activation_pass(model, tok))
     print(f"   plain forward {t['plain']:.2f} s, activation pass {t['activations']:.2f} s: {t['activations'] / t['plain']:.2f}x (target <= 1.3x)")
 
 

@@ -19,11 +19,12 @@ import argparse
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from rich.console import Console
+
+from _models import workdir
 
 from mergekit_mergeability.cli import default_cache_dir
 from mergekit_mergeability.demo import reasoning
@@ -62,25 +63,25 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=5, help="λ points of the timed sweep, evenly over [0, 1]")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="sweep-benchmark-"))
-    demo = Demo(FULL, default_cache_dir() / "demo", work / "demo", Console(), quiet=True)
-    a, b = str(demo.base()), str(reasoning.thinking_model(demo))
-    lambdas = grid(f"0:1:{1 / (args.points - 1)}")
+    with workdir(None, "sweep-benchmark-") as work:
+        demo = Demo(FULL, default_cache_dir() / "demo", work / "demo", Console(), quiet=True)
+        a, b = str(demo.base()), str(reasoning.thinking_model(demo))
+        lambdas = grid(f"0:1:{1 / (args.points - 1)}")
 
-    setup = {}
-    start = time.perf_counter()
-    sweep = Sweep(a, b, None, Settings(reasoning.TASK, lambdas, refine=0), OPTIONS, Cache(None))
-    setup["checks, task and tensor plan"] = time.perf_counter() - start
-    setup["loading A once"] = timed(sweep.lm)
-    middle = lambdas[len(lambdas) // 2]
-    folder = sweep.save_model(middle, work / f"lambda_{middle:g}")  # the plain runs score this λ-model from disk
+        setup = {}
+        start = time.perf_counter()
+        sweep = Sweep(a, b, None, Settings(reasoning.TASK, lambdas, refine=0), OPTIONS, Cache(None))
+        setup["checks, task and tensor plan"] = time.perf_counter() - start
+        setup["loading A once"] = timed(sweep.lm)
+        middle = lambdas[len(lambdas) // 2]
+        folder = sweep.save_model(middle, work / f"lambda_{middle:g}")  # the plain runs score this λ-model from disk
 
-    per_point, cli, in_process = {lam: [] for lam in lambdas}, [], []
-    for _ in range(args.repeats):
-        for lam in lambdas:
-            per_point[lam].append(timed(lambda: sweep.record(lam)))
-        cli.append(timed(lambda: plain_cli(folder)))
-        in_process.append(timed(lambda: plain_in_process(folder)))
+        per_point, cli, in_process = {lam: [] for lam in lambdas}, [], []
+        for _ in range(args.repeats):
+            for lam in lambdas:
+                per_point[lam].append(timed(lambda: sweep.record(lam)))
+            cli.append(timed(lambda: plain_cli(folder)))
+            in_process.append(timed(lambda: plain_in_process(folder)))
     point = statistics.median([t for times in per_point.values() for t in times])
     same, fresh, warm = statistics.median(per_point[middle]), statistics.median(cli), statistics.median(in_process)
     print(f"A {a}\nB {b}\ntask {reasoning.TASK}: 64 problems, greedy; {len(sweep.interpolated)} tensors interpolated")

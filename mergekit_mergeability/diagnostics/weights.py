@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 
@@ -37,12 +37,13 @@ class _Sums:
         self.sign_dots = torch.zeros(k, k, dtype=torch.float64)  # agree − disagree
         self.both_nonzero = torch.zeros(k, k, dtype=torch.float64)  # agree + disagree
         self.top_singular: Dict[str, float] = dict.fromkeys(models, 0.0)
-        self._sketches: Dict[str, TopSingularValue] = {}  # per model, for the matrix being read
+        self._sketch: Optional[TopSingularValue] = None  # every model's, for the matrix being read
 
     def end_tensor(self) -> None:
-        for model, sketch in self._sketches.items():
-            self.top_singular[model] = max(self.top_singular[model], sketch.value())
-        self._sketches = {}
+        if self._sketch is not None:
+            for model, value in zip(self.models, self._sketch.values()):
+                self.top_singular[model] = max(self.top_singular[model], value)
+        self._sketch = None
 
     def add(self, part, base: torch.Tensor, blocks: Dict[str, torch.Tensor]) -> None:
         deltas = torch.stack([blocks[m].float().flatten() for m in self.models]) - base.flatten()  # (models, n)
@@ -57,9 +58,11 @@ class _Sums:
             gram = deltas @ deltas.T
         for i, model in enumerate(self.models):
             self.squares[model][part] += float(gram[i, i])
-            if base.ndim >= 2 and gram[i, i] > 0:
-                rows = deltas[i].reshape(base.shape[0], -1)
-                self._sketches.setdefault(model, TopSingularValue(rows.shape[1])).add(rows)
+        if base.ndim >= 2:  # a matrix: its rows go into every model's sketch at once
+            rows = deltas.reshape(len(self.models), base.shape[0], -1)
+            if self._sketch is None:
+                self._sketch = TopSingularValue(rows.shape[2], count=len(self.models))
+            self._sketch.add(rows)
         signs = torch.sign(deltas)
         self.dots += gram.double()
         self.sign_dots += (signs @ signs.T).double()

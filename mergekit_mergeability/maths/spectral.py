@@ -13,7 +13,7 @@ columns × k, whatever the number of rows.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 import torch
 
@@ -21,19 +21,27 @@ SKETCH_SIZE = 8
 
 
 class TopSingularValue:
-    """Accumulates blocks of rows of one matrix; ``value()`` is its estimated σ_max."""
+    """Accumulates blocks of rows of one matrix, or of ``count`` matrices of the same shape
+    read side by side; ``value()`` (``values()``) is the estimated σ_max of each."""
 
-    def __init__(self, columns: int, k: int = SKETCH_SIZE, seed: int = 0):
+    def __init__(self, columns: int, k: int = SKETCH_SIZE, seed: int = 0, count: int = 1):
         generator = torch.Generator().manual_seed(seed)
         self.omega = torch.randn(columns, k, generator=generator, dtype=torch.float64)
-        self.y = torch.zeros(columns, k, dtype=torch.float64)
+        self._omega = self.omega.float()  # products in float32 (BLAS speed), sums in float64
+        self.y_t = torch.zeros(count, k, columns, dtype=torch.float64)  # Yᵀ per matrix: (B Ω)ᵀ B is the fast layout
 
     def add(self, rows: torch.Tensor) -> None:
-        rows = rows.reshape(rows.shape[0], -1).double()
-        self.y += rows.T @ (rows @ self.omega)
+        """Rows of the matrix (rows, columns), or of each matrix (count, rows, columns)."""
+        count, _, columns = self.y_t.shape
+        rows = rows.float().reshape(count, -1, columns)
+        self.y_t += (rows @ self._omega).transpose(1, 2).bmm(rows)
+
+    def values(self) -> List[float]:
+        return [top_singular_value(y_t.T, self.omega) for y_t in self.y_t]
 
     def value(self) -> float:
-        return top_singular_value(self.y, self.omega)
+        (only,) = self.values()
+        return only
 
 
 def top_singular_value(y: torch.Tensor, omega: torch.Tensor) -> float:
