@@ -11,7 +11,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from mergekit_mergeability.diagnostics.selectivity import COLLISION_SHARE, SPECIFIC, colliding_layers
 from mergekit_mergeability.files import SCHEMA_VERSION, write_atomic
+from mergekit_mergeability.maths.selectivity import ACTIVATION_QUANTILE, ENTROPY_QUANTILE
 from mergekit_mergeability.names import short_names
 from mergekit_mergeability.precheck import Measurements
 from mergekit_mergeability.precheck.advice import MAIN, PER_EXPERT, Advice, advise, configured_update, configured_weights
@@ -41,6 +43,7 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
     threshold = options.get("cka_threshold", DEFAULT_THRESHOLD)
     names = short_names([m.name for m in ([measured.base] if measured.base else []) + list(measured.models)])
     layer_norms = {m: v.get("update_norm") for m, v in _per_layer(results, "weights", pairs=False).items()}
+    specific = {m: {k[len(SPECIFIC) :]: v for k, v in layers.items()} for m, layers in _per_layer(results, "selectivity", pairs=False).items()}
     instances = results["knowledge"].per_instance if "knowledge" in results else {}
     models = [_model(measured.base.name, names, "base")] if measured.base else []
     for m in measured.models:
@@ -50,6 +53,8 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
         if knowledge is not None:
             record["knowledge"]["per_instance"] = instances.get(m.name, [])
         models.append(record)
+    for record in models:
+        record["specific_neurons"] = specific.get(record["path"])
 
     calibration = Calibration.load(options.get("calibration"))
     table = features(models)
@@ -89,7 +94,7 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
         "options": {k: sorted(v) if isinstance(v, set) else v for k, v in options.items() if k != "quiet"},
         "models": models,
         "pairs": _pairs(results),
-        "layers": {"cka_estimator": "unbiased", "cka_threshold": threshold, "divergence": curve, "cutoff": cutoff},
+        "layers": {"cka_estimator": "unbiased", "cka_threshold": threshold, "divergence": curve, "cutoff": cutoff, "selectivity": _selectivity(results, options, specific)},
         "calibration": _calibration_summary(calibration),
         "recommendation": rec,
         "findings": [{"diagnostic": name, "severity": f.severity, "message": f.message} for name, f in measured.findings()],
@@ -126,10 +131,30 @@ def _model(path, names, role, probe=None, knowledge=None, weights=None, layer_no
     }
 
 
+def _selectivity(results, options: Dict[str, Any], specific: Dict[str, Dict[str, List[float]]]) -> Optional[Dict[str, Any]]:
+    """The LAPE settings, the groups, and per pair of experts the blocks where their specific neurons collide."""
+    if not specific:
+        return None
+    collisions = [
+        {"a": a, "b": b, "blocks": colliding_layers(layers["specific_collisions"], layers["specific_union"])}
+        for (a, b), layers in _per_layer(results, "selectivity").items()
+        if "specific_collisions" in layers
+    ]
+    return {
+        "span": options.get("selectivity_span", "answer"),
+        "entropy_quantile": options.get("lape_entropy_quantile", ENTROPY_QUANTILE),
+        "activation_quantile": options.get("lape_activation_quantile", ACTIVATION_QUANTILE),
+        "collision_share": COLLISION_SHARE,
+        "groups": list(next(iter(specific.values()))),
+        "collisions": collisions,
+    }
+
+
 def _pairs(results) -> List[Dict[str, Any]]:
     pairs: Dict[tuple, Dict[str, Any]] = {}
-    for pair, layers in _per_layer(results, "representations").items():
-        pairs.setdefault(pair, {}).update(layers)
+    for diagnostic in ("representations", "selectivity"):
+        for pair, layers in _per_layer(results, diagnostic).items():
+            pairs.setdefault(pair, {}).update(layers)
     if "weights" in results:
         for pair, values in results["weights"].per_pair.items():
             pairs.setdefault(pair, {}).update(values)
