@@ -8,7 +8,8 @@ On SmolLM2-135M (the demo's base, from its cache; --model to point elsewhere), o
    asks for the last position's logits only (the counts need none); the plain pass
    without them too is shown, so the hooks' own cost is visible.
 2. Peak anonymous memory (RssAnon, sampled) of the pass above the loaded model, at two
-   probe counts, each in a fresh process: it must not grow with the probe count.
+   probe counts, each in a fresh process, beside the plain forward pass's: it must not
+   grow with the probe count more than the plain pass's does.
 
 Each time is the median of --repeats runs, in one process, alternating.
 
@@ -16,6 +17,7 @@ Each time is the median of --repeats runs, in one process, alternating.
 """
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -34,13 +36,15 @@ TOPICS = ["the river", "a small boat", "the old library", "seven green apples", 
 
 
 def rows(count: int):
-    """Probe rows of two groups (English sentences, number lists), alternating."""
+    """Probe rows of two groups (English sentences, number lists), alternating; the same
+    lengths however many (two-digit numbers), so memory compares like with like."""
     made, labels = [], []
     for i in range(count):
+        n = 10 + i % 80
         if i % 2:
-            made.append((f"Count on from {i}:", " " + ", ".join(str(i + k) for k in range(1, 9))))
+            made.append((f"Count on from {n}:", " " + ", ".join(str(n + k) for k in range(1, 9))))
         else:
-            made.append((f"Describe {TOPICS[i % len(TOPICS)]} in one sentence:", f" It was there on day {i}, as it always had been, and nobody asked why."))
+            made.append((f"Describe {TOPICS[i % len(TOPICS)]} in one sentence:", f" It was there on day {n}, as it always had been, and nobody asked why."))
         labels.append(i % 2)
     return made, labels
 
@@ -72,6 +76,7 @@ def main():
     parser.add_argument("--rows", type=int, default=64, help="Probe rows for the timing.")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--memory-of", type=int, help=argparse.SUPPRESS)  # internal: one measurement per process
+    parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)  # internal: measure the plain pass
     args = parser.parse_args()
     folder = model_folder(args.model, Path(tempfile.mkdtemp(prefix="mm-bench-selectivity-")))
     model, tok = load_causal_lm(folder)
@@ -79,7 +84,10 @@ def main():
     if args.memory_of:
         probes, labels = rows(args.memory_of)
         with PeakMemory() as peak:
-            activation_probabilities(model, tok, probes, labels, 2, "answer", args.batch_size)
+            if args.plain:
+                plain_forward(model, tok, probes, args.batch_size)
+            else:
+                activation_probabilities(model, tok, probes, labels, 2, "answer", args.batch_size)
         print(peak.growth)
         return
 
@@ -97,9 +105,14 @@ def main():
     print(f"   vs a plain forward without logits {t['plain_no_logits']:.2f} s: {t['selectivity'] / t['plain_no_logits']:.2f}x (the hooks' own cost)")
     print("2. peak memory above the loaded model (fresh process each)")
     for count in (args.rows, 4 * args.rows):
-        command = [sys.executable, __file__, "--memory-of", str(count), "--model", str(folder), "--batch-size", str(args.batch_size)]
-        done = subprocess.run(command, capture_output=True, text=True, check=True)
-        print(f"   {count} probe rows: {float(done.stdout.split()[-1]):.0f} MiB")
+        growth = {}
+        for name, extra in (("selectivity", []), ("plain", ["--plain"])):
+            command = [sys.executable, __file__, "--memory-of", str(count), "--model", str(folder), "--batch-size", str(args.batch_size), *extra]
+            # a fixed mmap threshold: freed batch tensors go back to the system at once instead of
+            # staying in glibc's heap, so RssAnon follows what is alive
+            done = subprocess.run(command, capture_output=True, text=True, check=True, env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
+            growth[name] = float(done.stdout.split()[-1])
+        print(f"   {count} probe rows: selectivity pass {growth['selectivity']:.0f} MiB, plain forward {growth['plain']:.0f} MiB")
 
 
 if __name__ == "__main__":
