@@ -47,28 +47,49 @@ def test_kth_smallest_is_torch_kthvalue():
     assert lape.kth_smallest(values, 0.0) == 0.1
 
 
+P = np.array(  # G=2, L=2, N=5
+    [
+        [[0.9, 0.0, 0.8, 0.7, 0.1], [0.4, 0.2, 0.0, 0.5, 0.3]],  # group 0
+        [[0.0, 0.9, 0.8, 0.1, 0.1], [0.6, 0.0, 0.0, 0.0, 0.3]],  # group 1
+    ]
+)
+
+
+def _specific(p, entropy_quantile, activation_quantile=lape.ACTIVATION_QUANTILE):
+    return np.argwhere(lape.specific(p, *lape.thresholds([p], entropy_quantile, activation_quantile))).tolist()
+
+
 def test_specific_neurons_hand_computed():
-    # G=2, L=2, N=5: 20 p values; the 70% bar is the 14th smallest = 0.5
-    p = np.array(
-        [
-            [[0.9, 0.0, 0.8, 0.7, 0.1], [0.4, 0.2, 0.0, 0.5, 0.3]],  # group 0
-            [[0.0, 0.9, 0.8, 0.1, 0.1], [0.6, 0.0, 0.0, 0.0, 0.3]],  # group 1
-        ]
-    )
-    assert lape.kth_smallest(p, 0.7) == 0.5
+    # 20 p values; the 70% bar is the 14th smallest = 0.5
+    assert lape.kth_smallest(P, 0.7) == 0.5
     # above the bar: l0 n0 (g0), l0 n1 (g1), l0 n2 (g0 and g1: every group, never a candidate),
     # l0 n3 (g0), l1 n0 (g1). Entropies: l0 n0 and l0 n1 0; l0 n3 H(1/8, 7/8) = 0.54; l1 n0 H(0.4, 0.6) = 0.97
-    assert lape.normalised_entropy(p)[0, 3] == pytest.approx(-(math.log(1 / 8) / 8 + 7 / 8 * math.log(7 / 8)) / math.log(2))
-    two = lape.specific(p, entropy_quantile=0.2, activation_quantile=0.7)  # round(10 · 0.2) = 2 lowest
-    assert np.argwhere(two).tolist() == [[0, 0, 0], [1, 0, 1]]
-    three = lape.specific(p, entropy_quantile=0.3, activation_quantile=0.7)
+    assert lape.normalised_entropy(P)[0, 3] == pytest.approx(-(math.log(1 / 8) / 8 + 7 / 8 * math.log(7 / 8)) / math.log(2))
+    # keep round(10 · 0.2) = 2: the cut is the 2nd smallest entropy, 0
+    assert lape.thresholds([P], 0.2, 0.7) == (0.5, 0.0)
+    assert _specific(P, 0.2, 0.7) == [[0, 0, 0], [1, 0, 1]]
+    three = lape.specific(P, *lape.thresholds([P], 0.3, 0.7))
     assert np.argwhere(three).tolist() == [[0, 0, 0], [0, 0, 3], [1, 0, 1]]
     assert lape.counts(three).tolist() == [[2, 0], [1, 0]]
-    every = lape.specific(p, entropy_quantile=1.0, activation_quantile=0.7)  # all candidates, l0 n2 still out
-    assert np.argwhere(every).tolist() == [[0, 0, 0], [0, 0, 3], [1, 0, 1], [1, 1, 0]]
+    # a quota past the candidates (cut = inf) keeps them all, l0 n2 still out
+    assert _specific(P, 1.0, 0.7) == [[0, 0, 0], [0, 0, 3], [1, 0, 1], [1, 1, 0]]
+    # a quota of 1 neuron keeps both tied at entropy 0
+    assert _specific(P, 0.1, 0.7) == [[0, 0, 0], [1, 0, 1]]
     # at the default 80% bar (16th smallest, 0.7) only the top four are above: l0 n3 drops out
-    assert lape.kth_smallest(p, 0.8) == 0.7
-    assert np.argwhere(lape.specific(p, entropy_quantile=1.0)).tolist() == [[0, 0, 0], [1, 0, 1]]
+    assert lape.kth_smallest(P, 0.8) == 0.7
+    assert _specific(P, 1.0) == [[0, 0, 0], [1, 0, 1]]
+
+
+def test_thresholds_are_shared_so_identical_blocks_select_alike():
+    changed = P.copy()
+    changed[:, 1] = [[0.0, 0.9, 0.9, 0.9, 0.9], [0.9, 0.0, 0.0, 0.0, 0.0]]  # block 1 alone differs
+    bar, cut = lape.thresholds([P, changed], 0.2, 0.7)
+    assert bar == lape.kth_smallest(np.concatenate([P.ravel(), changed.ravel()]), 0.7) == 0.8
+    a, b = lape.specific(P, bar, cut), lape.specific(changed, bar, cut)
+    assert np.array_equal(a[:, 0], b[:, 0])
+    # alone, each model's own bar and quota would pick differently in the untouched block 0
+    alone = lape.specific(changed, *lape.thresholds([changed], 0.2, 0.7))
+    assert not np.array_equal(alone[:, 0], lape.specific(P, *lape.thresholds([P], 0.2, 0.7))[:, 0])
 
 
 def test_overlap_and_collisions_hand_computed():
@@ -159,7 +180,7 @@ def test_finds_exactly_the_keyed_neurons(keyed):
     assert (p[1, 0, list(FIRES_FOR_LETTERS)] == 1).all() and (p[0, 0, list(FIRES_FOR_LETTERS)] == 0).all()
     assert (p[:, 0, list(FIRES_FOR_ALL)] == 1).all()
     assert p[:, 1:].sum() == 0 and p[:, 0, 10:].sum() == 0
-    mask = lape.specific(p)
+    mask = lape.specific(p, *lape.thresholds([p]))
     assert np.argwhere(mask[0]).tolist() == [[0, j] for j in FIRES_FOR_DIGITS]
     assert np.argwhere(mask[1]).tolist() == [[0, j] for j in FIRES_FOR_LETTERS]
 

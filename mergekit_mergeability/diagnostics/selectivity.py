@@ -55,14 +55,17 @@ class Selectivity:
             result.findings.append(Finding("info", f"selectivity: {len(groups)} probe group; LAPE compares at least 2 (a group: field per probe line, or probes for two models), skipped"))
             return result
         quantiles = options.get("lape_entropy_quantile", lape.ENTROPY_QUANTILE), options.get("lape_activation_quantile", lape.ACTIVATION_QUANTILE)
-        masks: Dict[str, np.ndarray] = {}
+        probabilities: Dict[str, np.ndarray] = {}
         for member in (m for m in (inputs.base, *inputs.models) if m is not None):
             p = self._probabilities(member, rows, labels, len(groups), inputs)
             if p is None:
                 result.findings.append(Finding("warning", f"selectivity: model {member.name}: no MLP activation module per decoder block (…mlp.act_fn or …mlp.act); skipped"))
                 return result
-            masks[member.name] = lape.specific(p, *quantiles)
-            result.per_layer[member.name] = {f"{SPECIFIC}{g}": c.tolist() for g, c in zip(groups, lape.counts(masks[member.name]))}
+            probabilities[member.name] = p
+        bar, cut = lape.thresholds(list(probabilities.values()), *quantiles)
+        masks = {name: lape.specific(p, bar, cut) for name, p in probabilities.items()}
+        for name, mask in masks.items():
+            result.per_layer[name] = {f"{SPECIFIC}{g}": c.tolist() for g, c in zip(groups, lape.counts(mask))}
         experts = {m.name for m in inputs.models}
         for a, b in itertools.combinations(masks, 2):
             layers = {"specific_overlap": lape.overlap(masks[a], masks[b]).tolist()}

@@ -8,18 +8,26 @@ distribution and its entropy taken, divided by log G (0: fires for one group onl
     p̃[g] = p[g] / Σ_g p[g]        H = −Σ_g p̃[g] log p̃[g] / log G
 
 As in Tang et al.'s code, a neuron is a candidate only if some group's p is above the
-activation bar, the ``activation_quantile`` of ALL the p values (every group, layer and
+activation bar, the ``activation_quantile`` of all the p values (every group, layer and
 neuron; the bar is the k-th smallest value, k = round(n · quantile), and "above" is
-strict). Of all neurons (every layer together), the round(n · ``entropy_quantile``) with
-the lowest entropy are group-specific, ties broken by position; candidates come first. A
-specific neuron belongs to every group whose p is above the same bar.
+strict), and the ``entropy_quantile`` share of all neurons (every layer together) with
+the lowest entropy, candidates first, is group-specific. A specific neuron belongs to
+every group whose p is above the bar.
 
-One addition: a neuron above the bar for EVERY group is not a candidate. It serves all
-groups alike; with few groups (two experts) the 10% quota would otherwise fill up with
-such neurons, "specific" to everything.
+Two departures, both so that models can be compared block by block:
+- The bar and the entropy cut (the entropy of the last neuron the quota keeps) are taken
+  once over all the compared models' values together (``thresholds``) and applied to each
+  (``specific``). Per model, a change in the upper blocks moved the quota's edge and so
+  the selection in untouched lower blocks: measured on the demo's translators, Jaccard
+  0.5–0.7 between blocks with identical weights. The quota is a threshold, so neurons tied
+  with the last one kept are kept too.
+- A neuron above the bar for EVERY group is not a candidate: it serves all groups alike,
+  and with few groups (two experts) the quota would otherwise fill up with such neurons.
 """
 
 from __future__ import annotations
+
+from typing import Sequence, Tuple
 
 import numpy as np
 
@@ -44,17 +52,25 @@ def kth_smallest(values: np.ndarray, quantile: float) -> float:
     return float(flat[max(round(flat.size * quantile), 1) - 1])
 
 
-def specific(p: np.ndarray, entropy_quantile: float = ENTROPY_QUANTILE, activation_quantile: float = ACTIVATION_QUANTILE) -> np.ndarray:
-    """(G, L, N) activation probabilities -> (G, L, N) bool: neuron j of layer l is specific to group g."""
-    p = np.asarray(p, dtype=float)
-    bar = kth_smallest(p, activation_quantile)
+def _ranked_entropy(p: np.ndarray, bar: float) -> np.ndarray:
+    """(L, N) normalised entropy of the candidates; inf for the others (never kept)."""
     above = p > bar
     candidate = above.any(axis=0) & ~above.all(axis=0)
-    entropy = np.where(candidate, normalised_entropy(p), np.inf)
-    keep = round(entropy.size * entropy_quantile)
-    chosen = np.zeros(entropy.size, dtype=bool)
-    chosen[np.argsort(entropy, axis=None, kind="stable")[:keep]] = True
-    return above & (candidate & chosen.reshape(entropy.shape))[None]
+    return np.where(candidate, normalised_entropy(p), np.inf)
+
+
+def thresholds(
+    probabilities: Sequence[np.ndarray], entropy_quantile: float = ENTROPY_QUANTILE, activation_quantile: float = ACTIVATION_QUANTILE
+) -> Tuple[float, float]:
+    """(activation bar, entropy cut) over the models' (G, L, N) probabilities together."""
+    bar = kth_smallest(np.stack(probabilities), activation_quantile)
+    return bar, kth_smallest(np.stack([_ranked_entropy(p, bar) for p in probabilities]), entropy_quantile)
+
+
+def specific(p: np.ndarray, bar: float, cut: float) -> np.ndarray:
+    """(G, L, N) activation probabilities -> (G, L, N) bool: neuron j of layer l is specific to group g."""
+    entropy = _ranked_entropy(p, bar)
+    return (p > bar) & ((entropy <= cut) & np.isfinite(entropy))[None]
 
 
 def counts(mask: np.ndarray) -> np.ndarray:
