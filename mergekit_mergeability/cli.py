@@ -214,10 +214,12 @@ def default_cache_dir() -> Path:
 @click.option("--selectivity-span", type=click.Choice(["answer", "prompt"]), default="answer", show_default=True, help="Neuron selectivity counts MLP activations over these tokens of each probe line: its gold answer or its prompt.")
 @click.option("--lape-entropy-quantile", type=click.FloatRange(0, 1, min_open=True), default=0.10, show_default=True, help="Share of all MLP neurons kept as group-specific: those whose activation spreads least evenly over the probe groups (paper 3's value).")
 @click.option("--lape-activation-quantile", type=click.FloatRange(0, 1, max_open=True), default=0.80, show_default=True, help="A group owns a specific neuron when the neuron's activation probability on it is above this quantile of all activation probabilities (paper 3's value).")
+@click.option("--cutoff-signal", type=click.Choice(["cka", "selectivity", "both"]), default="cka", show_default=True, help="What sets the layer cut-off: unbiased CKA, the fine-tunes' overlap of group-specific neurons, or the lower of the two. The report says which decided.")
+@click.option("--overlap-threshold", type=click.FloatRange(0, 1), default=None, help="Specific-neuron overlap (Jaccard) below this, from some block on, marks where the fine-tunes' neurons part (default 0.5; read with --cutoff-signal selectivity or both).")
 @click.option("--skip", multiple=True, metavar="DIAGNOSTIC", help="Do not run this diagnostic (e.g. representations or selectivity on a large pool). Repeatable.")
 @model_options(default_limit=64)
 @user_errors
-def precheck(config_file: Path, out: Path, probes, fewshot, calibration, layers, cka_threshold, cka_batch_size, selectivity_span, lape_entropy_quantile, lape_activation_quantile, skip, **model):
+def precheck(config_file: Path, out: Path, probes, fewshot, calibration, layers, cka_threshold, cka_batch_size, selectivity_span, lape_entropy_quantile, lape_activation_quantile, cutoff_signal, overlap_threshold, skip, **model):
     """Predict, before merging, how well each model of CONFIG_FILE will survive the merge.
 
     \b
@@ -247,8 +249,9 @@ def precheck(config_file: Path, out: Path, probes, fewshot, calibration, layers,
     from mergekit_mergeability.summary import print_precheck
 
     extra = {"layers": _layer_set(layers), "cka_batch_size": cka_batch_size, "skip": list(skip), "selectivity_span": selectivity_span}
-    extra.update(lape_entropy_quantile=lape_entropy_quantile, lape_activation_quantile=lape_activation_quantile)
-    extra.update({k: v for k, v in {"fewshot": fewshot, "calibration": calibration and str(calibration), "cka_threshold": cka_threshold}.items() if v is not None})
+    extra.update(lape_entropy_quantile=lape_entropy_quantile, lape_activation_quantile=lape_activation_quantile, cutoff_signal=cutoff_signal)
+    chosen = {"fewshot": fewshot, "calibration": calibration and str(calibration), "cka_threshold": cka_threshold, "overlap_threshold": overlap_threshold}
+    extra.update({k: v for k, v in chosen.items() if v is not None})
     report = run(merge_config.read(config_file), _probe_pairs(probes), _options(**model, **extra), out)
     print_precheck(report, out)
     if report["stop"]:

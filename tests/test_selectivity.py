@@ -16,6 +16,7 @@ from mergekit_mergeability.cli import main
 from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
 from mergekit_mergeability.diagnostics.selectivity import Selectivity, activation_modules, activation_probabilities, probe_groups
 from mergekit_mergeability.maths import selectivity as lape
+from mergekit_mergeability.precheck.predict import cutoff_from_curve, decide_cutoff, divergence_curve
 from mergekit_mergeability.precheck.report import SCHEMA
 from mergekit_mergeability.probes import GENERATION, Instance, load
 from mergekit_mergeability.tiny import ARCHITECTURES, derive, train_tokenizer
@@ -238,18 +239,40 @@ def test_every_tiny_architecture_has_one_activation_per_block(families, arch):
     assert p.shape[:2] == (2, model.config.num_hidden_layers) and 0 < p.mean() < 1
 
 
+# the cut-off from the overlap (opt-in)
+
+
+def test_cutoff_from_a_per_block_curve_and_which_signal_decides():
+    nan = float("nan")
+    # per block: the overlap settles below 0.5 from block 2, so blocks 0-1 are merged
+    assert cutoff_from_curve([1.0, 0.9, 0.2, 0.1, 0.1], 0.5, offset=0) == 2
+    assert cutoff_from_curve([1.0, nan, 0.9, 0.2, nan, 0.1], 0.5, offset=0) == 3  # blocks without specific neurons skipped
+    assert cutoff_from_curve([nan, nan], 0.5, offset=0) is None
+    assert decide_cutoff("cka", 5, 3) == (5, "cka")
+    assert decide_cutoff("selectivity", 5, 3) == (3, "selectivity")
+    assert decide_cutoff("both", 5, 3) == (3, "selectivity") and decide_cutoff("both", 3, 3) == (3, "cka and selectivity")
+    assert decide_cutoff("both", None, 4) == (4, "selectivity") and decide_cutoff("selectivity", 5, None) == (None, None)
+    # pairs without a value in a block are left out of the median
+    assert divergence_curve({("a", "b"): [0.2, nan], ("a", "c"): [0.4, 0.3], ("b", "c"): [0.9, nan]}, None) == [0.4, 0.3]
+
+
 # precheck end to end
 
 
-def test_precheck_reports_selectivity(keyed, tmp_path):
+def _keyed_precheck(keyed, tmp_path, *extra):
     models = [{"model": str(keyed[n]), "probe": str(keyed["root"] / f"{g}.jsonl"), "parameters": {"weight": 1.0}} for n, g in (("same", "digits"), ("swapped", "letters"))]
     config = tmp_path / "config.yml"
     config.write_text(yaml.safe_dump({"merge_method": "task_arithmetic", "base_model": str(keyed["base"]), "models": models, "dtype": "float32"}))
     out = tmp_path / "out"
-    result = CliRunner().invoke(main, ["precheck", str(config), "--out", str(out), "--quiet", "--lape-entropy-quantile", "0.05"])
+    result = CliRunner().invoke(main, ["precheck", str(config), "--out", str(out), "--quiet", *extra])
     assert result.exit_code in (0, 1), result.output
     report = json.loads((out / "precheck.json").read_text())
     jsonschema.validate(report, json.loads(SCHEMA.read_text()))
+    return report, result, out
+
+
+def test_precheck_reports_selectivity(keyed, tmp_path):
+    report, _, out = _keyed_precheck(keyed, tmp_path, "--lape-entropy-quantile", "0.05")
     selectivity = report["layers"]["selectivity"]
     assert selectivity["groups"] == ["digits", "letters"] and selectivity["span"] == "answer" and selectivity["entropy_quantile"] == 0.05
     assert selectivity["collisions"] == [{"a": str(keyed["same"]), "b": str(keyed["swapped"]), "blocks": [0]}]
@@ -260,3 +283,14 @@ def test_precheck_reports_selectivity(keyed, tmp_path):
     assert any("collide" in f["message"] for f in report["findings"])
     html = (out / "report.html").read_text()
     assert "Group-specific neurons per block" in html and "Specific-neuron overlap per block" in html
+    assert report["layers"]["cutoff_signal"] == "cka" and selectivity["cutoff"] == 0  # computed, not read: CKA decides by default
+    assert report["layers"]["decided_by"] in (None, "cka")
+
+
+def test_precheck_cutoff_from_selectivity_says_so(keyed, tmp_path):
+    # the two experts share no specific neuron in block 0, the only block that has some
+    report, result, out = _keyed_precheck(keyed, tmp_path, "--cutoff-signal", "selectivity")
+    assert report["layers"]["decided_by"] == "selectivity" and report["layers"]["cutoff"] == 0
+    assert report["recommendation"]["verdict"] == "do_not_merge" and result.exit_code == 1
+    assert "group-specific neurons (LAPE overlap) diverge from the first block" in report["recommendation"]["reasons"][0]
+    assert "Layer cut-off set by: selectivity" in (out / "report.html").read_text()

@@ -79,6 +79,7 @@ img{{max-width:100%}}code{{word-break:break-all}}small{{color:#555}}</style></he
 base <code>{esc(str(report['base_model']))}</code>.</p>
 <h2>Verdict: <span class="verdict">{esc(rec['verdict'])}</span></h2>
 <ul>{''.join(f'<li>{esc(r)}</li>' for r in rec['reasons'])}</ul>
+{f'<p><small>Layer cut-off set by: {esc(report["layers"]["decided_by"])} (--cutoff-signal {esc(report["layers"]["cutoff_signal"])}).</small></p>' if report["layers"].get("decided_by") else ''}
 {f'<p><b>Stop:</b></p><ul>{stop}</ul>' if stop else ''}
 <h2>Recommended models</h2>
 <ul>{advice}</ul>
@@ -187,13 +188,17 @@ def _overlap_plot(report, names) -> Optional[str]:
     pairs = [p for p in report["pairs"] if p.get("specific_overlap")]
     if not pairs:
         return None
-    collisions = report["layers"]["selectivity"]["collisions"]
+    selectivity = report["layers"]["selectivity"]
 
     def draw(fig, ax):
         _lines(ax, _pair_curves(pairs, names, "specific_overlap"), "pairs")
-        blocks = sorted({b for c in collisions for b in c["blocks"]})
+        blocks = sorted({b for c in selectivity["collisions"] for b in c["blocks"]})
         for i, block in enumerate(blocks):
             ax.axvline(block, color="red", linestyle=":", label="experts' specific neurons collide" if i == 0 else None)
+        if report["layers"]["cutoff_signal"] != "cka":
+            ax.axhline(selectivity["overlap_threshold"], color="grey", linestyle="--", label="threshold")
+            if selectivity["cutoff"] is not None:
+                ax.axvline(selectivity["cutoff"] - 0.5, color="purple", linestyle="-.", label=f"overlap cut-off {selectivity['cutoff']}")
         ax.set_xlabel("decoder block")
         ax.set_ylabel("Jaccard overlap of specific neurons")
         ax.set_ylim(-0.02, 1.02)

@@ -23,6 +23,7 @@ from mergekit_mergeability.precheck.predict import (
     KNOWLEDGE_WEIGHTED,
     Prediction,
     cutoff_from_curve,
+    decide_cutoff,
     divergence_curve,
     kept_shares,
     predict,
@@ -34,6 +35,9 @@ SCHEMA = Path(__file__).with_name("schema.json")
 # probe rows: the demo's translators into different languages fall to 0.5–0.7 in their
 # upper blocks, those into one language stay above 0.8 (README, "The layer cut-off").
 DEFAULT_THRESHOLD = 0.8
+# Opt-in (--cutoff-signal): the fine-tunes share under half of their group-specific neurons.
+# A first guess, not fitted: paper 3 reports ≈ 0.12 where fine-tuning redistributed them.
+DEFAULT_OVERLAP_THRESHOLD = 0.5
 
 
 def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
@@ -70,9 +74,14 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
 
     curves = {pair: layers["cka_unbiased"] for pair, layers in _per_layer(results, "representations").items()}
     curve = divergence_curve(curves, spec.base_model)
-    cutoff = cutoff_from_curve(curve, threshold)
+    overlaps = {pair: layers["specific_overlap"] for pair, layers in _per_layer(results, "selectivity").items()}
+    overlap = divergence_curve(overlaps, spec.base_model)
+    overlap_threshold = options.get("overlap_threshold", DEFAULT_OVERLAP_THRESHOLD)
+    signal = options.get("cutoff_signal", "cka")
+    selectivity_cutoff = cutoff_from_curve(overlap, overlap_threshold, offset=0)
+    cutoff, decided_by = decide_cutoff(signal, cutoff_from_curve(curve, threshold), selectivity_cutoff)
     known = {name: values[calibration.knowledge_feature] for name, values in table.items()}
-    recommendation = recommend(spec.merge_method, predictions, known, cosines, cutoff, measured.errors(), label=names.get)
+    recommendation = recommend(spec.merge_method, predictions, known, cosines, cutoff, measured.errors(), label=names.get, decided_by=decided_by or "cka")
     rec = {
         "verdict": recommendation.verdict,
         "method": recommendation.method,
@@ -94,7 +103,15 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
         "options": {k: sorted(v) if isinstance(v, set) else v for k, v in options.items() if k != "quiet"},
         "models": models,
         "pairs": _pairs(results),
-        "layers": {"cka_estimator": "unbiased", "cka_threshold": threshold, "divergence": curve, "cutoff": cutoff, "selectivity": _selectivity(results, options, specific)},
+        "layers": {
+            "cka_estimator": "unbiased",
+            "cka_threshold": threshold,
+            "divergence": curve,
+            "cutoff": cutoff,
+            "cutoff_signal": signal,
+            "decided_by": decided_by,
+            "selectivity": _selectivity(results, options, specific, overlap, overlap_threshold, selectivity_cutoff),
+        },
         "calibration": _calibration_summary(calibration),
         "recommendation": rec,
         "findings": [{"diagnostic": name, "severity": f.severity, "message": f.message} for name, f in measured.findings()],
@@ -131,8 +148,9 @@ def _model(path, names, role, probe=None, knowledge=None, weights=None, layer_no
     }
 
 
-def _selectivity(results, options: Dict[str, Any], specific: Dict[str, Dict[str, List[float]]]) -> Optional[Dict[str, Any]]:
-    """The LAPE settings, the groups, and per pair of experts the blocks where their specific neurons collide."""
+def _selectivity(results, options: Dict[str, Any], specific: Dict[str, Dict[str, List[float]]], overlap, threshold: float, cutoff) -> Optional[Dict[str, Any]]:
+    """The LAPE settings, the groups, per pair of experts the blocks where their specific neurons
+    collide, and the cut-off the overlap would set."""
     if not specific:
         return None
     collisions = [
@@ -147,6 +165,9 @@ def _selectivity(results, options: Dict[str, Any], specific: Dict[str, Dict[str,
         "collision_share": COLLISION_SHARE,
         "groups": list(next(iter(specific.values()))),
         "collisions": collisions,
+        "overlap": overlap,
+        "overlap_threshold": threshold,
+        "cutoff": cutoff,
     }
 
 
