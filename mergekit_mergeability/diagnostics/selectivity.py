@@ -52,7 +52,7 @@ class Selectivity:
         result = DiagnosticResult()
         rows, labels, groups = probe_groups(inputs.models)
         if len(groups) < 2:
-            result.findings.append(Finding("info", f"selectivity: {len(groups)} probe group; LAPE compares at least 2 (a group: field per probe line, or probes for two models), skipped"))
+            result.findings.append(Finding("info", f"selectivity: {len(groups)} probe group(s); LAPE compares at least 2 (a group: field per probe line, or probes for two models), skipped"))
             return result
         quantiles = options.get("lape_entropy_quantile", lape.ENTROPY_QUANTILE), options.get("lape_activation_quantile", lape.ACTIVATION_QUANTILE)
         probabilities: Dict[str, np.ndarray] = {}
@@ -132,15 +132,16 @@ def activation_probabilities(
     if modules is None:
         return None
     device = next(model.parameters()).device
+    exact = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64: exact to 2^24 tokens
     active: List[Optional[torch.Tensor]] = [None] * len(modules)
-    tokens = torch.zeros(groups, dtype=torch.float64, device=device)
+    tokens = torch.zeros(groups, dtype=exact, device=device)
     batch: Dict[str, torch.Tensor] = {}  # the span tokens' flat positions and their groups (one-hot)
 
     def counter(layer: int):
         def count(module, args, output):
             flat = output.reshape(-1, output.shape[-1])[batch["positions"]]
             # counts per batch stay below 2^24: exact in float32
-            counts = (batch["onehot"] @ (flat > 0).float()).double()
+            counts = (batch["onehot"] @ (flat > 0).float()).to(exact)
             active[layer] = counts if active[layer] is None else active[layer] + counts
 
         return count
@@ -160,7 +161,7 @@ def activation_probabilities(
             onehot = torch.zeros(groups, len(positions))
             onehot[owners, range(len(positions))] = 1
             batch.update(positions=torch.tensor(positions, dtype=torch.long, device=device), onehot=onehot.to(device))
-            tokens += onehot.sum(dim=1).to(device, torch.float64)
+            tokens += onehot.sum(dim=1).to(device, exact)
             model(input_ids=ids.to(device), attention_mask=mask.to(device), **keep)
             if progress is not None:
                 progress(len(chunk))
