@@ -173,7 +173,7 @@ def _specific_plot(report) -> Optional[str]:
     span = report["layers"]["selectivity"]["span"]
 
     def draw(fig, ax):
-        curves = {f"{m['name']}: {group}": counts for m in models for group, counts in m["specific_neurons"].items()}
+        curves = {f"{m['name']}, group {group}": counts for m in models for group, counts in m["specific_neurons"].items()}
         if len(curves) > MAX_LINES:  # many models: one line per model, its groups summed
             curves = {m["name"]: [sum(c) for c in zip(*m["specific_neurons"].values())] for m in models}
         _lines(ax, curves, "models")
