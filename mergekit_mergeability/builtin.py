@@ -16,7 +16,8 @@ def mergeability_diagnostics():
     from mergekit_mergeability.diagnostics.compatibility import Compatibility
     from mergekit_mergeability.diagnostics.knowledge import Knowledge
     from mergekit_mergeability.diagnostics.representations import Representations
+    from mergekit_mergeability.diagnostics.selectivity import Selectivity
     from mergekit_mergeability.diagnostics.weights import WeightStatistics
 
     # cheapest first: a precheck stops at the first error, before the heavy passes
-    return [Compatibility(), WeightStatistics(), Knowledge(), Representations()]
+    return [Compatibility(), WeightStatistics(), Knowledge(), Representations(), Selectivity()]

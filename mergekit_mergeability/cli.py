@@ -211,10 +211,15 @@ def default_cache_dir() -> Path:
 @click.option("--layers", help="Only compare these representation layers, e.g. 0-12,20 (0 = embedding output, i = output of block i-1).")
 @click.option("--cka-threshold", type=click.FloatRange(0, 1), default=None, help="Unbiased CKA below this, from some layer on, marks where representations stop being shared (default 0.8).")
 @click.option("--cka-batch-size", type=click.IntRange(min=0), default=0, show_default=True, help="Rows per minibatch of the unbiased CKA (0: one batch of all rows; each batch needs ≥ 4).")
-@click.option("--skip", multiple=True, metavar="DIAGNOSTIC", help="Do not run this diagnostic (e.g. representations on a large pool). Repeatable.")
+@click.option("--selectivity-span", type=click.Choice(["answer", "prompt"]), default="answer", show_default=True, help="Neuron selectivity counts MLP activations over these tokens of each probe line: its gold answer or its prompt.")
+@click.option("--lape-entropy-quantile", type=click.FloatRange(0, 1, min_open=True), default=0.10, show_default=True, help="Share of all MLP neurons kept as group-specific: those whose activation spreads least evenly over the probe groups (paper 3's value).")
+@click.option("--lape-activation-quantile", type=click.FloatRange(0, 1, max_open=True), default=0.80, show_default=True, help="A group owns a specific neuron when the neuron's activation probability on it is above this quantile of all activation probabilities (paper 3's value).")
+@click.option("--cutoff-signal", type=click.Choice(["cka", "selectivity", "both"]), default="cka", show_default=True, help="What sets the layer cut-off: unbiased CKA, the fine-tunes' overlap of group-specific neurons, or the lower of the two. The report says which decided.")
+@click.option("--overlap-threshold", type=click.FloatRange(0, 1), default=None, help="Specific-neuron overlap (Jaccard) below this, from some block on, marks where the fine-tunes' neurons part (default 0.5; read with --cutoff-signal selectivity or both).")
+@click.option("--skip", multiple=True, metavar="DIAGNOSTIC", help="Do not run this diagnostic (e.g. representations or selectivity on a large pool). Repeatable.")
 @model_options(default_limit=64)
 @user_errors
-def precheck(config_file: Path, out: Path, probes, fewshot, calibration, layers, cka_threshold, cka_batch_size, skip, **model):
+def precheck(config_file: Path, out: Path, probes, fewshot, calibration, layers, cka_threshold, cka_batch_size, selectivity_span, lape_entropy_quantile, lape_activation_quantile, cutoff_signal, overlap_threshold, skip, **model):
     """Predict, before merging, how well each model of CONFIG_FILE will survive the merge.
 
     \b
@@ -223,13 +228,15 @@ def precheck(config_file: Path, out: Path, probes, fewshot, calibration, layers,
     ignores it) or --probe:
         models:
           - model: ./math-expert
-            probe: probes/math.jsonl     # {"question", "choices", "label"} or {"prompt", "answer"} lines
+            probe: probes/math.jsonl     # {"question", "choices", "label"} or {"prompt", "answer"} lines, optional "group"
             fewshot: probes/shots.jsonl  # optional: solved examples for the few-shot prompt
     \b
     Signals: the base model's knowledge of each probe set (few-shot, options
     lettered, as Will it Merge? asks it), task-vector statistics streamed from
-    the safetensors files (update size, top singular value, interference), and
-    layer-wise unbiased CKA between the models' hidden states. Writes
+    the safetensors files (update size, top singular value, interference),
+    layer-wise unbiased CKA between the models' hidden states, and which MLP
+    neurons fire for one probe group only (LAPE; groups: the lines' "group",
+    else one per model's probe set) and whether the models share them. Writes
     OUT/precheck.json, OUT/report.html and, unless the verdict is do_not_merge,
     OUT/recommended.yml (runs as is with mergekit-yaml; layer_selective adds
     OUT/recommended/<expert>.yml, one model per expert).
@@ -241,8 +248,10 @@ def precheck(config_file: Path, out: Path, probes, fewshot, calibration, layers,
     from mergekit_mergeability.precheck import config as merge_config, run
     from mergekit_mergeability.summary import print_precheck
 
-    extra = {"layers": _layer_set(layers), "cka_batch_size": cka_batch_size, "skip": list(skip)}
-    extra.update({k: v for k, v in {"fewshot": fewshot, "calibration": calibration and str(calibration), "cka_threshold": cka_threshold}.items() if v is not None})
+    extra = {"layers": _layer_set(layers), "cka_batch_size": cka_batch_size, "skip": list(skip), "selectivity_span": selectivity_span}
+    extra.update(lape_entropy_quantile=lape_entropy_quantile, lape_activation_quantile=lape_activation_quantile, cutoff_signal=cutoff_signal)
+    chosen = {"fewshot": fewshot, "calibration": calibration and str(calibration), "cka_threshold": cka_threshold, "overlap_threshold": overlap_threshold}
+    extra.update({k: v for k, v in chosen.items() if v is not None})
     report = run(merge_config.read(config_file), _probe_pairs(probes), _options(**model, **extra), out)
     print_precheck(report, out)
     if report["stop"]:

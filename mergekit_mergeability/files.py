@@ -12,7 +12,7 @@ from mergekit_mergeability.errors import UserError
 
 # Every JSON this package writes (precheck, evaluation, mergeability, validation,
 # calibration) carries it: minor versions only add fields, a major one renames or removes.
-SCHEMA_VERSION = "2.0"
+SCHEMA_VERSION = "2.1"
 
 
 def write_atomic(path: Path, data: Union[str, bytes]) -> Path:

@@ -5,6 +5,8 @@ A probe spec is one of
   generation ``{"prompt", "answer"}`` lines (``label`` an index or the choice text);
 - an lm-eval task YAML file (found with its folder as ``include_path``);
 - an installed lm-eval task name (``hellaswag``, ``arc_easy``...).
+A JSONL line may name its ``"group"`` (a language, a task): the neuron-selectivity
+diagnostic compares groups; lines without one belong to their model's probe set.
 Every spec becomes the same ``Instance`` list: a prompt and the continuations to
 score, as lm-eval's loglikelihood requests would (zero-shot for JSONL lines; an
 lm-eval task keeps its own ``num_fewshot`` and formatting).
@@ -41,6 +43,7 @@ class Instance:
     options: Tuple[str, ...] = ()
     item: Optional[str] = None  # lines with the same "id" are phrasings of one item
     letters: Tuple[str, ...] = ()  # " A", " B"…: scored too when the options are lettered
+    group: Optional[str] = None  # a JSONL line's "group" (None: its model's probe set)
 
     @property
     def gold(self) -> str:
@@ -145,6 +148,15 @@ def _instance(path: Path, number: int, line: str) -> Instance:
         row = json.loads(line)
     except json.JSONDecodeError as error:
         raise UserError(f"{where}: not JSON ({error.msg})") from None
+    if not isinstance(row, dict):
+        raise UserError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    group = row.get("group")
+    if group is not None and (not isinstance(group, str) or not group.strip()):
+        raise UserError(f"{where}: group must be a non-empty string, got {group!r}")
+    return replace(_kind(where, row), group=group)
+
+
+def _kind(where: str, row: dict) -> Instance:
     if {"question", "choices", "label"} <= row.keys():
         choices = [str(c) for c in row["choices"]]
         label = row["label"]

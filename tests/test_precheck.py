@@ -92,7 +92,7 @@ def test_weakly_known_probes_lead_to_knowledge_weighting(tmp_path, pool):
     assert {m["parameters"]["knowledge"] for m in recommended["models"]} == {round(v, 4) for v in rec["knowledge"].values()}
     assert (_merge(tmp_path / "out" / "recommended.yml", tmp_path / "merged") / "config.json").exists()
     html = (tmp_path / "out" / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 3 and "knowledge_weighted" in html
+    assert html.count("data:image/png;base64,") == 5 and "knowledge_weighted" in html
     assert yaml.safe_load(config.read_text())["merge_method"] == "task_arithmetic"  # input untouched
 
 
@@ -154,7 +154,7 @@ def test_incompatible_models_stop_from_headers_alone(tmp_path, pool, families):
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
     assert report["recommendation"]["verdict"] == "do_not_merge"
     assert "architectures" in " ".join(report["recommendation"]["reasons"])
-    assert report["skipped_diagnostics"] == ["weights", "knowledge", "representations"]
+    assert report["skipped_diagnostics"] == ["weights", "knowledge", "representations", "selectivity"]
     assert report["stop"]
 
 

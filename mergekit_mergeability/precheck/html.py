@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import html
+import math
 from typing import Any, Dict, List, Optional
 
 from mergekit_mergeability.summary import known, legend, number
@@ -49,7 +50,8 @@ def render(report: Dict[str, Any]) -> str:
     rec = report["recommendation"]
     esc = html.escape
     names = {m["path"]: m["name"] for m in report["models"]}
-    figures = [f for f in (_cka_plot(report, names), _knowledge_plot(report), _cosine_plot(report, names)) if f]
+    plots = (_cka_plot(report, names), _specific_plot(report), _overlap_plot(report, names), _knowledge_plot(report), _cosine_plot(report, names))
+    figures = [f for f in plots if f]
     rows = "".join(_model_row(m, report) for m in report["models"] if m["role"] == "expert")
     findings = "".join(f"<li><b>{esc(f['severity'])}</b> {esc(f['message'])}</li>" for f in report["findings"] if f["severity"] != "info")
     places = "".join(f"<li><code>{esc(folder)}</code>: {esc(', '.join(members))}</li>" for folder, members in legend(report["models"]).items())
@@ -77,6 +79,7 @@ img{{max-width:100%}}code{{word-break:break-all}}small{{color:#555}}</style></he
 base <code>{esc(str(report['base_model']))}</code>.</p>
 <h2>Verdict: <span class="verdict">{esc(rec['verdict'])}</span></h2>
 <ul>{''.join(f'<li>{esc(r)}</li>' for r in rec['reasons'])}</ul>
+{f'<p><small>Layer cut-off set by: {esc(report["layers"]["decided_by"])} (--cutoff-signal {esc(report["layers"]["cutoff_signal"])}).</small></p>' if report["layers"].get("decided_by") else ''}
 {f'<p><b>Stop:</b></p><ul>{stop}</ul>' if stop else ''}
 <h2>Recommended models</h2>
 <ul>{advice}</ul>
@@ -132,17 +135,7 @@ def _cka_plot(report, names) -> Optional[str]:
     layers = report["layers"]
 
     def draw(fig, ax):
-        import numpy as np
-
-        curves = {f"{names.get(p['a'], p['a'])} vs {names.get(p['b'], p['b'])}": [np.nan if v is None else v for v in p["cka_unbiased"]] for p in pairs}
-        if len(curves) <= MAX_LINES:
-            for label, values in curves.items():
-                ax.plot(range(len(values)), values, marker=".", label=label)
-        else:  # a large pool: the spread over pairs, not a line each
-            stacked = np.array(list(curves.values()))
-            x = range(stacked.shape[1])
-            ax.fill_between(x, np.nanmin(stacked, 0), np.nanmax(stacked, 0), alpha=0.3, label=f"min–max over {len(curves)} pairs")
-            ax.plot(x, np.nanmedian(stacked, 0), marker=".", label="median pair")
+        _lines(ax, _pair_curves(pairs, names, "cka_unbiased"), "pairs")
         ax.axhline(layers["cka_threshold"], color="grey", linestyle="--", label="threshold")
         if layers["cutoff"] is not None:
             ax.axvline(layers["cutoff"] + 0.5, color="red", linestyle=":", label=f"cut-off {layers['cutoff']}")
@@ -153,6 +146,65 @@ def _cka_plot(report, names) -> Optional[str]:
         ax.legend(fontsize="small")
 
     return _figure(draw, "Representation similarity per layer")
+
+
+def _pair_curves(pairs, names, metric: str) -> Dict[str, List[float]]:
+    return {f"{names.get(p['a'], p['a'])} vs {names.get(p['b'], p['b'])}": [math.nan if v is None else v for v in p[metric]] for p in pairs}
+
+
+def _lines(ax, curves: Dict[str, List[float]], what: str) -> None:
+    """A line per curve; for many, their spread (min–max band and median), not a line each."""
+    import numpy as np
+
+    if len(curves) <= MAX_LINES:
+        for label, values in curves.items():
+            ax.plot(range(len(values)), values, marker=".", label=label)
+        return
+    stacked = np.array(list(curves.values()))
+    x = range(stacked.shape[1])
+    ax.fill_between(x, np.nanmin(stacked, 0), np.nanmax(stacked, 0), alpha=0.3, label=f"min–max over {len(curves)} {what}")
+    ax.plot(x, np.nanmedian(stacked, 0), marker=".", label=f"median of the {what}")
+
+
+def _specific_plot(report) -> Optional[str]:
+    models = [m for m in report["models"] if m.get("specific_neurons")]
+    if not models:
+        return None
+    span = report["layers"]["selectivity"]["span"]
+
+    def draw(fig, ax):
+        curves = {f"{m['name']}, group {group}": counts for m in models for group, counts in m["specific_neurons"].items()}
+        if len(curves) > MAX_LINES:  # many models: one line per model, its groups summed
+            curves = {m["name"]: [sum(c) for c in zip(*m["specific_neurons"].values())] for m in models}
+        _lines(ax, curves, "models")
+        ax.set_xlabel("decoder block")
+        ax.set_ylabel(f"group-specific MLP neurons ({span} span)")
+        ax.legend(fontsize="small")
+
+    return _figure(draw, "Group-specific neurons per block (LAPE)")
+
+
+def _overlap_plot(report, names) -> Optional[str]:
+    pairs = [p for p in report["pairs"] if p.get("specific_overlap")]
+    if not pairs:
+        return None
+    selectivity = report["layers"]["selectivity"]
+
+    def draw(fig, ax):
+        _lines(ax, _pair_curves(pairs, names, "specific_overlap"), "pairs")
+        blocks = sorted({b for c in selectivity["collisions"] for b in c["blocks"]})
+        for i, block in enumerate(blocks):
+            ax.axvline(block, color="red", linestyle=":", label="experts' specific neurons collide" if i == 0 else None)
+        if report["layers"]["cutoff_signal"] != "cka":
+            ax.axhline(selectivity["overlap_threshold"], color="grey", linestyle="--", label="threshold")
+            if selectivity["cutoff"] is not None:
+                ax.axvline(selectivity["cutoff"] - 0.5, color="purple", linestyle="-.", label=f"overlap cut-off {selectivity['cutoff']}")
+        ax.set_xlabel("decoder block")
+        ax.set_ylabel("Jaccard overlap of specific neurons")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize="small")
+
+    return _figure(draw, "Specific-neuron overlap per block")
 
 
 def _knowledge_plot(report) -> Optional[str]:

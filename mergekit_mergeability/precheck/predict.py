@@ -18,7 +18,9 @@ Verdict, first match wins:
    pair, or representations that diverge from the first block (nothing shared).
 2. ``layer_selective``: the unbiased CKA between the fine-tunes (median over pairs) falls
    and stays below the threshold before the last layer: merge the blocks below, and for
-   each expert a model with its own blocks above (paper 3's layer patch).
+   each expert a model with its own blocks above (paper 3's layer patch). Opt-in
+   (``cutoff_signal``): the Jaccard overlap of their group-specific neurons (LAPE) read
+   the same way, or the lower of the two cut-offs; the reasons name the signal.
 3. ``knowledge_weighted``: some model is predicted below 0.5 and the base's p(gold)
    spreads by ≥ 0.2 across models: weight the weakly-known ones up.
 4. ``sign_election``: a conflicting pair: mergekit's ``ties``.
@@ -27,6 +29,7 @@ Verdict, first match wins:
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -48,6 +51,11 @@ MERGE_AS_CONFIGURED, KNOWLEDGE_WEIGHTED, LAYER_SELECTIVE, SIGN_ELECTION, DO_NOT_
 )
 VERDICTS = (MERGE_AS_CONFIGURED, KNOWLEDGE_WEIGHTED, LAYER_SELECTIVE, SIGN_ELECTION, DO_NOT_MERGE)
 Pair = Tuple[str, str]
+SHARED = {  # what a cut-off signal says is shared, in reasons
+    "cka": "representations",
+    "selectivity": "group-specific neurons (LAPE overlap)",
+    "cka and selectivity": "representations and group-specific neurons",
+}
 
 
 @dataclass
@@ -103,25 +111,43 @@ def interference(cosines: Mapping[Pair, float]) -> Tuple[List[Pair], List[Pair]]
 
 
 def divergence_curve(curves: Dict[tuple, Sequence[float]], base: Optional[str]) -> List[float]:
-    """Per layer, the median CKA over pairs of fine-tunes (base vs fine-tune when there is
-    one fine-tune): the typical pair, so one odd pair in a large pool does not decide."""
+    """Per layer, the median over pairs of fine-tunes (base vs fine-tune when there is
+    one fine-tune): the typical pair, so one odd pair in a large pool does not decide.
+    Pairs without a value there (NaN) are left out; NaN where no pair has one."""
     between = [c for (a, b), c in curves.items() if base not in (a, b)] or list(curves.values())
-    return [statistics.median(values) for values in zip(*between)] if between else []
+    return [_median_of_measured(values) for values in zip(*between)] if between else []
 
 
-def cutoff_from_curve(curve: Sequence[Optional[float]], threshold: float) -> Optional[int]:
+def _median_of_measured(values: Sequence[float]) -> float:
+    measured = [v for v in values if v == v]
+    return statistics.median(measured) if measured else math.nan
+
+
+def cutoff_from_curve(curve: Sequence[Optional[float]], threshold: float, offset: int = 1) -> Optional[int]:
     """Blocks whose outputs are still shared; None when nothing diverges.
 
-    Index i of the curve is the output of block i − 1 (0: embeddings). If the
+    Index i of a CKA curve is the output of block i − 1 (0: embeddings): if the
     curve settles below the threshold from index i, block i − 1 is where the
-    models part: blocks 0 … i − 2 are merged, so the cut-off is i − 1. Layers
-    not compared (``--layers``) are None or NaN; indices stay the model's own.
+    models part, blocks 0 … i − 2 are merged, so the cut-off is i − ``offset``
+    (1). A per-block curve (selectivity's overlap, index i = block i) takes
+    ``offset`` 0. Layers not compared (``--layers``, no specific neurons) are
+    None or NaN; indices stay the model's own.
     """
     measured = [i for i, v in enumerate(curve) if v is not None and v == v]
     if not measured:
         return None
     first = shared_depth([curve[i] for i in measured], threshold)
-    return None if first >= len(measured) else max(measured[first] - 1, 0)
+    return None if first >= len(measured) else max(measured[first] - offset, 0)
+
+
+def decide_cutoff(signal: str, cka: Optional[int], selectivity: Optional[int]) -> Tuple[Optional[int], Optional[str]]:
+    """(cut-off, the signal that set it): ``cka`` or ``selectivity`` alone, or ``both``: the
+    lower of the two (the first block where either signal sees the models part)."""
+    found = {name: cut for name, cut in (("cka", cka), ("selectivity", selectivity)) if signal in (name, "both") and cut is not None}
+    if not found:
+        return None, None
+    lowest = min(found.values())
+    return lowest, " and ".join(name for name, cut in found.items() if cut == lowest)
 
 
 def recommend(
@@ -132,9 +158,11 @@ def recommend(
     cutoff: Optional[int],
     errors: Sequence[str],
     label: Callable[[str], str] = str,
+    decided_by: str = "cka",
 ) -> Recommendation:
     """``knowledge``: the base's p(gold) per model, as the calibration reads it (None without
-    probes); ``label`` names a model in reasons."""
+    probes); ``label`` names a model in reasons; ``decided_by`` the signal that set the cut-off."""
+    shared = SHARED[decided_by]
     if errors:
         return Recommendation(DO_NOT_MERGE, None, reasons=list(errors))
     cancelling, conflicting = interference(cosines)
@@ -144,9 +172,9 @@ def recommend(
         reason = f"{label(a)} and {label(b)} cancel each other (task-vector cosine {cosines[a, b]:+.2f}){extra}: the merge would return (nearly) the base"
         return Recommendation(DO_NOT_MERGE, None, reasons=[reason], pairs=cancelling)
     if cutoff == 0:
-        return Recommendation(DO_NOT_MERGE, None, 0, reasons=["representations diverge from the first block: nothing is shared to merge"])
+        return Recommendation(DO_NOT_MERGE, None, 0, reasons=[f"{shared} diverge from the first block: nothing is shared to merge"])
     if cutoff is not None:
-        reason = f"representations stay shared up to block {cutoff - 1} and diverge above: merge blocks 0–{cutoff - 1}, keep each expert's own blocks above"
+        reason = f"{shared} stay shared up to block {cutoff - 1} and diverge above: merge blocks 0–{cutoff - 1}, keep each expert's own blocks above"
         return Recommendation(LAYER_SELECTIVE, "layer_selective", cutoff, reasons=[reason])
     known = {m: k for m, k in knowledge.items() if k is not None}
     weak = [m for m, p in predictions.items() if p.value is not None and p.value < LOW_PREDICTION]

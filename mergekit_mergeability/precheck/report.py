@@ -11,7 +11,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from mergekit_mergeability.diagnostics.selectivity import COLLISION_SHARE, SPECIFIC, colliding_layers
 from mergekit_mergeability.files import SCHEMA_VERSION, write_atomic
+from mergekit_mergeability.maths.selectivity import ACTIVATION_QUANTILE, ENTROPY_QUANTILE
 from mergekit_mergeability.names import short_names
 from mergekit_mergeability.precheck import Measurements
 from mergekit_mergeability.precheck.advice import MAIN, PER_EXPERT, Advice, advise, configured_update, configured_weights
@@ -21,6 +23,7 @@ from mergekit_mergeability.precheck.predict import (
     KNOWLEDGE_WEIGHTED,
     Prediction,
     cutoff_from_curve,
+    decide_cutoff,
     divergence_curve,
     kept_shares,
     predict,
@@ -32,6 +35,9 @@ SCHEMA = Path(__file__).with_name("schema.json")
 # probe rows: the demo's translators into different languages fall to 0.5–0.7 in their
 # upper blocks, those into one language stay above 0.8 (README, "The layer cut-off").
 DEFAULT_THRESHOLD = 0.8
+# Opt-in (--cutoff-signal): the fine-tunes share under half of their group-specific neurons.
+# A first guess, not fitted: paper 3 reports ≈ 0.12 where fine-tuning redistributed them.
+DEFAULT_OVERLAP_THRESHOLD = 0.5
 
 
 def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
@@ -41,6 +47,7 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
     threshold = options.get("cka_threshold", DEFAULT_THRESHOLD)
     names = short_names([m.name for m in ([measured.base] if measured.base else []) + list(measured.models)])
     layer_norms = {m: v.get("update_norm") for m, v in _per_layer(results, "weights", pairs=False).items()}
+    specific = {m: {k[len(SPECIFIC) :]: v for k, v in layers.items()} for m, layers in _per_layer(results, "selectivity", pairs=False).items()}
     instances = results["knowledge"].per_instance if "knowledge" in results else {}
     models = [_model(measured.base.name, names, "base")] if measured.base else []
     for m in measured.models:
@@ -50,6 +57,8 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
         if knowledge is not None:
             record["knowledge"]["per_instance"] = instances.get(m.name, [])
         models.append(record)
+    for record in models:
+        record["specific_neurons"] = specific.get(record["path"])
 
     calibration = Calibration.load(options.get("calibration"))
     table = features(models)
@@ -65,9 +74,14 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
 
     curves = {pair: layers["cka_unbiased"] for pair, layers in _per_layer(results, "representations").items()}
     curve = divergence_curve(curves, spec.base_model)
-    cutoff = cutoff_from_curve(curve, threshold)
+    overlaps = {pair: layers["specific_overlap"] for pair, layers in _per_layer(results, "selectivity").items()}
+    overlap = divergence_curve(overlaps, spec.base_model)
+    overlap_threshold = options.get("overlap_threshold", DEFAULT_OVERLAP_THRESHOLD)
+    signal = options.get("cutoff_signal", "cka")
+    selectivity_cutoff = cutoff_from_curve(overlap, overlap_threshold, offset=0)
+    cutoff, decided_by = decide_cutoff(signal, cutoff_from_curve(curve, threshold), selectivity_cutoff)
     known = {name: values[calibration.knowledge_feature] for name, values in table.items()}
-    recommendation = recommend(spec.merge_method, predictions, known, cosines, cutoff, measured.errors(), label=names.get)
+    recommendation = recommend(spec.merge_method, predictions, known, cosines, cutoff, measured.errors(), label=names.get, decided_by=decided_by or "cka")
     rec = {
         "verdict": recommendation.verdict,
         "method": recommendation.method,
@@ -89,7 +103,15 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
         "options": {k: sorted(v) if isinstance(v, set) else v for k, v in options.items() if k != "quiet"},
         "models": models,
         "pairs": _pairs(results),
-        "layers": {"cka_estimator": "unbiased", "cka_threshold": threshold, "divergence": curve, "cutoff": cutoff},
+        "layers": {
+            "cka_estimator": "unbiased",
+            "cka_threshold": threshold,
+            "divergence": curve,
+            "cutoff": cutoff,
+            "cutoff_signal": signal,
+            "decided_by": decided_by,
+            "selectivity": _selectivity(results, options, specific, overlap, overlap_threshold, selectivity_cutoff),
+        },
         "calibration": _calibration_summary(calibration),
         "recommendation": rec,
         "findings": [{"diagnostic": name, "severity": f.severity, "message": f.message} for name, f in measured.findings()],
@@ -126,10 +148,34 @@ def _model(path, names, role, probe=None, knowledge=None, weights=None, layer_no
     }
 
 
+def _selectivity(results, options: Dict[str, Any], specific: Dict[str, Dict[str, List[float]]], overlap, threshold: float, cutoff) -> Optional[Dict[str, Any]]:
+    """The LAPE settings, the groups, per pair of experts the blocks where their specific neurons
+    collide, and the cut-off the overlap would set."""
+    if not specific:
+        return None
+    collisions = [
+        {"a": a, "b": b, "blocks": colliding_layers(layers["specific_collisions"], layers["specific_union"])}
+        for (a, b), layers in _per_layer(results, "selectivity").items()
+        if "specific_collisions" in layers
+    ]
+    return {
+        "span": options.get("selectivity_span", "answer"),
+        "entropy_quantile": options.get("lape_entropy_quantile", ENTROPY_QUANTILE),
+        "activation_quantile": options.get("lape_activation_quantile", ACTIVATION_QUANTILE),
+        "collision_share": COLLISION_SHARE,
+        "groups": list(next(iter(specific.values()))),
+        "collisions": collisions,
+        "overlap": overlap,
+        "overlap_threshold": threshold,
+        "cutoff": cutoff,
+    }
+
+
 def _pairs(results) -> List[Dict[str, Any]]:
     pairs: Dict[tuple, Dict[str, Any]] = {}
-    for pair, layers in _per_layer(results, "representations").items():
-        pairs.setdefault(pair, {}).update(layers)
+    for diagnostic in ("representations", "selectivity"):
+        for pair, layers in _per_layer(results, diagnostic).items():
+            pairs.setdefault(pair, {}).update(layers)
     if "weights" in results:
         for pair, values in results["weights"].per_pair.items():
             pairs.setdefault(pair, {}).update(values)

@@ -1,0 +1,172 @@
+"""Signal 3: which MLP neurons serve one probe group only, and whether the models agree on them.
+
+Paper 3 (arXiv 2604.02881) explains multilingual merge failures with span-conditioned
+neuron selectivity (LAPE, ``maths.selectivity``). Groups are the probes' ``group`` fields
+(a language, a task), else one group per model's probe set (models with the same probe
+set share one). Every model, the base included, reads every group's rows (prompt + gold
+continuation, teacher-forced); per group, layer and neuron it counts the span tokens
+(``selectivity_span``: ``answer``, the default, or ``prompt``) on which the neuron's
+activation is > 0. A neuron's activation is its MLP activation function's output:
+act(gate_proj(x)) in gated MLPs (Llama, Qwen2, Mistral, Gemma; paper 3's SiLU(gate) > 0),
+act(c_fc(x)), the output projection's input, in plain ones (GPT-2). Counts are summed
+batch by batch; no activation outlives its batch.
+
+Per model: the group-specific neurons per layer (``specific_<group>``, one entry per
+decoder block). Per pair: the mean Jaccard overlap of their specific-neuron sets
+(``specific_overlap``), and for two experts ``specific_collisions``: neurons specific in
+both but to different groups, which a merge averages across two groups' uses, and
+``specific_union``: neurons specific (to any group) in either. The
+experts' specific neurons *collide* in a layer when such neurons are at least
+``COLLISION_SHARE`` of the neurons specific (to any group) in either expert there.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import re
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from mergekit_mergeability.checkpoints import load_causal_lm
+from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
+from mergekit_mergeability.diagnostics.activations import encode, pad
+from mergekit_mergeability.maths import selectivity as lape
+from mergekit_mergeability.names import short_names
+from mergekit_mergeability.progress import task
+
+SPANS = ("answer", "prompt")
+SPECIFIC = "specific_"  # per-model metric prefix: specific_<group>
+COLLISION_SHARE = 0.1
+_ACTIVATION = re.compile(r"\.(\d+)\.mlp\.(act_fn|act)$")  # transformers' names: Llama-likes, GPT-2
+
+
+class Selectivity:
+    name = "selectivity"
+    needs = frozenset({Need.PROBES})
+
+    def run(self, inputs: DiagnosticInputs) -> DiagnosticResult:
+        options = inputs.options
+        result = DiagnosticResult()
+        rows, labels, groups = probe_groups(inputs.models)
+        if len(groups) < 2:
+            result.findings.append(Finding("info", f"selectivity: {len(groups)} probe group(s); LAPE compares at least 2 (a group: field per probe line, or probes for two models), skipped"))
+            return result
+        quantiles = options.get("lape_entropy_quantile", lape.ENTROPY_QUANTILE), options.get("lape_activation_quantile", lape.ACTIVATION_QUANTILE)
+        probabilities: Dict[str, np.ndarray] = {}
+        for member in (m for m in (inputs.base, *inputs.models) if m is not None):
+            p = self._probabilities(member, rows, labels, len(groups), inputs)
+            if p is None:
+                result.findings.append(Finding("warning", f"selectivity: model {member.name}: no MLP activation module per decoder block (…mlp.act_fn or …mlp.act); skipped"))
+                return result
+            probabilities[member.name] = p
+        bar, cut = lape.thresholds(list(probabilities.values()), *quantiles)
+        masks = {name: lape.specific(p, bar, cut) for name, p in probabilities.items()}
+        for name, mask in masks.items():
+            result.per_layer[name] = {f"{SPECIFIC}{g}": c.tolist() for g, c in zip(groups, lape.counts(mask))}
+        experts = {m.name for m in inputs.models}
+        for a, b in itertools.combinations(masks, 2):
+            layers = {"specific_overlap": lape.overlap(masks[a], masks[b]).tolist()}
+            if a in experts and b in experts:
+                layers["specific_collisions"] = lape.collisions(masks[a], masks[b]).tolist()
+                layers["specific_union"] = lape.specific_union(masks[a], masks[b]).tolist()
+                hit = colliding_layers(layers["specific_collisions"], layers["specific_union"])
+                if hit:
+                    result.findings.append(Finding("warning", f"selectivity: {a} and {b}: specific neurons collide in blocks {', '.join(map(str, hit))} (≥ {COLLISION_SHARE:.0%} of them specific to different groups in the two)"))
+            result.per_layer[(a, b)] = layers
+        return result
+
+    def _probabilities(self, member: ModelInput, rows, labels, groups: int, inputs: DiagnosticInputs) -> Optional[np.ndarray]:
+        options = inputs.options
+        base_path = inputs.base.path if inputs.base else None
+        model, tokenizer = load_causal_lm(member.path, options.get("device", "cpu"), options.get("dtype", "float32"), base_path)
+        with task(f"selectivity: {member.name}", len(rows), options.get("quiet", False)) as advance:
+            p = activation_probabilities(model, tokenizer, rows, labels, groups, options.get("selectivity_span", "answer"), options.get("batch_size", 16), advance)
+        del model
+        return p
+
+
+def probe_groups(models: Sequence[ModelInput]) -> Tuple[List[Tuple[str, str]], List[int], List[str]]:
+    """(rows: prompt, gold), each row's group index, and the group names (first seen first)."""
+    names = short_names([m.name for m in models])
+    rows: List[Tuple[str, str]] = []
+    labels: List[int] = []
+    groups: Dict[str, int] = {}
+    seen = set()
+    for model in models:
+        if not model.probes or tuple(model.probes) in seen:
+            continue
+        seen.add(tuple(model.probes))
+        for instance in model.probes:
+            rows.append((instance.prompt, instance.gold))
+            labels.append(groups.setdefault(instance.group or names[model.name], len(groups)))
+    return rows, labels, list(groups)
+
+
+def colliding_layers(collided: Sequence[float], specific: Sequence[float]) -> List[int]:
+    """Blocks where neurons specific to different groups are ≥ COLLISION_SHARE of those specific in either model."""
+    return [layer for layer, (c, s) in enumerate(zip(collided, specific)) if s and c >= COLLISION_SHARE * s]
+
+
+def activation_modules(model) -> Optional[List[torch.nn.Module]]:
+    """Each decoder block's MLP activation module, in block order; None if the model has no such modules."""
+    found = {int(m.group(1)): module for name, module in model.named_modules() if (m := _ACTIVATION.search(name))}
+    if not found or sorted(found) != list(range(len(found))) or len({id(m) for m in found.values()}) != len(found):
+        return None  # missing, or one module shared by the blocks: its hook could not tell them apart
+    return [found[i] for i in range(len(found))]
+
+
+@torch.inference_mode()
+def activation_probabilities(
+    model, tokenizer, rows: Sequence[Tuple[str, str]], labels: Sequence[int], groups: int, span: str = "answer", batch_size: int = 16, progress=None
+) -> Optional[np.ndarray]:
+    """(groups, layers, neurons): the share of each group's span tokens on which each MLP neuron is active (> 0).
+
+    Counts are summed per batch inside forward hooks; memory stays one batch's
+    activations however many rows there are."""
+    if span not in SPANS:
+        raise ValueError(f"span must be one of {SPANS}, got {span!r}")
+    modules = activation_modules(model)
+    if modules is None:
+        return None
+    device = next(model.parameters()).device
+    exact = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64: exact to 2^24 tokens
+    active: List[Optional[torch.Tensor]] = [None] * len(modules)
+    tokens = torch.zeros(groups, dtype=exact, device=device)
+    batch: Dict[str, torch.Tensor] = {}  # the span tokens' flat positions and their groups (one-hot)
+
+    def counter(layer: int):
+        def count(module, args, output):
+            flat = output.reshape(-1, output.shape[-1])[batch["positions"]]
+            # counts per batch stay below 2^24: exact in float32
+            counts = (batch["onehot"] @ (flat > 0).float()).to(exact)
+            active[layer] = counts if active[layer] is None else active[layer] + counts
+
+        return count
+
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}  # the span needs no logits
+    encoded = [encode(tokenizer, p, c) for p, c in rows]
+    handles = [m.register_forward_hook(counter(i)) for i, m in enumerate(modules)]
+    try:
+        for start in range(0, len(encoded), batch_size):
+            chunk = encoded[start : start + batch_size]
+            ids, mask = pad(chunk)
+            positions, owners = [], []
+            for row, (p, c) in enumerate(chunk):
+                low, high = (len(p), len(p) + len(c)) if span == "answer" else (0, len(p))
+                positions.extend(range(row * ids.shape[1] + low, row * ids.shape[1] + high))
+                owners.extend([labels[start + row]] * (high - low))
+            onehot = torch.zeros(groups, len(positions))
+            onehot[owners, range(len(positions))] = 1
+            batch.update(positions=torch.tensor(positions, dtype=torch.long, device=device), onehot=onehot.to(device))
+            tokens += onehot.sum(dim=1).to(device, exact)
+            model(input_ids=ids.to(device), attention_mask=mask.to(device), **keep)
+            if progress is not None:
+                progress(len(chunk))
+    finally:
+        for handle in handles:
+            handle.remove()
+    counts = torch.stack(active, dim=1)  # (groups, layers, neurons)
+    return (counts / tokens.clamp(min=1)[:, None, None]).cpu().numpy()
