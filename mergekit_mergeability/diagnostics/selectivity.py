@@ -1,4 +1,4 @@
-"""Signal 3: which MLP neurons serve one probe group only, and whether the models agree on them.
+"""Signal 4: which MLP neurons serve one probe group only, and whether the models agree on them.
 
 Paper 3 (arXiv 2604.02881) explains multilingual merge failures with span-conditioned
 neuron selectivity (LAPE, ``maths.selectivity``). Groups are the probes' ``group`` fields
