@@ -9,6 +9,11 @@ sign-conflict rate (share of coordinates, non-zero in both, where signs differ).
 Tensors are read in row blocks of ~64K values (cache-sized: measured fastest), so memory holds a few blocks
 whatever the model's size. Every sum is an entry of a Gram matrix over the stacked block (one BLAS pass each):
     ‖τ‖² = τ·τ,   agree − disagree = sign(τ_a)·sign(τ_b),   agree + disagree = |sign(τ_a)|·|sign(τ_b)|
+
+A pool of LoRA adapters on the config's base is measured from the factors (``maths.lowrank``):
+norms, dot products and σ_max through r × r products, one module's factors per adapter in memory
+at a time; only the sign counts stream ΔW, in row blocks of the product. No base weight is read.
+The numbers equal those of the same pool materialised as model folders.
 """
 
 from __future__ import annotations
@@ -16,13 +21,15 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
-from typing import Dict
+from typing import Dict, List, Optional
 
 import torch
 
 from mergekit_mergeability.architecture import UnknownTensorError, tensor_position
-from mergekit_mergeability.checkpoints import TensorReader
+from mergekit_mergeability.checkpoints import TensorReader, same_model, tensor_index, tensors
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, Need
+from mergekit_mergeability.lora import AdapterModel
+from mergekit_mergeability.maths import lowrank
 from mergekit_mergeability.maths.spectral import TopSingularValue
 from mergekit_mergeability.progress import task
 
@@ -60,11 +67,43 @@ class _Sums:
             if base.ndim >= 2 and gram[i, i] > 0:
                 rows = deltas[i].reshape(base.shape[0], -1)
                 self._sketches.setdefault(model, TopSingularValue(rows.shape[1])).add(rows)
-        signs = torch.sign(deltas)
         self.dots += gram.double()
-        self.sign_dots += (signs @ signs.T).double()
+        self.add_signs(deltas)
+
+    def add_signs(self, deltas: torch.Tensor, positions: Optional[List[int]] = None) -> None:
+        """Sign agreement of the stacked ``deltas``: every model's, or those at ``positions`` in the pool."""
+        signs = torch.sign(deltas)
+        agree = (signs @ signs.T).double()
         nonzero = signs.abs_()
-        self.both_nonzero += (nonzero @ nonzero.T).double()
+        both = (nonzero @ nonzero.T).double()
+        if positions is None:
+            self.sign_dots += agree
+            self.both_nonzero += both
+        else:
+            index = torch.tensor(positions)
+            self.sign_dots[index[:, None], index] += agree
+            self.both_nonzero[index[:, None], index] += both
+
+    def add_low_rank(self, part, updates: Dict[str, lowrank.LowRank]) -> None:
+        """One tensor's updates as factors; a model absent from ``updates`` left the tensor as it was."""
+        for model in self.models:  # as when streamed: a tensor some model changed is measured for every model
+            self.squares[model][part] += 0.0
+        for model, update in updates.items():
+            bad = lowrank.nonfinite(update)
+            if bad:
+                self.nonfinite[model] += bad
+                updates[model] = update = lowrank.finite(update)
+            self.top_singular[model] = max(self.top_singular[model], lowrank.top_singular_value(update))
+        positions = [self.models.index(m) for m in updates]
+        for (i, a), (j, b) in itertools.combinations_with_replacement(zip(positions, updates.values()), 2):
+            value = lowrank.inner(a, b)
+            self.dots[i, j] += value
+            if i == j:
+                self.squares[self.models[i]][part] += value
+            else:
+                self.dots[j, i] += value
+        for blocks in zip(*(lowrank.row_blocks(u, dtype=torch.float32) for u in updates.values())):
+            self.add_signs(torch.stack([block.flatten() for _, _, block in blocks]), positions)
 
     def pairs(self):
         for (i, a), (j, b) in itertools.combinations(enumerate(self.models), 2):
@@ -76,8 +115,11 @@ class WeightStatistics:
     needs = frozenset({Need.WEIGHTS, Need.BASE_MODEL})
 
     def run(self, inputs: DiagnosticInputs) -> DiagnosticResult:
+        adapters = {m.name: m.path for m in inputs.models if isinstance(m.path, AdapterModel) and same_model(m.path.base, inputs.base.path)}
+        if len(adapters) == len(inputs.models):
+            return _result(_low_rank_sums(inputs.base.path, adapters, inputs.options.get("quiet", False)))
         base = TensorReader(inputs.base.path)
-        readers = {m.name: TensorReader(m.path) for m in inputs.models}
+        readers = {m.name: tensors(m.path) for m in inputs.models}  # an adapter among full models: base + ΔW, row block by row block
         names = [n for n in base.index if all(n in r.index for r in readers.values())]
         sums = _Sums(readers)
         with task("weights: task vectors", len(names), inputs.options.get("quiet", False)) as advance:
@@ -89,6 +131,17 @@ class WeightStatistics:
                 sums.end_tensor()
                 advance(1)
         return _result(sums)
+
+
+def _low_rank_sums(base, adapters: Dict[str, AdapterModel], quiet: bool) -> _Sums:
+    order = {name: i for i, name in enumerate(tensor_index(base))}
+    names = sorted(set().union(*(a.targets() for a in adapters.values())), key=order.__getitem__)
+    sums = _Sums(adapters)
+    with task("weights: low-rank updates", len(names), quiet) as advance:
+        for name in names:
+            sums.add_low_rank(_part(name), {m: a.update(name) for m, a in adapters.items() if name in a.targets()})
+            advance(1)
+    return sums
 
 
 def _result(sums: _Sums) -> DiagnosticResult:

@@ -59,6 +59,21 @@ def top_singular_value(update: LowRank) -> float:
     return abs(update.scale) * float(torch.linalg.matrix_norm(r_b @ r_a.T, ord=2))
 
 
+def nonfinite(update: LowRank) -> int:
+    """How many entries of ΔW are NaN or ±Inf: every entry of a row of B, or a column of A,
+    holding one (a NaN or an Inf in a sum of products leaves no entry finite)."""
+    rows = int((~torch.isfinite(update.b)).any(dim=1).sum())
+    columns = int((~torch.isfinite(update.a)).any(dim=0).sum())
+    out, inner = update.shape
+    return out * inner - (out - rows) * (inner - columns)
+
+
+def finite(update: LowRank) -> LowRank:
+    """The update with its factors' NaN and Inf entries set to 0."""
+    clean = lambda t: torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0)  # noqa: E731
+    return LowRank(clean(update.a), clean(update.b), update.scale)
+
+
 def row_blocks(update: LowRank, elements: int = 1 << 16, dtype: torch.dtype = torch.float64) -> Iterator[Tuple[int, int, torch.Tensor]]:
     """``(start, stop, ΔW[start:stop])`` in blocks of about ``elements`` values."""
     rows, columns = update.shape

@@ -31,6 +31,16 @@ class MergeSpec:
     def folder(self) -> Path:
         return self.source.parent if self.source.is_file() else self.source
 
+    def sources(self) -> Dict[str, Any]:
+        """Each model as written -> its folder, hub model or adapter (``checkpoints.resolve``), the
+        base first; an adapter must be one of the base (an adapter cannot be the base)."""
+        from mergekit_mergeability.checkpoints import resolve
+
+        base = resolve(self.base_model, self.folder, adapters=False) if self.base_model else None
+        found = {self.base_model: base} if base is not None else {}
+        found.update({name: resolve(name, self.folder, base=base) for name in self.models})
+        return found
+
 
 def read(path: Path) -> MergeSpec:
     return from_document(load(path), Path(path))

@@ -1,0 +1,81 @@
+"""A pool of LoRA adapters measured from its factors gives the numbers of the same pool materialised."""
+
+import json
+import math
+
+import pytest
+import yaml
+
+from mergekit_mergeability.checkpoints import resolve
+from mergekit_mergeability.diagnostics import weights
+from mergekit_mergeability.precheck import config as merge_config, run
+from mergekit_mergeability.tiny import derive, make_adapter
+
+LAYERS = ("model.layers.{}.mlp.up_proj.weight", "model.layers.{}.self_attn.q_proj.weight", "model.layers.{}.self_attn.v_proj.weight")
+
+
+def _targets(layers, kinds):
+    return [LAYERS[k].format(layer) for layer in layers for k in kinds]
+
+
+@pytest.fixture(scope="module")
+def pools(llama, tmp_path_factory):
+    """Adapters of different ranks and modules, overlapping in layer 1 (d: a scaled by −½), and
+    their materialised folders."""
+    root = tmp_path_factory.mktemp("lora_pool")
+    a = _targets([0, 1], [0, 1])
+    specs = {"a": (a, 4, 8, 1), "b": (_targets([1, 2], [0, 2]), 2, 4, 2), "c": (_targets([1], [0, 1, 2]), 8, 16, 3), "d": (a, 4, -4, 1)}
+    adapters, full = {}, {}
+    for name, (targets, rank, alpha, seed) in specs.items():
+        adapters[name] = make_adapter(llama["base"], root / "adapters" / name, targets, rank=rank, alpha=alpha, seed=seed)
+        model = resolve(str(adapters[name]))
+        full[name] = derive(llama["base"], root / "full" / name, lambda n, t, m=model: m.update(n).materialise().float() if n in m.targets() else 0 * t)
+    return root, adapters, full
+
+
+def _precheck(llama, root, members, label):
+    document = {"merge_method": "task_arithmetic", "base_model": str(llama["base"]), "models": [{"model": str(p), "parameters": {"weight": 0.5}} for p in members], "dtype": "float32"}
+    path = root / f"{label}.yml"
+    path.write_text(yaml.safe_dump(document))
+    run(merge_config.read(path), options={"quiet": True}, out=root / label)
+    return json.loads((root / label / "precheck.json").read_text())
+
+
+def _numbers(value, where=""):
+    """Every number of a report, by where it sits."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _numbers(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _numbers(item, f"{where}[{i}]")
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield where, value
+
+
+def test_adapter_pool_report_equals_the_materialised_pool(llama, pools, monkeypatch):
+    """To 1e-5 relative; near 0 to 1e-7 absolute, the float32 rounding of the materialised
+    folders' θ − θ_base (the factors' numbers are exact)."""
+    root, adapters, full = pools
+    with monkeypatch.context() as patch:  # measured from the factors: no model weight is streamed
+        patch.setattr(weights, "TensorReader", None)
+        native = _precheck(llama, root, adapters.values(), "native")
+    materialised = _precheck(llama, root, full.values(), "materialised")
+    ours = {k.replace(str(root / "adapters"), ""): v for k, v in _numbers(native)}
+    theirs = {k.replace(str(root / "full"), ""): v for k, v in _numbers(materialised)}
+    assert ours.keys() == theirs.keys()
+    timing = [k for k in ours if "second" in k or "time" in k]
+    compared = [k for k in ours if k not in timing]
+    assert any("top_singular_value" in k for k in compared) and any("sign_conflict" in k for k in compared)
+    for key in compared:
+        assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-7) or (math.isnan(ours[key]) and math.isnan(theirs[key])), key
+    pair = native["diagnostics"]["weights"]["per_pair"][f"{adapters['a']}|{adapters['d']}"]
+    assert pair["cosine"] == pytest.approx(-1) and pair["sign_conflict"] == pytest.approx(1)
+
+
+def test_recommended_config_names_each_adapter_on_its_base(llama, pools):
+    root, adapters, _ = pools
+    _precheck(llama, root, [adapters[k] for k in "abc"], "recommended")  # without d, which cancels a
+    recommended = yaml.safe_load((root / "recommended" / "recommended.yml").read_text())
+    models = [m["model"] for m in merge_config.model_entries(recommended)]
+    assert models and all(m.startswith(f"{llama['base'].resolve()}+") for m in models if m != recommended.get("base_model"))
