@@ -175,3 +175,23 @@ def _pattern(patterns: Optional[dict], module: str, default):
         if re.match(rf"(.*\.)?({key})$", module):
             return value
     return default
+
+
+def materialise(model: AdapterModel, folder: Path) -> Path:
+    """base + ΔW written as a model folder (what peft's ``merge_and_unload`` then ``save_pretrained``
+    gives): the base's config and tokenizer files, every tensor in one safetensors file. Written
+    beside ``folder`` and renamed into place, so a reader never sees half of it."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    if folder.exists():
+        raise UserError(f"{folder}: already exists; materialise into a new folder")
+    partial = folder.with_name(f".{folder.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(Path(model.base), partial, ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json", "*.bin", "*.pt", "*.pth"))
+    reader = AdapterReader(model)
+    save_file({name: reader[name].contiguous() for name in reader.index}, partial / "model.safetensors", metadata={"format": "pt"})
+    partial.rename(folder)
+    return folder

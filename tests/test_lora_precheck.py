@@ -9,7 +9,8 @@ import yaml
 from mergekit_mergeability.checkpoints import resolve
 from mergekit_mergeability.diagnostics import weights
 from mergekit_mergeability.precheck import config as merge_config, run
-from mergekit_mergeability.tiny import derive, make_adapter
+from mergekit_mergeability.lora import materialise
+from mergekit_mergeability.tiny import make_adapter
 
 LAYERS = ("model.layers.{}.mlp.up_proj.weight", "model.layers.{}.self_attn.q_proj.weight", "model.layers.{}.self_attn.v_proj.weight")
 
@@ -28,8 +29,7 @@ def pools(llama, tmp_path_factory):
     adapters, full = {}, {}
     for name, (targets, rank, alpha, seed) in specs.items():
         adapters[name] = make_adapter(llama["base"], root / "adapters" / name, targets, rank=rank, alpha=alpha, seed=seed)
-        model = resolve(str(adapters[name]))
-        full[name] = derive(llama["base"], root / "full" / name, lambda n, t, m=model: m.update(n).materialise().float() if n in m.targets() else 0 * t)
+        full[name] = materialise(resolve(str(adapters[name])), root / "full" / name)
     return root, adapters, full
 
 

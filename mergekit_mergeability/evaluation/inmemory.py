@@ -10,23 +10,25 @@ The merged tensors are patched into one loaded base module, scored, and restored
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Sequence
 
 import torch
 
-from mergekit_mergeability.checkpoints import TensorReader
+from mergekit_mergeability.checkpoints import Source, TensorReader, tensors
 from mergekit_mergeability.errors import UserError
+from mergekit_mergeability.lora import AdapterReader
 
 Update = Dict[str, torch.Tensor]  # tensor name -> the model's full tensor, for changed tensors only
 
 
-def load_update(base: TensorReader, folder: Path, name: str) -> Update:
-    model = TensorReader(folder)
+def load_update(base: TensorReader, source: Source, name: str) -> Update:
+    """An adapter's update is its targeted tensors, base + ΔW, formed one at a time."""
+    model = tensors(source)
     missing = set(base.index) - set(model.index)
     if missing:
         raise UserError(f"model {name}: tensor {sorted(missing)[0]} of the base is missing; pools share one architecture")
-    return {t: model[t] for t in base.index if not torch.equal(model[t], base[t])}
+    candidates = model.targets if isinstance(model, AdapterReader) else base.index  # an adapter changes only its targets
+    return {t: model[t] for t in candidates if not torch.equal(model[t], base[t])}
 
 
 def merge_updates(

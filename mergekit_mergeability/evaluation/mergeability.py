@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Mapping
 
-from mergekit_mergeability import checkpoints
 from mergekit_mergeability.checkpoints import TensorReader
 from mergekit_mergeability.diagnostics import ModelInput
 from mergekit_mergeability.diagnostics.compatibility import require_compatible
