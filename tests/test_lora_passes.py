@@ -98,3 +98,25 @@ def test_evaluate_and_mergeability_score_adapters_as_their_folders(pools, tmp_pa
     assert [row["expert"] for row in results["adapters"]["tasks"]] == [1.0, 1.0, 1.0]  # the adapter was applied
     assert [row["expert_score"] for row in results["adapters"]["models"]] == [1.0, 1.0, 1.0]
     _same(results["adapters"], results["full"])
+
+
+def test_the_gate_prechecks_adapters_and_stock_mergekit_yaml_merges_them(llama, pools, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    document = {
+        "merge_method": "task_arithmetic",
+        "base_model": str(llama["base"]),
+        "models": [{"model": f"{llama['base']}+{pools['adapters'][i]}", "parameters": {"weight": 0.5}} for i in range(2)],
+        "dtype": "float32",
+    }
+    config = tmp_path / "gated.yml"
+    config.write_text(yaml.safe_dump(document))
+    command = [str(Path(sys.executable).with_name("mergekit-yaml")), str(config), str(tmp_path / "merged"), "--no-write-model-card", "--lora-merge-cache", str(tmp_path / "lora_cache")]
+    gated = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "MERGEKIT_MERGEABILITY_PRECHECK": str(tmp_path / "report")})
+    assert gated.returncode == 0, (gated.stderr + gated.stdout)[-2000:]
+    report = json.loads((tmp_path / "report" / "precheck.json").read_text())
+    assert report["diagnostics"]["weights"]["per_model"][document["models"][0]["model"]]["update_norm"] > 0
+    assert (tmp_path / "merged" / "config.json").is_file()

@@ -2,6 +2,7 @@
 
 import json
 import math
+import shutil
 
 import pytest
 import yaml
@@ -79,3 +80,37 @@ def test_recommended_config_names_each_adapter_on_its_base(llama, pools):
     recommended = yaml.safe_load((root / "recommended" / "recommended.yml").read_text())
     models = [m["model"] for m in merge_config.model_entries(recommended)]
     assert models and all(m.startswith(f"{llama['base'].resolve()}+") for m in models if m != recommended.get("base_model"))
+
+
+def test_precheck_of_a_pool_folder(llama, pools, tmp_path):
+    from click.testing import CliRunner
+
+    from mergekit_mergeability.cli import main
+
+    root, adapters, _ = pools
+    pool = tmp_path / "pool"
+    for name in "abc":
+        shutil.copytree(adapters[name], pool / name)
+    (pool / "notes").mkdir()  # a folder that is not an adapter is not a member
+    result = CliRunner().invoke(main, ["precheck", "--pool", str(pool), "--out", str(tmp_path / "out"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "precheck.json").read_text())
+    assert [m["path"] for m in report["models"] if m["role"] == "expert"] == [str(pool.resolve() / n) for n in "abc"]
+    assert report["merge_method"] == "task_arithmetic"
+
+
+def test_a_pool_folder_of_adapters_on_different_bases_is_refused(llama, pools, tmp_path):
+    from click.testing import CliRunner
+
+    from mergekit_mergeability.cli import main
+
+    pool = tmp_path / "mixed"
+    make_adapter(llama["base"], pool / "one", LAYERS[0].format(0).split())
+    make_adapter(llama["base"], pool / "two", LAYERS[0].format(0).split(), base_name=llama["expert0"])
+    (tmp_path / "empty").mkdir()
+    for folder, expected in ((pool, f"--pool {pool}: its adapters name 2 bases"), (tmp_path / "empty", "no adapter folders in it")):
+        result = CliRunner().invoke(main, ["precheck", "--pool", str(folder), "--out", str(tmp_path / "out"), "--quiet"])
+        assert result.exit_code == 2 and expected in result.output and len(result.output.strip().splitlines()) == 1, result.output
+    assert not (tmp_path / "out").exists()
+    result = CliRunner().invoke(main, ["precheck", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "name a CONFIG_FILE or a --pool folder" in result.output

@@ -39,7 +39,7 @@ def probe_specs(spec: MergeSpec, overrides: Mapping[str, str]) -> Dict[str, str]
     """The config's ``probe:`` keys, then ``--probe MODEL=SPEC`` (MODEL as written, or its folder name)."""
     chosen = dict(spec.probes)
     for key, value in overrides.items():
-        matches = [m for m in spec.models if key in (m, Path(m.split("+")[0]).name)]
+        matches = [m for m in spec.models if key in (m, Path(m).name, Path(m.split("+")[-1]).name)]  # BASE+ADAPTER: the adapter's name
         if len(matches) != 1:
             raise UserError(f"--probe {key}={value}: {key!r} matches {len(matches)} models of the config; use the path as written: {', '.join(spec.models)}")
         chosen[matches[0]] = value

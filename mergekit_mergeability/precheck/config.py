@@ -91,6 +91,27 @@ def from_document(document: Any, source: Path) -> MergeSpec:
     return MergeSpec(document, source, str(document["merge_method"]), base and str(base), names, probes, fewshot)
 
 
+def from_pool(folder: Path) -> MergeSpec:
+    """A folder of PEFT adapter folders, as the config that merges them: task_arithmetic with equal
+    weights summing to 1 (their mean update), on the one base their adapter_config.json files name."""
+    from mergekit_mergeability import lora
+
+    folder = Path(folder)
+    adapters = sorted(p for p in folder.iterdir() if p.is_dir() and lora.is_adapter(p)) if folder.is_dir() else []
+    if not adapters:
+        raise UserError(f"--pool {folder}: no adapter folders in it (each with {lora.CONFIG}); name a folder of peft adapters")
+    bases = {str(lora.read_config(p).get("base_model_name_or_path") or "") for p in adapters}
+    if len(bases) != 1 or "" in bases:
+        named = ", ".join(sorted(b or "(none)" for b in bases))
+        raise UserError(f"--pool {folder}: its adapters name {len(bases)} bases in base_model_name_or_path ({named}); a pool shares one base")
+    document = {
+        "merge_method": "task_arithmetic",
+        "base_model": bases.pop(),
+        "models": [{"model": str(p), "parameters": {"weight": 1 / len(adapters)}} for p in adapters],
+    }
+    return from_document(document, folder.resolve())
+
+
 def tokenizer_source(document: Dict[str, Any]) -> Optional[str]:
     """Where the config tells mergekit to take the merged vocabulary from (``tokenizer_source:``,
     or ``tokenizer: {source: ...}``, whose default is ``union``); None when it does not say."""
