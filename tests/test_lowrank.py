@@ -63,3 +63,11 @@ def test_zero_update_has_zero_statistics():
     other, _ = _pair(1, 4, 6)
     assert lowrank.squared_norm(zero) == 0 and lowrank.top_singular_value(zero) == 0
     assert lowrank.cosine(zero, other) == 0 and lowrank.sign_conflict(zero, other) == 0
+
+
+def test_gram_of_a_pool_of_mixed_ranks_equals_the_materialised_dot_products():
+    g = torch.Generator().manual_seed(3)
+    updates = [LowRank(torch.randn(r, 13, generator=g, dtype=torch.float64), torch.randn(9, r, generator=g, dtype=torch.float64), s) for r, s in ((1, 1.0), (4, -0.5), (2, 3.0), (7, 0.1))]
+    flat = torch.stack([u.materialise().flatten() for u in updates])
+    assert torch.allclose(lowrank.gram(updates), flat @ flat.T, rtol=1e-10, atol=1e-10)
+    assert torch.allclose(lowrank.gram(updates, torch.float32).double(), flat @ flat.T, rtol=1e-5, atol=1e-4)

@@ -71,11 +71,16 @@ class _Sums:
         self.add_signs(deltas)
 
     def add_signs(self, deltas: torch.Tensor, positions: Optional[List[int]] = None) -> None:
-        """Sign agreement of the stacked ``deltas``: every model's, or those at ``positions`` in the pool."""
-        signs = torch.sign(deltas)
+        """Sign agreement of the stacked ``deltas`` (their signs taken in place): every model's, or
+        those at ``positions`` in the pool. Where no value is 0 (a changed tensor, mostly), every
+        coordinate is non-zero in both: one Gram matrix instead of two."""
+        signs = deltas.sign_()
         agree = (signs @ signs.T).double()
-        nonzero = signs.abs_()
-        both = (nonzero @ nonzero.T).double()
+        if bool(signs.all()):
+            both = torch.full_like(agree, float(signs.shape[1]))
+        else:
+            nonzero = signs.abs_()
+            both = (nonzero @ nonzero.T).double()
         if positions is None:
             self.sign_dots += agree
             self.both_nonzero += both
@@ -95,15 +100,13 @@ class _Sums:
                 updates[model] = update = lowrank.finite(update)
             self.top_singular[model] = max(self.top_singular[model], lowrank.top_singular_value(update))
         positions = [self.models.index(m) for m in updates]
-        for (i, a), (j, b) in itertools.combinations_with_replacement(zip(positions, updates.values()), 2):
-            value = lowrank.inner(a, b)
-            self.dots[i, j] += value
-            if i == j:
-                self.squares[self.models[i]][part] += value
-            else:
-                self.dots[j, i] += value
-        for blocks in zip(*(lowrank.row_blocks(u, dtype=torch.float32) for u in updates.values())):
-            self.add_signs(torch.stack([block.flatten() for _, _, block in blocks]), positions)
+        dots = lowrank.gram(list(updates.values()), torch.float32).double()  # float32, as streamed blocks are
+        index = torch.tensor(positions)
+        self.dots[index[:, None], index] += dots
+        for i, model in enumerate(updates):
+            self.squares[model][part] += float(dots[i, i])
+        for _, _, block in lowrank.stacked_row_blocks(list(updates.values())):
+            self.add_signs(block.reshape(len(updates), -1), positions)
 
     def pairs(self):
         for (i, a), (j, b) in itertools.combinations(enumerate(self.models), 2):

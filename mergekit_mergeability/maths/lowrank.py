@@ -3,7 +3,7 @@
 Every quantity reduces to r × r products, so it costs O((out + in)·r²), not out × in:
 
     ‖ΔW‖_F²          = s² tr((BᵀB)(AAᵀ))
-    ⟨ΔW₁, ΔW₂⟩_F     = s₁s₂ tr((B₁ᵀB₂)(A₂A₁ᵀ))
+    ⟨ΔW₁, ΔW₂⟩_F     = s₁s₂ tr((B₁ᵀB₂)(A₂A₁ᵀ))    (for a pool at once: ``gram``)
     σ_max(ΔW)        = |s| σ_max(R_B R_Aᵀ),   B = Q_B R_B,  Aᵀ = Q_A R_A   (Q orthonormal)
 
 Sign agreement has no such form (sign is not linear): ``row_blocks`` streams ΔW a few
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator, Tuple
+from typing import Iterator, Sequence, Tuple
 
 import torch
 
@@ -42,9 +42,18 @@ def squared_norm(update: LowRank) -> float:
 
 def inner(first: LowRank, second: LowRank) -> float:
     """⟨ΔW₁, ΔW₂⟩_F = tr(ΔW₁ᵀ ΔW₂), through r₁ × r₂ products."""
-    left = first.b.double().T @ second.b.double()  # r₁ × r₂
-    right = second.a.double() @ first.a.double().T  # r₂ × r₁
-    return first.scale * second.scale * float((left * right.T).sum())
+    return float(gram([first, second])[0, 1])
+
+
+def gram(updates: Sequence[LowRank], dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """⟨ΔW_i, ΔW_j⟩_F for every pair of updates of one shape (k × k), from the stacked factors:
+    entry (i, j) is the sum of block (i, j) of (BᵀB) ⊙ (AAᵀ), B = [s₁B₁ … s_kB_k], A = [A₁; …; A_k]."""
+    b = torch.cat([u.scale * u.b.to(dtype) for u in updates], dim=1)  # out × Σr
+    a = torch.cat([u.a.to(dtype) for u in updates], dim=0)  # Σr × in
+    products = (b.T @ b) * (a @ a.T)
+    owner = torch.repeat_interleave(torch.arange(len(updates)), torch.tensor([u.a.shape[0] for u in updates]))
+    rows = torch.zeros(len(updates), products.shape[1], dtype=dtype).index_add_(0, owner, products)
+    return torch.zeros(len(updates), len(updates), dtype=dtype).index_add_(1, owner, rows)
 
 
 def cosine(first: LowRank, second: LowRank) -> float:
@@ -76,12 +85,25 @@ def finite(update: LowRank) -> LowRank:
 
 def row_blocks(update: LowRank, elements: int = 1 << 16, dtype: torch.dtype = torch.float64) -> Iterator[Tuple[int, int, torch.Tensor]]:
     """``(start, stop, ΔW[start:stop])`` in blocks of about ``elements`` values."""
-    rows, columns = update.shape
-    step = max(1, elements // max(columns, 1))
-    a, b = update.a.to(dtype), update.b.to(dtype)
+    for start, stop, block in stacked_row_blocks([update], elements, dtype):
+        yield start, stop, block[0]
+
+
+def stacked_row_blocks(updates: Sequence[LowRank], elements: int = 1 << 21, dtype: torch.dtype = torch.float32) -> Iterator[Tuple[int, int, torch.Tensor]]:
+    """``(start, stop, block)`` with block[i] = ΔW_i[start:stop] for updates of one shape, about
+    ``elements`` values in all (so memory stays flat however many updates there are). One
+    batched product per block; factors of lower rank are padded with zeros."""
+    rows, columns = updates[0].shape
+    rank = max(u.a.shape[0] for u in updates)
+    b = torch.zeros(len(updates), rows, rank, dtype=dtype)
+    a = torch.zeros(len(updates), rank, columns, dtype=dtype)
+    for i, u in enumerate(updates):
+        b[i, :, : u.b.shape[1]] = u.scale * u.b.to(dtype)
+        a[i, : u.a.shape[0]] = u.a.to(dtype)
+    step = max(1, elements // (len(updates) * max(columns, 1)))
     for start in range(0, rows, step):
         stop = min(start + step, rows)
-        yield start, stop, update.scale * (b[start:stop] @ a)
+        yield start, stop, torch.bmm(b[:, start:stop], a)
 
 
 def sign_counts(first: LowRank, second: LowRank, elements: int = 1 << 16) -> Tuple[float, float]:
