@@ -141,6 +141,7 @@ def resolve(reference: str, relative_to: Optional[Path] = None, base: Optional[S
             f"adapter {found.folder}: trained on {found.base}, but the config's base_model is {base}; "
             f"use an adapter of {base} (or write it as {base}+{found.folder} to apply it there anyway)"
         )
+    found.targets()  # its header against the base's shapes: a mismatch is named now, before any work
     return found
 
 

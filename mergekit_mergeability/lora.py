@@ -14,8 +14,9 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -125,6 +126,25 @@ class AdapterReader(TensorReader):
     def rows(self, name: str, start: int, stop: int):
         tensor = super().rows(name, start, stop)
         return add(tensor, self.model.update(name), start, stop) if name in self.targets else tensor
+
+
+class FormedUpdate(Mapping):
+    """An adapter's targeted tensors, each base + ΔW formed when read: a pool of adapters in
+    memory holds its factors, not its tensors (``evaluation.inmemory`` merges from it)."""
+
+    def __init__(self, reader: AdapterReader):
+        self.reader = reader
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self.reader.targets:
+            raise KeyError(name)
+        return self.reader[name]
+
+    def __iter__(self):
+        return iter(self.reader.targets)
+
+    def __len__(self) -> int:
+        return len(self.reader.targets)
 
 
 def add(tensor: torch.Tensor, update: LowRank, start: int = 0, stop: Optional[int] = None) -> torch.Tensor:
