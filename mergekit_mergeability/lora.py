@@ -108,6 +108,9 @@ class AdapterModel:
 
     def merged(self, tensors: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         """The targeted tensors of ``tensors`` (the base's, by name) with the update added."""
+        missing = [name for name in self.targets() if name not in tensors]
+        if missing:
+            raise UserError(f"adapter {self.folder}: tensor {missing[0]} is not in the loaded base {self.base}; was it trained on another model?")
         return {name: add(tensors[name], self.update(name)) for name in self.targets()}
 
 

@@ -114,3 +114,23 @@ def test_a_pool_folder_of_adapters_on_different_bases_is_refused(llama, pools, t
     assert not (tmp_path / "out").exists()
     result = CliRunner().invoke(main, ["precheck", "--out", str(tmp_path / "out")])
     assert result.exit_code == 2 and "name a CONFIG_FILE or a --pool folder" in result.output
+
+
+def test_an_adapter_among_model_folders_is_streamed_as_base_plus_update(llama, pools):
+    root, adapters, full = pools
+    mixed = _precheck(llama, root, [adapters["a"], full["b"], adapters["c"]], "mixed")
+    materialised = _precheck(llama, root, [full["a"], full["b"], full["c"]], "materialised_abc")
+    ours = {k.replace(str(root / "adapters"), "").replace(str(root / "full"), ""): v for k, v in _numbers(mixed["diagnostics"]["weights"])}
+    theirs = {k.replace(str(root / "full"), ""): v for k, v in _numbers(materialised["diagnostics"]["weights"])}
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-7), key
+
+
+def test_probe_option_names_an_adapter_by_its_folder(llama, pools):
+    from mergekit_mergeability.precheck import probe_specs
+
+    root, adapters, _ = pools
+    document = {"merge_method": "task_arithmetic", "base_model": str(llama["base"]), "models": [{"model": f"{llama['base']}+{adapters[n]}"} for n in "ab"]}
+    spec = merge_config.from_document(document, root)
+    assert probe_specs(spec, {"b": "probe.jsonl"}) == {f"{llama['base']}+{adapters['b']}": "probe.jsonl"}
