@@ -76,7 +76,7 @@ class _Sums:
         coordinate is non-zero in both: one Gram matrix instead of two."""
         signs = deltas.sign_()
         agree = (signs @ signs.T).double()
-        if bool(signs.all()):
+        if bool((agree.diagonal() == signs.shape[1]).all()):  # Σ sign² counts each row's non-zeros
             both = torch.full_like(agree, float(signs.shape[1]))
         else:
             nonzero = signs.abs_()

@@ -89,7 +89,7 @@ def row_blocks(update: LowRank, elements: int = 1 << 16, dtype: torch.dtype = to
         yield start, stop, block[0]
 
 
-def stacked_row_blocks(updates: Sequence[LowRank], elements: int = 1 << 21, dtype: torch.dtype = torch.float32) -> Iterator[Tuple[int, int, torch.Tensor]]:
+def stacked_row_blocks(updates: Sequence[LowRank], elements: int = 1 << 20, dtype: torch.dtype = torch.float32) -> Iterator[Tuple[int, int, torch.Tensor]]:
     """``(start, stop, block)`` with block[i] = ΔW_i[start:stop] for updates of one shape, about
     ``elements`` values in all (so memory stays flat however many updates there are). One
     batched product per block; factors of lower rank are padded with zeros."""
