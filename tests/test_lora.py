@@ -46,17 +46,23 @@ def test_reader_and_loaded_model_are_base_plus_scaled_product(llama, adapter):
     assert torch.equal(reader[untouched], base[untouched]) and torch.equal(loaded_state[untouched], base[untouched])
 
 
-def test_peft_saved_adapter_matches_merge_and_unload(llama, tmp_path):
+@pytest.mark.parametrize(
+    "arch,settings,modules",
+    [
+        ("llama", dict(target_modules=["up_proj", "v_proj"], use_rslora=True, alpha_pattern={"v_proj": 3}), 2 * 4),
+        ("gpt2", dict(target_modules=["c_attn"], fan_in_fan_out=True), 4),  # Conv1D stores its weight transposed
+    ],
+)
+def test_peft_saved_adapter_matches_merge_and_unload(families, tmp_path, arch, settings, modules):
     peft = pytest.importorskip("peft")
     import transformers
 
-    base = transformers.AutoModelForCausalLM.from_pretrained(llama["base"])
-    config = peft.LoraConfig(r=4, lora_alpha=12, target_modules=["up_proj", "v_proj"], init_lora_weights=False, use_rslora=True)
-    wrapped = peft.get_peft_model(base, config)
+    base = transformers.AutoModelForCausalLM.from_pretrained(families[arch]["base"])
+    wrapped = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=12, init_lora_weights=False, **settings))
     wrapped.save_pretrained(tmp_path / "peft")
     expected = wrapped.merge_and_unload().state_dict()
-    reader = tensors(resolve(f"{llama['base']}+{tmp_path / 'peft'}"))
-    assert len(reader.targets) == 2 * 4  # two modules in each of the 4 layers
+    reader = tensors(resolve(f"{families[arch]['base']}+{tmp_path / 'peft'}"))
+    assert len(reader.targets) == modules
     for name in reader.index:
         assert torch.allclose(reader[name], expected[name], atol=1e-6), name
 
