@@ -15,9 +15,12 @@ import math
 import os
 import struct
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Tuple, Union
 
 from mergekit_mergeability.errors import UserError
+
+if TYPE_CHECKING:
+    from mergekit_mergeability.lora import AdapterModel
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 _DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
@@ -92,33 +95,74 @@ class HubModel(os.PathLike):
             ) from None
 
 
-Source = Union[Path, HubModel]
+Source = Union[Path, HubModel, "AdapterModel"]  # an AdapterModel: mergekit_mergeability.lora
 
 
-def resolve(reference: str, relative_to: Optional[Path] = None) -> Source:
-    """A model reference as written in a mergekit config: a local folder, or a ``HubModel``.
+def resolve(reference: str, relative_to: Optional[Path] = None, base: Optional[Source] = None, adapters: bool = True) -> Source:
+    """A model reference as written in a mergekit config: a local folder, a ``HubModel``, or a
+    ``lora.AdapterModel``.
 
     Local paths resolve like mergekit's (against the working directory), then against
-    the config's folder. mergekit's ``model+adapter`` syntax is refused: every number
-    measured here would describe the bare model.
+    the config's folder. A PEFT LoRA adapter is accepted as mergekit's ``model+adapter``
+    or as the adapter folder alone (its adapter_config.json names the base); ``base``
+    (the config's base model) refuses an adapter trained on another base. Commands that
+    cannot measure adapters pass ``adapters=False`` and refuse them in one line.
     """
+    from mergekit_mergeability import lora
+
+    folder = _local(reference, relative_to)
+    if folder is not None and not lora.is_adapter(folder):
+        return folder
+    if folder is None and "+" in reference:
+        model, adapter = reference.split("+", 1)
+        if not adapters:
+            raise UserError(
+                f"model {reference}: a model+adapter reference; measured as is it would be {model} without {adapter}. "
+                "Merge the adapter first (peft's merge_and_unload(), or mergekit-yaml with merge_method: passthrough) "
+                "and name the merged folder instead"
+            )
+        folder = _local(adapter, relative_to)
+        if folder is None or not lora.is_adapter(folder):
+            raise UserError(f"model {reference}: {adapter} is not a peft adapter folder (adapter_config.json + adapter_model.safetensors)")
+        found = lora.AdapterModel(resolve(model, relative_to, adapters=False), folder)
+    elif folder is not None:
+        if not adapters:
+            raise UserError(f"model {reference}: a peft adapter folder, not a model; merge it first (peft's merge_and_unload()) and name the merged folder instead")
+        named = lora.read_config(folder).get("base_model_name_or_path")
+        if not named:
+            raise UserError(f"adapter {reference}: its {lora.CONFIG} names no base_model_name_or_path; write it as BASE+{reference}")
+        found = lora.AdapterModel(resolve(str(named), relative_to, adapters=False), folder)
+    else:
+        if reference.startswith((".", "/", "~")) or reference.count("/") != 1:
+            raise UserError(f"model {reference}: no such folder (relative paths resolve against the working directory)")
+        return HubModel(reference)
+    if base is not None and not same_model(found.base, base):
+        raise UserError(
+            f"adapter {found.folder}: trained on {found.base}, but the config's base_model is {base}; "
+            f"use an adapter of {base} (or write it as {base}+{found.folder} to apply it there anyway)"
+        )
+    found.targets()  # its header against the base's shapes: a mismatch is named now, before any work
+    return found
+
+
+def _local(reference: str, relative_to: Optional[Path]) -> Optional[Path]:
     for candidate in (Path(reference).expanduser(), *([relative_to / reference] if relative_to else [])):
         if candidate.is_dir():
             return candidate.resolve()
-    if "+" in reference:
-        model, adapter = reference.split("+", 1)
-        raise UserError(
-            f"model {reference}: a model+adapter reference; measured as is it would be {model} without {adapter}. "
-            "Merge the adapter first (peft's merge_and_unload(), or mergekit-yaml with merge_method: passthrough) "
-            "and name the merged folder instead"
-        )
-    if reference.startswith((".", "/", "~")) or reference.count("/") != 1:
-        raise UserError(f"model {reference}: no such folder (relative paths resolve against the working directory)")
-    return HubModel(reference)
+    return None
+
+
+def same_model(a: Source, b: Source) -> bool:
+    """Whether two resolved references are one model (a folder by its real path, a hub model by id)."""
+    if isinstance(a, Path) and isinstance(b, Path):
+        return a.resolve() == b.resolve()
+    return str(a) == str(b)
 
 
 def small_file(model: Source, name: str) -> Optional[Path]:
-    """A small file of a model (config, tokenizer) without fetching its weights; None if absent."""
+    """A small file of a model (config, tokenizer) without fetching its weights; None if absent.
+    An adapter's are its base's."""
+    model = _base_of(model)
     if isinstance(model, HubModel):
         return model.file(name)
     path = Path(model) / name
@@ -173,7 +217,9 @@ def weight_files(folder: Source) -> List[Path]:
 
 
 def tensor_index(model: Source) -> Dict[str, TensorInfo]:
-    """Every tensor's file, shape and dtype, from the safetensors headers (a hub model's over HTTP)."""
+    """Every tensor's file, shape and dtype, from the safetensors headers (a hub model's over HTTP);
+    an adapter has its base's tensors."""
+    model = _base_of(model)
     if isinstance(model, HubModel):
         return model.tensor_index()
     files = sorted(Path(model).glob("*.safetensors"))
@@ -219,9 +265,29 @@ class TensorReader:
         return [(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
+def tensors(model: Source) -> TensorReader:
+    """A ``TensorReader`` of a model; an adapter's reads its base with the update added."""
+    from mergekit_mergeability import lora
+
+    return lora.AdapterReader(model) if isinstance(model, lora.AdapterModel) else TensorReader(model)
+
+
+def _base_of(model: Source) -> Source:
+    from mergekit_mergeability import lora
+
+    return model.base if isinstance(model, lora.AdapterModel) else model
+
+
 def check_model(model: Source) -> Path:
     """The local folder of a model that has a config.json and undamaged weights: checked before
-    anything loads it, so a bad folder is named in one line, not deep inside transformers."""
+    anything loads it, so a bad folder is named in one line, not deep inside transformers.
+    An adapter is checked with its base, and returned as it is."""
+    from mergekit_mergeability import lora
+
+    if isinstance(model, lora.AdapterModel):
+        check_model(model.base)
+        model.targets()
+        return model
     folder = Path(model)
     model_config(folder)
     weight_files(folder)
@@ -230,11 +296,21 @@ def check_model(model: Source) -> Path:
 
 def load_causal_lm(folder: Source, device: str = "cpu", dtype: str = "float32", tokenizer_from: Optional[Source] = None):
     """(model, tokenizer) in eval mode; the tokenizer falls back to ``tokenizer_from``
-    (mergekit output folders written with --no-copy-tokenizer have none)."""
+    (mergekit output folders written with --no-copy-tokenizer have none). An adapter is
+    loaded as its base with the update added in place."""
     import torch
     import transformers
     from safetensors import SafetensorError
 
+    from mergekit_mergeability import lora
+
+    if isinstance(folder, lora.AdapterModel):
+        model, tokenizer = load_causal_lm(folder.base, device, dtype, tokenizer_from)
+        state = model.state_dict()
+        with torch.no_grad():
+            for name, tensor in folder.merged(state).items():
+                state[name].copy_(tensor)
+        return model, tokenizer
     folder = check_model(folder)
     tokenizer_from = tokenizer_from and Path(tokenizer_from)
     transformers.utils.logging.disable_progress_bar()

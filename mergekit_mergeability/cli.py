@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import click
 
@@ -203,7 +203,8 @@ def default_cache_dir() -> Path:
 
 
 @main.command()
-@click.argument("config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=False)
+@click.option("--pool", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None, help="Instead of CONFIG_FILE: a folder of peft LoRA adapter folders on one base, checked as their task_arithmetic mean.")
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("precheck"), show_default=True, help="Folder for precheck.json, recommended.yml (recommended/ per expert) and report.html.")
 @click.option("--probe", "probes", multiple=True, metavar="MODEL=SPEC", help="Probe data for a model (path as written in the config, or its folder name): a .jsonl file, an lm-eval task YAML or task name. Repeatable; overrides the config's probe: key.")
 @click.option("--fewshot", type=click.IntRange(min=0), default=None, help="Solved examples before each multiple-choice probe question (default: 3, chosen by measurement). lm-eval tasks keep their own num_fewshot.")
@@ -219,7 +220,7 @@ def default_cache_dir() -> Path:
 @click.option("--skip", multiple=True, metavar="DIAGNOSTIC", help="Do not run this diagnostic (e.g. representations or selectivity on a large pool). Repeatable.")
 @model_options(default_limit=64)
 @user_errors
-def precheck(config_file: Path, out: Path, probes, fewshot, calibration, layers, cka_threshold, cka_batch_size, selectivity_span, lape_entropy_quantile, lape_activation_quantile, cutoff_signal, overlap_threshold, skip, **model):
+def precheck(config_file: Optional[Path], pool: Optional[Path], out: Path, probes, fewshot, calibration, layers, cka_threshold, cka_batch_size, selectivity_span, lape_entropy_quantile, lape_activation_quantile, cutoff_signal, overlap_threshold, skip, **model):
     """Predict, before merging, how well each model of CONFIG_FILE will survive the merge.
 
     \b
@@ -230,6 +231,11 @@ def precheck(config_file: Path, out: Path, probes, fewshot, calibration, layers,
           - model: ./math-expert
             probe: probes/math.jsonl     # {"question", "choices", "label"} or {"prompt", "answer"} lines, optional "group"
             fewshot: probes/shots.jsonl  # optional: solved examples for the few-shot prompt
+    \b
+    A model may be a peft LoRA adapter: BASE+ADAPTER (mergekit's syntax) or the
+    adapter folder alone (its adapter_config.json names the base). --pool DIR
+    checks a folder of adapter folders as their task_arithmetic mean. Adapters
+    are measured from their low-rank factors, on the base loaded once.
     \b
     Signals: the base model's knowledge of each probe set (few-shot, options
     lettered, as Will it Merge? asks it), task-vector statistics streamed from
@@ -252,7 +258,10 @@ def precheck(config_file: Path, out: Path, probes, fewshot, calibration, layers,
     extra.update(lape_entropy_quantile=lape_entropy_quantile, lape_activation_quantile=lape_activation_quantile, cutoff_signal=cutoff_signal)
     chosen = {"fewshot": fewshot, "calibration": calibration and str(calibration), "cka_threshold": cka_threshold, "overlap_threshold": overlap_threshold}
     extra.update({k: v for k, v in chosen.items() if v is not None})
-    report = run(merge_config.read(config_file), _probe_pairs(probes), _options(**model, **extra), out)
+    if (config_file is None) == (pool is None):
+        raise UserError("precheck: name a CONFIG_FILE or a --pool folder of adapters (one of the two)")
+    spec = merge_config.read(config_file) if config_file else merge_config.from_pool(pool)
+    report = run(spec, _probe_pairs(probes), _options(**model, **extra), out)
     print_precheck(report, out)
     if report["stop"]:
         raise SystemExit(STOP)

@@ -117,3 +117,41 @@ def derive(base: Path, folder: Path, update: Callable[[str, torch.Tensor], torch
     tensors = {name: (tensor + update(name, tensor)).contiguous() for name, tensor in state_dict(base).items()}
     save_file(tensors, Path(folder) / "model.safetensors", metadata={"format": "pt"})
     return Path(folder)
+
+
+def make_adapter(
+    base: Path, folder: Path, tensors, rank: int = 4, alpha: float = 8.0, seed: int = 0, scale: float = 0.05, base_name=None
+) -> Path:
+    """A PEFT LoRA adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``, peft's
+    key names) with seeded random factors for the base tensors named in ``tensors``
+    (``model.layers.0.mlp.up_proj.weight``...); its config names ``base_name`` (default: ``base``)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from mergekit_mergeability.checkpoints import tensor_index
+
+    shapes = {name: info.shape for name, info in tensor_index(base).items()}
+    generator = torch.Generator().manual_seed(seed)
+    factors = {}
+    for name in tensors:
+        module = name[: -len(".weight")]
+        rows, columns = shapes[name]
+        factors[f"base_model.model.{module}.lora_A.weight"] = scale * torch.randn(rank, columns, generator=generator)
+        factors[f"base_model.model.{module}.lora_B.weight"] = scale * torch.randn(rows, rank, generator=generator)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(factors, folder / "adapter_model.safetensors", metadata={"format": "pt"})
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": str(base if base_name is None else base_name),
+        "r": rank,
+        "lora_alpha": alpha,
+        "target_modules": sorted({n.split(".")[-2] for n in tensors}),
+        "use_rslora": False,
+        "fan_in_fan_out": False,
+        "bias": "none",
+    }
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    return folder

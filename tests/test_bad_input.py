@@ -16,6 +16,8 @@ from click.testing import CliRunner
 
 from mergekit_mergeability.cli import main
 
+from mergekit_mergeability.tiny import make_adapter
+
 from conftest import garbled, relabelled, truncated, widened
 
 GOOD_PROBE = [{"question": f"Item {i}: which one?", "choices": ["Paris", "water"], "label": i % 2} for i in range(3)]
@@ -44,6 +46,7 @@ def world(llama, tmp_path_factory):
         no_config=shutil.copytree(llama["expert0"], root / "no_config", ignore=shutil.ignore_patterns("config.json")),
         no_weights=shutil.copytree(llama["expert0"], root / "no_weights", ignore=shutil.ignore_patterns("*.safetensors")),
         lora=f"{llama['expert0']}+{root / 'adapter'}",
+        other_base=make_adapter(llama["base"], root / "other_base", ["model.layers.0.mlp.up_proj.weight"], base_name=llama["expert0"]),
         absent=root / "absent",
     )
     files = {
@@ -74,6 +77,7 @@ def world(llama, tmp_path_factory):
         pool_wide=w.config("pool_wide", ["e0", "wide"]),
         pool_relabelled=w.config("pool_relabelled", ["e0", "relabelled"]),
         pool_lora=w.config("pool_lora", ["e1", "lora"]),
+        pool_other_base=w.config("pool_other_base", ["e1", "other_base"]),
         pool_unprobed=w.config("pool_unprobed", ["e0", "e1"], probes=False),
     )
     for name, probe in (("not_json", "not_json"), ("label", "label"), ("keys", "keys"), ("missing", "absent.jsonl")):
@@ -95,21 +99,24 @@ CASES = {
     "precheck: model folder without weights": ("precheck", ["{pool_no_weights}"], ["{no_weights}: no weights"]),
     "precheck: truncated safetensors": ("precheck", ["{pool_truncated}"], ["{truncated}/model.safetensors: truncated or corrupted (7 bytes short"]),
     "precheck: corrupted safetensors header": ("precheck", ["{pool_garbled}"], ["{garbled}/model.safetensors: not a safetensors file"]),
-    "precheck: model+lora reference": ("precheck", ["{pool_lora}"], ["model {lora}: a model+adapter reference", "merge_and_unload"]),
+    "precheck: model+adapter, no adapter there": ("precheck", ["{pool_lora}"], ["model {lora}:", "{root}/adapter is not a peft adapter folder"]),
+    "precheck: adapter of another base": ("precheck", ["{pool_other_base}"], ["adapter {other_base}: trained on {e0}", "the config's base_model is {base}"]),
     "precheck: missing probe file": ("precheck", ["{probe_missing}"], ["probe {root}/absent.jsonl: no such file"]),
     "precheck: probe line not JSON": ("precheck", ["{probe_not_json}"], ["{not_json}:2: not JSON"]),
     "precheck: probe label out of range": ("precheck", ["{probe_label}"], ["{label}:1: label must index one of at least 2 choices, got 5"]),
     "precheck: probe with wrong keys": ("precheck", ["{probe_keys}"], ["{keys}:1: expected", "['a', 'q']"]),
     "precheck: --probe naming no model": ("precheck", ["{pool}", "--probe", "nobody={probe}"], ["--probe nobody=", "'nobody' matches 0 models"]),
     "precheck: bad --layers": ("precheck", ["{pool}", "--layers", "3-x"], ["--layers", "'3-x' is not a layer or a range"]),
-    "evaluate: model+lora reference": ("evaluate", ["{pool_lora}", "--merged", "{e1}"], ["model {lora}: a model+adapter reference"]),
+    "evaluate: model+adapter, no adapter there": ("evaluate", ["{pool_lora}", "--merged", "{e1}"], ["model {lora}:", "{root}/adapter is not a peft adapter folder"]),
+    "evaluate: adapter of another base": ("evaluate", ["{pool_other_base}", "--merged", "{e1}"], ["adapter {other_base}: trained on {e0}", "the config's base_model is {base}"]),
     "evaluate: unknown lm-eval task": ("evaluate", ["{pool}", "--merged", "{e1}", "--tasks", "no_such_task_anywhere"], ["lm-eval task 'no_such_task_anywhere' not found"]),
     "evaluate: merged folder missing": ("evaluate", ["{pool}", "--merged", "{absent}"], ["--merged {absent}: no such folder"]),
     "evaluate: merged folder without weights": ("evaluate", ["{pool}", "--merged", "{no_weights}"], ["{no_weights}: no weights"]),
     "evaluate: truncated expert": ("evaluate", ["{pool_truncated}", "--merged", "{e1}"], ["{truncated}/model.safetensors: truncated or corrupted"]),
     "mergeability: width mismatch": ("mergeability", ["{pool_wide}", "--partners", "1"], ["{wide} vs {base}: hidden_size is 48 vs 32 (", "tensors differ in shape; first: "]),
     "mergeability: different vocabularies": ("mergeability", ["{pool_relabelled}", "--partners", "1"], ["{relabelled} vs {base}: vocabularies differ: 2 of 320 shared token ids"]),
-    "mergeability: model+lora reference": ("mergeability", ["{pool_lora}", "--partners", "1"], ["model {lora}: a model+adapter reference"]),
+    "mergeability: model+adapter, no adapter there": ("mergeability", ["{pool_lora}", "--partners", "1"], ["model {lora}:", "{root}/adapter is not a peft adapter folder"]),
+    "mergeability: adapter of another base": ("mergeability", ["{pool_other_base}", "--partners", "1"], ["adapter {other_base}: trained on {e0}", "the config's base_model is {base}"]),
     "mergeability: more partners than the pool allows": ("mergeability", ["{pool}", "--partners", "2"], ["--partners 2: the pool has 2 models, so at most 1 partners"]),
     "mergeability: unregistered method": ("mergeability", ["{pool}", "--partners", "1", "--method", "nope"], ["--method nope: not a registered merge method"]),
     "mergeability: pool model without probe": ("mergeability", ["{pool_unprobed}", "--partners", "1"], ["{pool_unprobed}: model {e0} has no probe: key"]),

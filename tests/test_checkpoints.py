@@ -36,11 +36,11 @@ def test_a_truncated_file_says_how_much_is_missing(damaged):
         tensor_index(damaged["truncated"].parent)
 
 
-def test_a_model_plus_adapter_reference_is_refused_not_reduced(llama, tmp_path):
+def test_a_model_plus_adapter_reference_without_an_adapter_is_refused(llama, tmp_path):
     reference = f"{llama['expert0']}+{tmp_path / 'adapter'}"
     with pytest.raises(UserError) as caught:
         resolve(reference)
-    assert reference in str(caught.value) and "merge_and_unload" in str(caught.value)
+    assert reference in str(caught.value) and "not a peft adapter folder" in str(caught.value)
 
 
 def test_a_folder_whose_name_has_a_plus_is_a_folder(llama, tmp_path):

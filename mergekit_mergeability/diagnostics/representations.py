@@ -4,20 +4,24 @@ Every model (the base included) reads the same rows: the probe instances of all
 models, prompt + gold continuation, teacher-forced. Per layer (index 0 the
 embedding output, then one per decoder block) each row is the mean hidden state
 over the continuation span, and separately over the prompt span. Linear CKA is
-computed for every pair, biased and unbiased.
+computed for every pair, biased and unbiased. Adapters run on their base, loaded once:
+each adapter's update is added in place for its pass, then the base's tensors restored.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
-from typing import List, Optional, Set
+from typing import Dict, List, Optional, Set
 
 import torch
 
 from mergekit_mergeability.checkpoints import load_causal_lm
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
 from mergekit_mergeability.diagnostics.activations import score
+from mergekit_mergeability.evaluation.inmemory import patched
+from mergekit_mergeability.lora import AdapterModel
 from mergekit_mergeability.maths.cka import layerwise
 from mergekit_mergeability.progress import task
 
@@ -35,7 +39,8 @@ class Representations:
             result.findings.append(Finding("warning", f"representations: {len(rows)} probe instances; CKA needs at least {MIN_ROWS}, skipped"))
             return result
         members = [m for m in (inputs.base, *inputs.models) if m is not None]
-        pooled = {m.name: self._pool(m, rows, inputs) for m in members}
+        loaded = _Loaded(inputs, {str(m.path.base) for m in members if isinstance(m.path, AdapterModel)})
+        pooled = {m.name: self._pool(m, rows, inputs, loaded) for m in members}
         selected: Optional[Set[int]] = inputs.options.get("layers")
         batch = inputs.options.get("cka_batch_size", 0)
         for a, b in itertools.combinations(pooled, 2):
@@ -48,19 +53,47 @@ class Representations:
             result.per_layer[(a, b)] = {k: _only(v, selected) for k, v in curves.items()}
         return result
 
-    def _pool(self, member: ModelInput, rows, inputs: DiagnosticInputs):
+    def _pool(self, member: ModelInput, rows, inputs: DiagnosticInputs, loaded: "_Loaded"):
         options = inputs.options
-        base_path = inputs.base.path if inputs.base else None
-        model, tokenizer = load_causal_lm(member.path, options.get("device", "cpu"), options.get("dtype", "float32"), base_path)
         answers: List[torch.Tensor] = []
         prompts: List[torch.Tensor] = []
-        with task(f"representations: {member.name}", len(rows), options.get("quiet", False)) as advance:
-            for scored in score(model, tokenizer, rows, options.get("batch_size", 16), hidden_states=True, progress=advance):
-                answers.append(scored.continuation_pool)
-                prompts.append(scored.prompt_pool)
-        del model
+        with loaded.model(member.path) as (model, tokenizer):
+            with task(f"representations: {member.name}", len(rows), options.get("quiet", False)) as advance:
+                for scored in score(model, tokenizer, rows, options.get("batch_size", 16), hidden_states=True, progress=advance):
+                    answers.append(scored.continuation_pool)
+                    prompts.append(scored.prompt_pool)
         # (layers, rows, hidden)
         return torch.stack(answers, dim=1), torch.stack(prompts, dim=1)
+
+
+class _Loaded:
+    """Loads each model for its pass; the bases of adapters stay loaded, and an adapter is its
+    base with the update patched in (``evaluation.inmemory.patched``), no reload per adapter."""
+
+    def __init__(self, inputs: DiagnosticInputs, shared: Set[str]):
+        self.options = inputs.options
+        self.tokenizer_from = inputs.base.path if inputs.base else None
+        self.shared = shared  # str() of the sources to keep loaded
+        self.kept: Dict[str, tuple] = {}
+
+    def _load(self, source):
+        return load_causal_lm(source, self.options.get("device", "cpu"), self.options.get("dtype", "float32"), self.tokenizer_from)
+
+    def _kept(self, source):
+        if str(source) not in self.kept:
+            self.kept[str(source)] = self._load(source)
+        return self.kept[str(source)]
+
+    @contextlib.contextmanager
+    def model(self, source):
+        if isinstance(source, AdapterModel):
+            model, tokenizer = self._kept(source.base)
+            with patched(model, source.merged(model.state_dict())):
+                yield model, tokenizer
+        elif str(source) in self.shared:
+            yield self._kept(source)
+        else:
+            yield self._load(source)
 
 
 def _only(curve: List[float], selected: Optional[Set[int]]) -> List[float]:

@@ -9,6 +9,11 @@ sign-conflict rate (share of coordinates, non-zero in both, where signs differ).
 Tensors are read in row blocks of ~64K values (cache-sized: measured fastest), so memory holds a few blocks
 whatever the model's size. Every sum is an entry of a Gram matrix over the stacked block (one BLAS pass each):
     ‖τ‖² = τ·τ,   agree − disagree = sign(τ_a)·sign(τ_b),   agree + disagree = |sign(τ_a)|·|sign(τ_b)|
+
+A pool of LoRA adapters on the config's base is measured from the factors (``maths.lowrank``):
+norms, dot products and σ_max through r × r products, one module's factors per adapter in memory
+at a time; only the sign counts stream ΔW, in row blocks of the product. No base weight is read.
+The numbers equal those of the same pool materialised as model folders.
 """
 
 from __future__ import annotations
@@ -16,13 +21,15 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import torch
 
 from mergekit_mergeability.architecture import UnknownTensorError, tensor_position
-from mergekit_mergeability.checkpoints import TensorReader
+from mergekit_mergeability.checkpoints import TensorReader, same_model, tensor_index, tensors
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, Need
+from mergekit_mergeability.lora import AdapterModel
+from mergekit_mergeability.maths import lowrank
 from mergekit_mergeability.maths.spectral import TopSingularValue
 from mergekit_mergeability.progress import task
 
@@ -63,11 +70,46 @@ class _Sums:
             if self._sketch is None:
                 self._sketch = TopSingularValue(rows.shape[2], count=len(self.models))
             self._sketch.add(rows)
-        signs = torch.sign(deltas)
         self.dots += gram.double()
-        self.sign_dots += (signs @ signs.T).double()
-        nonzero = signs.abs_()
-        self.both_nonzero += (nonzero @ nonzero.T).double()
+        self.add_signs(deltas)
+
+    def add_signs(self, deltas: torch.Tensor, positions: Optional[List[int]] = None) -> None:
+        """Sign agreement of the stacked ``deltas`` (their signs taken in place): every model's, or
+        those at ``positions`` in the pool. Where no value is 0 (a changed tensor, mostly), every
+        coordinate is non-zero in both: one Gram matrix instead of two."""
+        signs = deltas.sign_()
+        agree = (signs @ signs.T).double()
+        if bool((agree.diagonal() == signs.shape[1]).all()):  # Σ sign² counts each row's non-zeros
+            both = torch.full_like(agree, float(signs.shape[1]))
+        else:
+            nonzero = signs.abs_()
+            both = (nonzero @ nonzero.T).double()
+        if positions is None:
+            self.sign_dots += agree
+            self.both_nonzero += both
+        else:
+            index = torch.tensor(positions)
+            self.sign_dots[index[:, None], index] += agree
+            self.both_nonzero[index[:, None], index] += both
+
+    def add_low_rank(self, part, updates: Dict[str, lowrank.LowRank]) -> None:
+        """One tensor's updates as factors; a model absent from ``updates`` left the tensor as it was."""
+        for model in self.models:  # as when streamed: a tensor some model changed is measured for every model
+            self.squares[model][part] += 0.0
+        for model, update in updates.items():
+            bad = lowrank.nonfinite(update)
+            if bad:
+                self.nonfinite[model] += bad
+                updates[model] = update = lowrank.finite(update)
+            self.top_singular[model] = max(self.top_singular[model], lowrank.top_singular_value(update))
+        positions = [self.models.index(m) for m in updates]
+        dots = lowrank.gram(list(updates.values()), torch.float32).double()  # float32, as streamed blocks are
+        index = torch.tensor(positions)
+        self.dots[index[:, None], index] += dots
+        for i, model in enumerate(updates):
+            self.squares[model][part] += float(dots[i, i])
+        for _, _, block in lowrank.stacked_row_blocks(list(updates.values())):
+            self.add_signs(block.reshape(len(updates), -1), positions)
 
     def pairs(self):
         for (i, a), (j, b) in itertools.combinations(enumerate(self.models), 2):
@@ -79,8 +121,11 @@ class WeightStatistics:
     needs = frozenset({Need.WEIGHTS, Need.BASE_MODEL})
 
     def run(self, inputs: DiagnosticInputs) -> DiagnosticResult:
+        adapters = {m.name: m.path for m in inputs.models if isinstance(m.path, AdapterModel) and same_model(m.path.base, inputs.base.path)}
+        if len(adapters) == len(inputs.models):
+            return _result(_low_rank_sums(inputs.base.path, adapters, inputs.options.get("quiet", False)))
         base = TensorReader(inputs.base.path)
-        readers = {m.name: TensorReader(m.path) for m in inputs.models}
+        readers = {m.name: tensors(m.path) for m in inputs.models}  # an adapter among full models: base + ΔW, row block by row block
         names = [n for n in base.index if all(n in r.index for r in readers.values())]
         sums = _Sums(readers)
         with task("weights: task vectors", len(names), inputs.options.get("quiet", False)) as advance:
@@ -92,6 +137,17 @@ class WeightStatistics:
                 sums.end_tensor()
                 advance(1)
         return _result(sums)
+
+
+def _low_rank_sums(base, adapters: Dict[str, AdapterModel], quiet: bool) -> _Sums:
+    order = {name: i for i, name in enumerate(tensor_index(base))}
+    names = sorted(set().union(*(a.targets() for a in adapters.values())), key=order.__getitem__)
+    sums = _Sums(adapters)
+    with task("weights: low-rank updates", len(names), quiet) as advance:
+        for name in names:
+            sums.add_low_rank(_part(name), {m: a.update(name) for m, a in adapters.items() if name in a.targets()})
+            advance(1)
+    return sums
 
 
 def _result(sums: _Sums) -> DiagnosticResult:

@@ -36,7 +36,7 @@ def evaluate(spec: MergeSpec, merged: Path, overrides: Optional[List[str]], opti
         raise UserError(f"{spec.source}: evaluate needs a base_model to compare against")
     if not Path(merged).is_dir():
         raise UserError(f"--merged {merged}: no such folder; run the merge first")
-    folders = {name: checkpoints.resolve(name, spec.folder) for name in [spec.base_model, *spec.models]}
+    folders = spec.sources()
     folders["merged"] = Path(merged).resolve()
     for folder in folders.values():
         checkpoints.check_model(folder)  # a damaged or empty folder fails here, before any scoring

@@ -49,7 +49,11 @@ class Cache:
 def fingerprint(folder: Path) -> str:
     """A model folder's content hash: its config.json and every weight file, whatever the
     format (``checkpoints.weight_files``, which refuses a folder without weights);
-    memoised by size and mtime."""
+    memoised by size and mtime. An adapter's: its base's and its own files'."""
+    from mergekit_mergeability.lora import AdapterModel
+
+    if isinstance(folder, AdapterModel):
+        return folder.fingerprint(fingerprint(folder.base))
     folder = Path(folder)
     config = folder / "config.json"
     digest = hashlib.sha256()

@@ -1,7 +1,7 @@
 """Merging and scoring many small merges in memory, without writing checkpoints.
 
 Each model of a pool is kept as its update: only the tensors that differ from the
-base. A merge touches just the tensors some member changed (mergekit's
+base (an adapter: its factors, each tensor formed when a merge reads it). A merge touches just the tensors some member changed (mergekit's
 ``merge_tensors``, any registered method); every other tensor of the result is the
 base's, which is what any merge method returns when all its inputs are the base.
 The merged tensors are patched into one loaded base module, scored, and restored.
@@ -10,19 +10,22 @@ The merged tensors are patched into one loaded base module, scored, and restored
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Sequence
 
 import torch
 
-from mergekit_mergeability.checkpoints import TensorReader
+from mergekit_mergeability.checkpoints import Source, TensorReader, tensors
 from mergekit_mergeability.errors import UserError
+from mergekit_mergeability.lora import AdapterReader, FormedUpdate
 
-Update = Dict[str, torch.Tensor]  # tensor name -> the model's full tensor, for changed tensors only
+Update = Mapping[str, torch.Tensor]  # tensor name -> the model's full tensor, for changed tensors only
 
 
-def load_update(base: TensorReader, folder: Path, name: str) -> Update:
-    model = TensorReader(folder)
+def load_update(base: TensorReader, source: Source, name: str) -> Update:
+    """A model's changed tensors; an adapter's are its targets, each formed (base + ΔW) when a merge reads it."""
+    model = tensors(source)
+    if isinstance(model, AdapterReader):
+        return FormedUpdate(model)
     missing = set(base.index) - set(model.index)
     if missing:
         raise UserError(f"model {name}: tensor {sorted(missing)[0]} of the base is missing; pools share one architecture")

@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Mapping
 
-from mergekit_mergeability import checkpoints
 from mergekit_mergeability.checkpoints import TensorReader
 from mergekit_mergeability.diagnostics import ModelInput
 from mergekit_mergeability.diagnostics.compatibility import require_compatible
@@ -44,7 +43,7 @@ def check_pool(spec: MergeSpec, partner_count: int, method: str) -> None:
 
 def measure(spec: MergeSpec, method: str, partner_count: int, trials: int, seed: int, options: Mapping[str, Any], cache: harness.Cache, out: Path) -> Dict[str, Any]:
     check_pool(spec, partner_count, method)
-    folders = {name: checkpoints.resolve(name, spec.folder) for name in [spec.base_model, *spec.models]}
+    folders = spec.sources()
     require_compatible(ModelInput(spec.base_model, folders[spec.base_model]), [ModelInput(m, folders[m]) for m in spec.models])
     tasks = task_specs.resolve_all(dict.fromkeys(spec.probes[m] for m in spec.models), spec.folder)
     own_task = {m: tasks[spec.probes[m]] for m in spec.models}

@@ -7,10 +7,11 @@ from typing import Any, Callable, Dict, Mapping
 
 import torch
 
-from mergekit_mergeability.checkpoints import load_causal_lm
+from mergekit_mergeability.checkpoints import Source, load_causal_lm, same_model
 from mergekit_mergeability.evaluation import harness
 from mergekit_mergeability.evaluation.inmemory import patched
 from mergekit_mergeability.evaluation.tasks import Task
+from mergekit_mergeability.lora import AdapterModel
 
 
 class Scorer:
@@ -31,13 +32,17 @@ class Scorer:
             module, tokenizer, task, self.options.get("limit"), self.options.get("batch_size", 16), self.options.get("device", "cpu")
         )
 
-    def folder(self, path: Path, task: Task) -> Dict[str, Any]:
-        """A model folder's score on ``task``."""
+    def folder(self, path: Source, task: Task) -> Dict[str, Any]:
+        """A model's score on ``task``; an adapter of the base is scored as a patch of the loaded base."""
         key = self.cache.key("folder", harness.fingerprint(path), *self.settings(task))
         cached = self.cache.get(key)
         if cached is not None:
             return cached
-        if Path(path).resolve() == self.base.resolve():
+        if isinstance(path, AdapterModel) and same_model(path.base, self.base):
+            module, tokenizer = self.base_module()
+            with patched(module, path.merged(module.state_dict())):
+                return self.cache.put(key, self._run(module, tokenizer, task))
+        if same_model(path, self.base):
             module, tokenizer = self.base_module()
         else:
             module, tokenizer = load_causal_lm(path, self.options.get("device", "cpu"), self.options.get("dtype", "float32"), self.base)

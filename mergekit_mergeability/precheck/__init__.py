@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from mergekit_mergeability import checkpoints, probes
+from mergekit_mergeability import probes
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
 from mergekit_mergeability.errors import MeasurementError, UserError
 from mergekit_mergeability.precheck.config import MergeSpec
@@ -39,7 +39,7 @@ def probe_specs(spec: MergeSpec, overrides: Mapping[str, str]) -> Dict[str, str]
     """The config's ``probe:`` keys, then ``--probe MODEL=SPEC`` (MODEL as written, or its folder name)."""
     chosen = dict(spec.probes)
     for key, value in overrides.items():
-        matches = [m for m in spec.models if key in (m, Path(m.split("+")[0]).name)]
+        matches = [m for m in spec.models if key in (m, Path(m).name, Path(m.split("+")[-1]).name)]  # BASE+ADAPTER: the adapter's name
         if len(matches) != 1:
             raise UserError(f"--probe {key}={value}: {key!r} matches {len(matches)} models of the config; use the path as written: {', '.join(spec.models)}")
         chosen[matches[0]] = value
@@ -48,12 +48,13 @@ def probe_specs(spec: MergeSpec, overrides: Mapping[str, str]) -> Dict[str, str]
 
 def load_inputs(spec: MergeSpec, specs: Mapping[str, str], limit: Optional[int]) -> Tuple[Optional[ModelInput], Tuple[ModelInput, ...]]:
     folder = spec.folder
-    base = ModelInput(spec.base_model, checkpoints.resolve(spec.base_model, folder)) if spec.base_model else None
+    sources = spec.sources()
+    base = ModelInput(spec.base_model, sources[spec.base_model]) if spec.base_model else None
     neutral = probes.shots_from(None)
     models = tuple(
         ModelInput(
             name,
-            checkpoints.resolve(name, folder),
+            sources[name],
             probes.load(specs[name], limit, folder) if name in specs else None,
             probes.shots_from(spec.fewshot[name], folder) + neutral if name in spec.fewshot else neutral,
         )

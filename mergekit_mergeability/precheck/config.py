@@ -31,6 +31,16 @@ class MergeSpec:
     def folder(self) -> Path:
         return self.source.parent if self.source.is_file() else self.source
 
+    def sources(self) -> Dict[str, Any]:
+        """Each model as written -> its folder, hub model or adapter (``checkpoints.resolve``), the
+        base first; an adapter must be one of the base (an adapter cannot be the base)."""
+        from mergekit_mergeability.checkpoints import resolve
+
+        base = resolve(self.base_model, self.folder, adapters=False) if self.base_model else None
+        found = {self.base_model: base} if base is not None else {}
+        found.update({name: resolve(name, self.folder, base=base) for name in self.models})
+        return found
+
 
 def read(path: Path) -> MergeSpec:
     return from_document(load(path), Path(path))
@@ -79,6 +89,27 @@ def from_document(document: Any, source: Path) -> MergeSpec:
     if not names:
         raise UserError(f"{source}: no models to merge besides the base")
     return MergeSpec(document, source, str(document["merge_method"]), base and str(base), names, probes, fewshot)
+
+
+def from_pool(folder: Path) -> MergeSpec:
+    """A folder of PEFT adapter folders, as the config that merges them: task_arithmetic with equal
+    weights summing to 1 (their mean update), on the one base their adapter_config.json files name."""
+    from mergekit_mergeability import lora
+
+    folder = Path(folder)
+    adapters = sorted(p for p in folder.iterdir() if p.is_dir() and lora.is_adapter(p)) if folder.is_dir() else []
+    if not adapters:
+        raise UserError(f"--pool {folder}: no adapter folders in it (each with {lora.CONFIG}); name a folder of peft adapters")
+    bases = {str(lora.read_config(p).get("base_model_name_or_path") or "") for p in adapters}
+    if len(bases) != 1 or "" in bases:
+        named = ", ".join(sorted(b or "(none)" for b in bases))
+        raise UserError(f"--pool {folder}: its adapters name {len(bases)} bases in base_model_name_or_path ({named}); a pool shares one base")
+    document = {
+        "merge_method": "task_arithmetic",
+        "base_model": bases.pop(),
+        "models": [{"model": str(p), "parameters": {"weight": 1 / len(adapters)}} for p in adapters],
+    }
+    return from_document(document, folder.resolve())
 
 
 def tokenizer_source(document: Dict[str, Any]) -> Optional[str]:

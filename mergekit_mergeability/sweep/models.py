@@ -83,7 +83,7 @@ class Endpoints:
 def endpoints(a: str, b: str, base: Optional[str] = None) -> Endpoints:
     """Resolve A and B (and the base), refusing models that cannot be interpolated, before any tensor is read."""
     names = {"a": a, "b": b, **({"base": base} if base else {})}
-    sources = {role: checkpoints.resolve(name) for role, name in names.items()}
+    sources = {role: checkpoints.resolve(name, adapters=False) for role, name in names.items()}
     if base:
         for role in ("a", "b"):
             _check_vector(names[role], sources[role], names["base"], sources["base"])

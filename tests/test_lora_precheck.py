@@ -1,0 +1,136 @@
+"""A pool of LoRA adapters measured from its factors gives the numbers of the same pool materialised."""
+
+import json
+import math
+import shutil
+
+import pytest
+import yaml
+
+from mergekit_mergeability.checkpoints import resolve
+from mergekit_mergeability.diagnostics import weights
+from mergekit_mergeability.precheck import config as merge_config, run
+from mergekit_mergeability.lora import materialise
+from mergekit_mergeability.tiny import make_adapter
+
+LAYERS = ("model.layers.{}.mlp.up_proj.weight", "model.layers.{}.self_attn.q_proj.weight", "model.layers.{}.self_attn.v_proj.weight")
+
+
+def _targets(layers, kinds):
+    return [LAYERS[k].format(layer) for layer in layers for k in kinds]
+
+
+@pytest.fixture(scope="module")
+def pools(llama, tmp_path_factory):
+    """Adapters of different ranks and modules, overlapping in layer 1 (d: a scaled by −½), and
+    their materialised folders."""
+    root = tmp_path_factory.mktemp("lora_pool")
+    a = _targets([0, 1], [0, 1])
+    specs = {"a": (a, 4, 8, 1), "b": (_targets([1, 2], [0, 2]), 2, 4, 2), "c": (_targets([1], [0, 1, 2]), 8, 16, 3), "d": (a, 4, -4, 1)}
+    adapters, full = {}, {}
+    for name, (targets, rank, alpha, seed) in specs.items():
+        adapters[name] = make_adapter(llama["base"], root / "adapters" / name, targets, rank=rank, alpha=alpha, seed=seed)
+        full[name] = materialise(resolve(str(adapters[name])), root / "full" / name)
+    return root, adapters, full
+
+
+def _precheck(llama, root, members, label):
+    document = {"merge_method": "task_arithmetic", "base_model": str(llama["base"]), "models": [{"model": str(p), "parameters": {"weight": 0.5}} for p in members], "dtype": "float32"}
+    path = root / f"{label}.yml"
+    path.write_text(yaml.safe_dump(document))
+    run(merge_config.read(path), options={"quiet": True}, out=root / label)
+    return json.loads((root / label / "precheck.json").read_text())
+
+
+def _numbers(value, where=""):
+    """Every number of a report, by where it sits."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _numbers(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _numbers(item, f"{where}[{i}]")
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield where, value
+
+
+def test_adapter_pool_report_equals_the_materialised_pool(llama, pools, monkeypatch):
+    """To 1e-5 relative; near 0 to 1e-7 absolute, the float32 rounding of the materialised
+    folders' θ − θ_base (the factors' numbers are exact)."""
+    root, adapters, full = pools
+    with monkeypatch.context() as patch:  # measured from the factors: no model weight is streamed
+        patch.setattr(weights, "TensorReader", None)
+        native = _precheck(llama, root, adapters.values(), "native")
+    materialised = _precheck(llama, root, full.values(), "materialised")
+    ours = {k.replace(str(root / "adapters"), ""): v for k, v in _numbers(native)}
+    theirs = {k.replace(str(root / "full"), ""): v for k, v in _numbers(materialised)}
+    assert ours.keys() == theirs.keys()
+    timing = [k for k in ours if "second" in k or "time" in k]
+    compared = [k for k in ours if k not in timing]
+    assert any("top_singular_value" in k for k in compared) and any("sign_conflict" in k for k in compared)
+    for key in compared:
+        assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-7) or (math.isnan(ours[key]) and math.isnan(theirs[key])), key
+    pair = native["diagnostics"]["weights"]["per_pair"][f"{adapters['a']}|{adapters['d']}"]
+    assert pair["cosine"] == pytest.approx(-1) and pair["sign_conflict"] == pytest.approx(1)
+
+
+def test_recommended_config_names_each_adapter_on_its_base(llama, pools):
+    root, adapters, _ = pools
+    _precheck(llama, root, [adapters[k] for k in "abc"], "recommended")  # without d, which cancels a
+    recommended = yaml.safe_load((root / "recommended" / "recommended.yml").read_text())
+    models = [m["model"] for m in merge_config.model_entries(recommended)]
+    assert models and all(m.startswith(f"{llama['base'].resolve()}+") for m in models if m != recommended.get("base_model"))
+
+
+def test_precheck_of_a_pool_folder(llama, pools, tmp_path):
+    from click.testing import CliRunner
+
+    from mergekit_mergeability.cli import main
+
+    root, adapters, _ = pools
+    pool = tmp_path / "pool"
+    for name in "abc":
+        shutil.copytree(adapters[name], pool / name)
+    (pool / "notes").mkdir()  # a folder that is not an adapter is not a member
+    result = CliRunner().invoke(main, ["precheck", "--pool", str(pool), "--out", str(tmp_path / "out"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "precheck.json").read_text())
+    assert [m["path"] for m in report["models"] if m["role"] == "expert"] == [str(pool.resolve() / n) for n in "abc"]
+    assert report["merge_method"] == "task_arithmetic"
+
+
+def test_a_pool_folder_of_adapters_on_different_bases_is_refused(llama, pools, tmp_path):
+    from click.testing import CliRunner
+
+    from mergekit_mergeability.cli import main
+
+    pool = tmp_path / "mixed"
+    make_adapter(llama["base"], pool / "one", LAYERS[0].format(0).split())
+    make_adapter(llama["base"], pool / "two", LAYERS[0].format(0).split(), base_name=llama["expert0"])
+    (tmp_path / "empty").mkdir()
+    for folder, expected in ((pool, f"--pool {pool}: its adapters name 2 bases"), (tmp_path / "empty", "no adapter folders in it")):
+        result = CliRunner().invoke(main, ["precheck", "--pool", str(folder), "--out", str(tmp_path / "out"), "--quiet"])
+        assert result.exit_code == 2 and expected in result.output and len(result.output.strip().splitlines()) == 1, result.output
+    assert not (tmp_path / "out").exists()
+    result = CliRunner().invoke(main, ["precheck", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "name a CONFIG_FILE or a --pool folder" in result.output
+
+
+def test_an_adapter_among_model_folders_is_streamed_as_base_plus_update(llama, pools):
+    root, adapters, full = pools
+    mixed = _precheck(llama, root, [adapters["a"], full["b"], adapters["c"]], "mixed")
+    materialised = _precheck(llama, root, [full["a"], full["b"], full["c"]], "materialised_abc")
+    ours = {k.replace(str(root / "adapters"), "").replace(str(root / "full"), ""): v for k, v in _numbers(mixed["diagnostics"]["weights"])}
+    theirs = {k.replace(str(root / "full"), ""): v for k, v in _numbers(materialised["diagnostics"]["weights"])}
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-7), key
+
+
+def test_probe_option_names_an_adapter_by_its_folder(llama, pools):
+    from mergekit_mergeability.precheck import probe_specs
+
+    root, adapters, _ = pools
+    document = {"merge_method": "task_arithmetic", "base_model": str(llama["base"]), "models": [{"model": f"{llama['base']}+{adapters[n]}"} for n in "ab"]}
+    spec = merge_config.from_document(document, root)
+    assert probe_specs(spec, {"b": "probe.jsonl"}) == {f"{llama['base']}+{adapters['b']}": "probe.jsonl"}
