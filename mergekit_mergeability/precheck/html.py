@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import html
 import math
+import warnings
 from typing import Any, Dict, List, Optional
 
 from mergekit_mergeability.summary import known, legend, number
@@ -162,8 +163,11 @@ def _lines(ax, curves: Dict[str, List[float]], what: str) -> None:
         return
     stacked = np.array(list(curves.values()))
     x = range(stacked.shape[1])
-    ax.fill_between(x, np.nanmin(stacked, 0), np.nanmax(stacked, 0), alpha=0.3, label=f"min–max over {len(curves)} {what}")
-    ax.plot(x, np.nanmedian(stacked, 0), marker=".", label=f"median of the {what}")
+    with warnings.catch_warnings():  # a layer no curve has a value for (nothing to compare there) stays a gap
+        warnings.simplefilter("ignore", RuntimeWarning)
+        low, high, middle = np.nanmin(stacked, 0), np.nanmax(stacked, 0), np.nanmedian(stacked, 0)
+    ax.fill_between(x, low, high, alpha=0.3, label=f"min–max over {len(curves)} {what}")
+    ax.plot(x, middle, marker=".", label=f"median of the {what}")
 
 
 def _specific_plot(report) -> Optional[str]:
