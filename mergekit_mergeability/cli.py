@@ -137,6 +137,8 @@ def _layer_set(text: str | None):
         low, _, high = part.strip().partition("-")
         if not low.isdigit() or (high and not high.isdigit()):
             raise click.BadParameter(f"{part!r} is not a layer or a range like 0-12", param_hint="--layers")
+        if high and int(high) < int(low):
+            raise click.BadParameter(f"{part!r} runs backwards; write the range low to high ({high}-{low})", param_hint="--layers")
         chosen.update(range(int(low), int(high or low) + 1))
     return chosen
 

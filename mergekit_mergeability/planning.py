@@ -98,3 +98,30 @@ def _check_plugin_method(planner, plugin_methods) -> None:
     check = getattr(method, "check_config", None)
     if check is not None:
         check(views)
+
+
+def dry_run(document: Dict[str, Any], source) -> None:
+    """Plan the merge as ``mergekit-yaml`` would, reading only the models' config.json files
+    (no tensor read, nothing written): a config the merge would refuse (an unknown method, a
+    missing base or parameter, a layer cut-off beyond the model) is refused now, in one line,
+    rather than after the precheck has measured and recommended it."""
+    from mergekit.architecture import get_architecture_info
+    from mergekit.config import MergeConfiguration
+    from mergekit.merge import _model_out_config
+    from mergekit.options import MergeOptions
+    from mergekit.plan import MergePlanner
+
+    from mergekit_mergeability.precheck import gate
+
+    options = MergeOptions()
+    try:
+        config = MergeConfiguration.model_validate(document)
+        architecture = get_architecture_info(config, options)
+        with gate.paused():  # the plan's own check, not a precheck inside the precheck
+            planner = MergePlanner(config, architecture, options, _model_out_config(config, architecture))
+            planner.plan_to_disk(out_path="never-written")  # tasks only: nothing runs until an executor does
+    except UserError as error:
+        raise UserError(f"{source}: the merge would stop: {error}") from None
+    except (ValueError, RuntimeError, KeyError, AssertionError) as error:
+        line = (str(error).splitlines() or [type(error).__name__])[0]
+        raise UserError(f"{source}: mergekit would refuse this merge: {line}") from None

@@ -79,7 +79,14 @@ def world(llama, tmp_path_factory):
         pool_lora=w.config("pool_lora", ["e1", "lora"]),
         pool_other_base=w.config("pool_other_base", ["e1", "other_base"]),
         pool_unprobed=w.config("pool_unprobed", ["e0", "e1"], probes=False),
+        method_typo=w.config("method_typo", ["e0", "e1"], merge_method="task_arithmetc"),
+        no_knowledge=w.config("no_knowledge", ["e0", "e1"], merge_method="knowledge_weighted"),
+        cutoff_beyond=w.config("cutoff_beyond", ["e0", "e1"], merge_method="layer_selective", parameters={"cutoff": 99}),
     )
+    document = yaml.safe_load(w["pool"].read_text())
+    del document["base_model"]
+    (root / "no_base.yml").write_text(yaml.safe_dump(document))
+    w["no_base"] = root / "no_base.yml"
     for name, probe in (("not_json", "not_json"), ("label", "label"), ("keys", "keys"), ("missing", "absent.jsonl")):
         document = yaml.safe_load(w["pool"].read_text())
         document["models"][0]["probe"] = str(w.get(probe, root / probe))
@@ -106,6 +113,12 @@ CASES = {
     "precheck: probe label out of range": ("precheck", ["{probe_label}"], ["{label}:1: label must index one of at least 2 choices, got 5"]),
     "precheck: probe with wrong keys": ("precheck", ["{probe_keys}"], ["{keys}:1: expected", "['a', 'q']"]),
     "precheck: --probe naming no model": ("precheck", ["{pool}", "--probe", "nobody={probe}"], ["--probe nobody=", "'nobody' matches 0 models"]),
+    "precheck: unknown merge_method": ("precheck", ["{method_typo}"], ["{method_typo}: merge_method 'task_arithmetc' is not an installed mergekit method"]),
+    "precheck: a method parameter the merge needs": ("precheck", ["{no_knowledge}"], ["{no_knowledge}: the merge would stop", "{e0} needs parameter 'knowledge'"]),
+    "precheck: a cut-off beyond the model": ("precheck", ["{cutoff_beyond}"], ["{cutoff_beyond}: the merge would stop", "cutoff 99 is beyond the model's 4 layers"]),
+    "precheck: a method that needs a base, without one": ("precheck", ["{no_base}"], ["{no_base}: mergekit would refuse this merge: Merge method requires a base input"]),
+    "precheck: --skip naming no diagnostic": ("precheck", ["{pool}", "--skip", "representation"], ["--skip representation: no such diagnostic", "representations"]),
+    "precheck: --layers backwards": ("precheck", ["{pool}", "--layers", "3-1"], ["--layers", "'3-1' runs backwards"]),
     "precheck: bad --layers": ("precheck", ["{pool}", "--layers", "3-x"], ["--layers", "'3-x' is not a layer or a range"]),
     "evaluate: model+adapter, no adapter there": ("evaluate", ["{pool_lora}", "--merged", "{e1}"], ["model {lora}:", "{root}/adapter is not a peft adapter folder"]),
     "evaluate: adapter of another base": ("evaluate", ["{pool_other_base}", "--merged", "{e1}"], ["adapter {other_base}: trained on {e0}", "the config's base_model is {base}"]),

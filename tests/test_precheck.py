@@ -398,3 +398,14 @@ def test_the_gate_setting_reads_a_switch_or_a_folder(tmp_path, pool, monkeypatch
     config = _config(tmp_path, pool, ["known", "unknown"], [None, None])
     gate.check(MergeConfiguration.model_validate(yaml.safe_load(config.read_text())))
     assert runs == ([] if report_to == "off" else [None if report_to is None else Path(report_to)])
+
+
+def test_layers_beyond_the_model_are_named_in_a_warning(tmp_path, pool):
+    config = _config(tmp_path, pool, ["upper_a", "upper_b"], ["probe_known", "probe_unknown"])
+    result = _precheck(config, tmp_path / "out", "--layers", "0-2,7-9", "--skip", "selectivity")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "precheck.json").read_text())
+    (warning,) = [f["message"] for f in report["findings"] if f["message"].startswith("--layers")]
+    assert "7, 8, 9 beyond these models' layers 0–4" in warning
+    pair = next(p for p in report["pairs"] if p["cka_unbiased"])
+    assert [v is not None for v in pair["cka_unbiased"]] == [True, True, True, False, False]

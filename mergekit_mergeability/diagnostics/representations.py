@@ -51,6 +51,10 @@ class Representations:
                 "cka_prompt": layerwise(prompt_a, prompt_b),
             }
             result.per_layer[(a, b)] = {k: _only(v, selected) for k, v in curves.items()}
+        depth = len(next(iter(pooled.values()))[0])
+        if selected is not None and max(selected) >= depth:
+            outside = sorted(i for i in selected if i >= depth)
+            result.findings.append(Finding("warning", f"--layers: {', '.join(map(str, outside[:5]))}{' …' if len(outside) > 5 else ''} beyond these models' layers 0–{depth - 1} (0 = embedding output); compared only those within"))
         return result
 
     def _pool(self, member: ModelInput, rows, inputs: DiagnosticInputs, loaded: "_Loaded"):

@@ -16,6 +16,7 @@ from mergekit_mergeability.errors import MeasurementError, UserError
 from mergekit_mergeability.precheck.config import MergeSpec
 
 BUILTIN = "builtin"  # the package's own plugin: if its signals cannot be measured, nothing is judged
+COMPATIBILITY = "compatibility"  # the header-only diagnostic that runs before mergekit plans the config
 
 
 @dataclass
@@ -27,6 +28,7 @@ class Measurements:
     results: Dict[str, DiagnosticResult] = field(default_factory=dict)
     skipped: List[str] = field(default_factory=list)
     failed: List[str] = field(default_factory=list)  # third-party diagnostics that raised (warnings)
+    planned: bool = False  # mergekit planned the config (``plan``)
 
     def findings(self) -> List[Tuple[str, Finding]]:
         return [(name, f) for name, result in self.results.items() for f in result.findings]
@@ -80,10 +82,16 @@ def measure(spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping
     measured = Measurements(spec, base, models, specs)
     inputs = DiagnosticInputs(base, models, {"tokenizer_source": tokenizer_source(spec.document), **options})
     skip = set(options.get("skip") or ())
-    for plugin, diagnostic in contributions("mergeability_diagnostics", strict=(BUILTIN,)):
+    diagnostics = list(contributions("mergeability_diagnostics", strict=(BUILTIN,)))
+    unknown = skip - {d.name for _, d in diagnostics}
+    if unknown:
+        raise UserError(f"--skip {', '.join(sorted(unknown))}: no such diagnostic; the diagnostics are {', '.join(d.name for _, d in diagnostics)}")
+    for plugin, diagnostic in diagnostics:
         if measured.errors():
             measured.skipped.append(diagnostic.name)
             continue
+        if diagnostic.name != COMPATIBILITY and not measured.planned:  # the models fit together: would mergekit take the config?
+            plan(measured)
         if diagnostic.name in skip:
             measured.skipped.append(diagnostic.name)
             continue
@@ -105,6 +113,19 @@ def measure(spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping
             measured.failed.append(diagnostic.name)
             measured.results[diagnostic.name] = DiagnosticResult(findings=[Finding("warning", message)])
     return measured
+
+
+def plan(measured: Measurements) -> None:
+    """Plan the merge as mergekit would (``planning.dry_run``), before the heavy passes: a config
+    the merge would refuse is one line now, not a recommendation that fails later. Only for local
+    folders: hub models would need their configs fetched, plain adapter folders are ours alone."""
+    from mergekit_mergeability.planning import dry_run
+    from mergekit_mergeability.precheck.report import absolute
+
+    measured.planned = True
+    sources = {m.name: m.path for m in ([measured.base] if measured.base else []) + list(measured.models)}
+    if all(isinstance(path, Path) for path in sources.values()):
+        dry_run(absolute(measured.spec.document, sources), measured.spec.source)
 
 
 def _first_line(error: Exception) -> str:

@@ -70,6 +70,12 @@ def validate(document: Any, source: Path) -> None:
         MergeConfiguration.model_validate(document)
     except (ValidationError, RuntimeError) as error:
         raise UserError(f"{source}: not a valid mergekit config ({_first_line(error)})") from None
+    from mergekit import merge_methods
+
+    try:
+        merge_methods.get(document["merge_method"])
+    except RuntimeError:
+        raise UserError(f"{source}: merge_method {document['merge_method']!r} is not an installed mergekit method; `mergekit-mergeability methods` lists them") from None
 
 
 def from_document(document: Any, source: Path) -> MergeSpec:

@@ -12,6 +12,7 @@ directory, as mergekit's do.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from types import ModuleType
@@ -20,10 +21,21 @@ from typing import Any, Dict, Optional
 ENVIRONMENT = "MERGEKIT_MERGEABILITY_PRECHECK"
 OFF, SUMMARY_ONLY = ("", "0", "false", "no"), ("1", "true", "yes")  # compared lower-cased
 _documents: Dict[int, Any] = {}  # id(parsed MergeConfiguration) -> the raw document
+_paused = [False]
 
 
 def enabled() -> bool:
-    return os.environ.get(ENVIRONMENT, "").strip().lower() not in OFF
+    return not _paused[0] and os.environ.get(ENVIRONMENT, "").strip().lower() not in OFF
+
+
+@contextlib.contextmanager
+def paused():
+    """No gate while the precheck plans a merge it is checking (it would precheck itself)."""
+    before, _paused[0] = _paused[0], True
+    try:
+        yield
+    finally:
+        _paused[0] = before
 
 
 def report_folder() -> Optional[Path]:
