@@ -15,6 +15,12 @@ from mergekit_mergeability.errors import UserError
 SCHEMA_VERSION = "2.1"
 
 
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
 def write_atomic(path: Path, data: Union[str, bytes]) -> Path:
     """Write to a temporary file beside ``path``, then rename it into place."""
     path = Path(path)
@@ -24,6 +30,7 @@ def write_atomic(path: Path, data: Union[str, bytes]) -> Path:
     try:
         with os.fdopen(handle, "wb") as out:
             out.write(raw)
+        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp's 0600 would hide the report from the user's group
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
