@@ -64,6 +64,8 @@ class Selectivity:
             probabilities[member.name] = p
         bar, cut = lape.thresholds(list(probabilities.values()), *quantiles)
         masks = {name: lape.specific(p, bar, cut) for name, p in probabilities.items()}
+        if not any(mask.any() for mask in masks.values()):
+            result.findings.append(Finding("info", f"selectivity: no MLP neuron is specific to one of the {len(groups)} probe groups in any model; no overlap to compare (more probe lines per group may separate them)"))
         for name, mask in masks.items():
             result.per_layer[name] = {f"{SPECIFIC}{g}": c.tolist() for g, c in zip(groups, lape.counts(mask))}
         experts = {m.name for m in inputs.models}

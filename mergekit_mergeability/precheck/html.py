@@ -171,8 +171,8 @@ def _lines(ax, curves: Dict[str, List[float]], what: str) -> None:
 
 
 def _specific_plot(report) -> Optional[str]:
-    models = [m for m in report["models"] if m.get("specific_neurons")]
-    if not models:
+    models = [m for m in report["models"] if any(any(counts) for counts in (m.get("specific_neurons") or {}).values())]
+    if not models:  # no specific neuron anywhere: a finding says so, a flat line would not
         return None
     span = report["layers"]["selectivity"]["span"]
 
@@ -189,7 +189,7 @@ def _specific_plot(report) -> Optional[str]:
 
 
 def _overlap_plot(report, names) -> Optional[str]:
-    pairs = [p for p in report["pairs"] if p.get("specific_overlap")]
+    pairs = [p for p in report["pairs"] if any(v is not None for v in p.get("specific_overlap") or ())]
     if not pairs:
         return None
     selectivity = report["layers"]["selectivity"]
