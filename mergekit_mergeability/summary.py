@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from mergekit_mergeability.names import short_names
+
 
 def number(value: Optional[float], digits: int = 2) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
@@ -19,7 +21,7 @@ def print_precheck(report: Dict[str, Any], out: Optional[Path] = None) -> None:
     from rich.console import Console
 
     console = Console()
-    table = _table("Mergeability precheck", "model", "p(gold)", "acc", "predicted", "why")
+    table = wrapping_table("Mergeability precheck", "model", "p(gold)", "acc", "predicted", "why")
     table.columns[-1].overflow = "fold"
     for model in (m for m in report["models"] if m["role"] == "expert"):
         p_gold, accuracy = known(model, report)
@@ -65,16 +67,17 @@ def legend(models) -> Dict[str, list]:
     return groups
 
 
-def _table(title: str, *columns: str):
-    from rich.table import Table
+def wrapping_table(title: str, *columns: str, **options):
+    """A rich table whose cells wrap rather than end in "…": a cut name cannot tell two rows apart."""
+    from rich.table import Column, Table
 
-    return Table(*columns, title=title)
+    return Table(*(Column(c, overflow="fold") for c in columns), title=title, **options)
 
 
 def print_evaluation(report: Dict[str, Any], out: Optional[Path] = None) -> None:
     from rich.console import Console
 
-    table = _table("What the merge kept", "task", "metric", "base", "expert", "merged", "retention", "normalised gain")
+    table = wrapping_table("What the merge kept", "task", "metric", "base", "expert", "merged", "retention", "normalised gain")
     for row in report["tasks"]:
         table.add_row(row["task"], row["metric"], *(number(row[k]) for k in ("base", "expert", "merged", "retention", "normalised_gain")))
     Console().print(table)
@@ -86,11 +89,16 @@ def print_mergeability(report: Dict[str, Any], out: Optional[Path] = None) -> No
     from rich.console import Console
 
     title = f"Mergeability: {report['method']}, {report['partners']} partners × {report['trials']} trials"
-    table = _table(title, "model", "task", "base", "alone", "merged (S)", "95% interval", "gain kept")
+    table = wrapping_table(title, "model", "task", "base", "alone", "merged (S)", "95% interval", "gain kept")
+    names = short_names(row["path"] for row in report["models"])
+    tasks = short_names(row["task"] for row in report["models"])
     for row in report["models"]:
         low, high = row["interval"]
-        table.add_row(row["path"], row["task"], number(row["base_score"]), number(row["expert_score"]), number(row["mergeability"]), f"{low:.2f}–{high:.2f}", number(row["normalised"]))
-    Console().print(table)
+        table.add_row(names[row["path"]], tasks[row["task"]], number(row["base_score"]), number(row["expert_score"]), number(row["mergeability"]), f"{low:.2f}–{high:.2f}", number(row["normalised"]))
+    console = Console()
+    console.print(table)
+    for folder, short in legend([{"name": names[p], "path": p} for p in names]).items():
+        console.print(f"[dim]in {folder}: {', '.join(short)}[/dim]")
     if out is not None:
         Console().print(f"wrote {out}/mergeability.json")
 
@@ -98,7 +106,7 @@ def print_mergeability(report: Dict[str, Any], out: Optional[Path] = None) -> No
 def print_validation(report: Dict[str, Any]) -> None:
     from rich.console import Console
 
-    table = _table(f"Predicting {report['target']} over {report['models']} models ({report['method']})", "predictor", "Spearman", "95% bootstrap interval", "permutation p")
+    table = wrapping_table(f"Predicting {report['target']} over {report['models']} models ({report['method']})", "predictor", "Spearman", "95% bootstrap interval", "permutation p")
     for row in report["correlations"]:
         low, high = row["interval"]
         table.add_row(row["predictor"], f"{row['spearman']:+.2f}", f"{low:+.2f} – {high:+.2f}", p_value(row["p_permutation"]))
@@ -115,12 +123,12 @@ def print_calibration(report: Dict[str, Any]) -> None:
     from rich.console import Console
 
     console = Console()
-    weights = _table(f"Calibration on {report['models']} models, {len(report['pools'])} pool(s) ({', '.join(report['method'])})", "feature", "direction", "weight", "alone (Spearman)")
+    weights = wrapping_table(f"Calibration on {report['models']} models, {len(report['pools'])} pool(s) ({', '.join(report['method'])})", "feature", "direction", "weight", "alone (Spearman)")
     for feature in report["model"]["features"]:
         alone = report["single_features"].get(feature["name"])
         weights.add_row(feature["name"], "+" if feature["direction"] > 0 else "−", f"{feature['weight']:.3f}", number(alone))
     console.print(weights)
-    held = _table("Out of sample", "held out", "Spearman", "permutation p", "null 95th pct.", "best single feature")
+    held = wrapping_table("Out of sample", "held out", "Spearman", "permutation p", "null 95th pct.", "best single feature")
     for how, r in report["out_of_sample"].items():
         held.add_row(how.replace("_", " "), f"{r['spearman']:+.2f}", p_value(r["p_permutation"]), f"{r['null_95th_percentile']:+.2f}", f"{r['best_single_feature']} ({r['best_single_spearman']:+.2f})")
     console.print(held)

@@ -319,21 +319,25 @@ def _expert_rows(precheck: Dict[str, Any], reports: Dict[str, Dict[str, Any]]) -
 
 
 def _print_results(console: Console, summary: Dict[str, Any]) -> None:
-    from rich.table import Table
+    from mergekit_mergeability.summary import wrapping_table
 
-    table = Table("expert", "p(gold)", "acc", "predicted", *(f"S {m}" for m in METHODS), title="Predicted vs measured mergeability")
+    short = {"task_arithmetic": "mean", "ties": "ties", "knowledge_weighted": "kw"}
+    table = wrapping_table(
+        "Predicted vs measured mergeability", "expert", "p(gold)", "acc", "predicted", *(f"S {short[m]}" for m in METHODS),
+        caption="S: own-fact accuracy after merging; mean = task_arithmetic, kw = knowledge_weighted",
+    )
     for row in summary["experts"]:
         table.add_row(row["expert"], f"{row['base_p_gold']:.2f}", f"{row['base_accuracy']:.2f}", f"{row['predicted']:.2f}", *(f"{row[m]:.2f}" for m in METHODS))
     console.print(table)
-    groups = Table("group", *METHODS, title="Mean own-fact accuracy after merging, by the base's knowledge of the fact")
+    groups = wrapping_table("Mean own-fact accuracy after merging, by the base's knowledge of the fact", "group", *METHODS)
     sizes = {g: len(experts) for g, experts in summary["groups"].items()}
     sizes["all"] = len(summary["experts"])
     for group in ("weakly known", "partly known", "well known", "all"):
         groups.add_row(f"{group} ({sizes[group]})", *(f"{summary['mergeability_by_knowledge'][m][group]:.2f}" for m in METHODS))
     console.print(groups)
-    translation = Table(
+    translation = wrapping_table(
+        "Translation experts: the layer cut-off",
         "targets", "merge", "expert", "chrF alone", "chrF merged", "kept",
-        title="Translation experts: the layer cut-off",
         caption="★ merged as the precheck recommends, for that expert",
     )
     for name, results in summary["translation"].items():
