@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 from types import ModuleType
 from typing import Callable, Dict
@@ -70,6 +71,7 @@ def _register_methods(_module: ModuleType) -> None:
 
 
 def _check_configs_before_planning(module: ModuleType) -> None:
+    from mergekit_mergeability.errors import UserError
     from mergekit_mergeability.planning import check_before_planning
 
     planner = module.MergePlanner
@@ -79,7 +81,14 @@ def _check_configs_before_planning(module: ModuleType) -> None:
 
     def normalize_config(self):
         normalize(self)
-        check_before_planning(self)
+        try:
+            check_before_planning(self)
+        except UserError as error:
+            program = os.path.basename(sys.argv[0])
+            if program.startswith("mergekit-") and program != "mergekit-mergeability":
+                print(f"Error: {error}", file=sys.stderr)  # the stock mergekit CLI: one line and status 2, as ours
+                raise SystemExit(2) from None
+            raise  # run_merge in someone's program: theirs to catch
 
     normalize_config._mergeability_checked = True
     planner.normalize_config = normalize_config

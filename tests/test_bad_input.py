@@ -140,6 +140,7 @@ CASES = {
     "validate: fewer than 3 shared models": ("validate", ["{precheck_json}", "{measured_json}"], ["share 2 models", "need at least 3"]),
     "merge: non-empty output folder": ("merge", ["{pool}", "{tmp}/merged"], ["{tmp}/merged: output folder exists and is not empty"]),
     "merge: truncated safetensors": ("merge", ["{pool_truncated}", "{tmp}/merged"], ["{truncated}/model.safetensors: truncated or corrupted"]),
+    "merge: missing model folder": ("merge", ["{pool_absent}", "{tmp}/merged"], ["{pool_absent}: model {absent}: no such folder"]),
     "merge: config not YAML": ("merge", ["{not_yaml}", "{tmp}/merged"], ["{not_yaml}: not valid YAML"]),
 }
 

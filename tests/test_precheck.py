@@ -220,8 +220,10 @@ def test_the_opt_in_gate_stops_stock_mergekit_yaml(tmp_path, pool):
     config = _config(tmp_path, {**pool, "broken": broken}, ["known", "broken"], [None, None])
     command = [str(Path(sys.executable).with_name("mergekit-yaml")), str(config), str(tmp_path / "merged"), "--no-write-model-card"]
     gated = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "MERGEKIT_MERGEABILITY_PRECHECK": "1"})
-    assert gated.returncode != 0
-    assert "MERGEKIT_MERGEABILITY_PRECHECK is set and the precheck says stop" in gated.stderr + gated.stdout
+    assert gated.returncode == 2
+    assert "Traceback" not in gated.stderr
+    (line,) = [line for line in gated.stderr.splitlines() if line.startswith("Error: ")]
+    assert "MERGEKIT_MERGEABILITY_PRECHECK is set and the precheck says stop" in line
     assert "NaN/Inf" in gated.stderr + gated.stdout
     assert not (tmp_path / "merged").exists()
     plain = subprocess.run(command, capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "MERGEKIT_MERGEABILITY_PRECHECK"})

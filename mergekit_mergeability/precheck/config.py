@@ -140,6 +140,9 @@ def check_local_weights(path: Path) -> None:
             if folder.is_dir():
                 weight_files(folder)
                 break
+        else:
+            if reference.startswith(("/", ".", "~")):  # a path, never a hub id: transformers' error would be a traceback
+                raise UserError(f"{path}: model {reference}: no such folder")
 
 
 def model_entries(document: Dict[str, Any]) -> Iterator[Dict[str, Any]]:
