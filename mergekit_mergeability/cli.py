@@ -347,7 +347,9 @@ def validate(precheck_json: Path, mergeability_json: Path, target, permutations,
     \b
     Spearman between predicted and measured mergeability over the models both
     files share, with a two-sided permutation p-value and a bootstrap 95%
-    interval, next to naive baselines (update norm, base accuracy alone):
+    interval, next to each of the prediction's inputs alone, and whether the
+    prediction beats the best of them (a paired bootstrap interval of the
+    difference):
         mergekit-mergeability validate precheck/precheck.json mg/mergeability.json
     """
     from mergekit_mergeability.evaluation.validate import validate as run_validation, write
@@ -445,11 +447,11 @@ def sweep(model_a, model_b, task, lambdas, marker, budget, base, layers, modules
 
 
 @main.command()
-@click.option("--quick", is_flag=True, help="Tiny random models instead of SmolLM2: the same pipeline in under a minute (numbers are meaningless).")
+@click.option("--quick", is_flag=True, help="Tiny random models instead of SmolLM2: the same pipeline in about a minute (numbers are meaningless).")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=lambda: default_cache_dir() / "demo", show_default="~/.cache/mergekit-mergeability/demo", help="Base model, experts, merges and scores; delete to rebuild.")
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("mergeability-demo"), show_default=True, help="Configs, precheck reports, measurements and summary.json.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
-@click.option("--sweep", "sweep_only", is_flag=True, help="Only step 6: the interpolation sweep from SmolLM2 to its thinking variant (~4 min first run).")
+@click.option("--sweep", "sweep_only", is_flag=True, help="Only step 6: the interpolation sweep from SmolLM2 to its thinking variant (~5 min first run).")
 @user_errors
 def demo(quick: bool, cache_dir: Path, out: Path, quiet: bool, sweep_only: bool):
     """Predict, merge and measure on a real model, offline: the whole story in one command.
