@@ -231,8 +231,9 @@ def precheck(config_file: Optional[Path], pool: Optional[Path], out: Path, probe
     ignores it) or --probe:
         models:
           - model: ./math-expert
-            probe: probes/math.jsonl     # {"question", "choices", "label"} or {"prompt", "answer"} lines, optional "group"
-            fewshot: probes/shots.jsonl  # optional: solved examples for the few-shot prompt
+            probe: probes/math.jsonl    # {"question", "choices", "label"}
+                                        # or {"prompt", "answer"}; "group"
+            fewshot: probes/shots.jsonl # optional: solved examples
     \b
     A model may be a peft LoRA adapter: BASE+ADAPTER (mergekit's syntax) or the
     adapter folder alone (its adapter_config.json names the base). --pool DIR
@@ -319,7 +320,8 @@ def mergeability(pool_file: Path, partners, trials, method, seed, out: Path, cac
     score on its own task after merging it with M partners drawn from the pool.
     POOL_FILE is a mergekit config: base_model, and models each with a probe:
     (its task) and optional parameters:; top-level parameters: go to the method.
-        mergekit-mergeability mergeability pool.yml --partners 8 --trials 5 --method ties
+        mergekit-mergeability mergeability pool.yml \\
+            --partners 8 --trials 5 --method ties
     Merges run in memory (mergekit's merge_tensors) on the tensors the models
     changed. Finished trials go to OUT/trials.jsonl: an interrupted run resumes.
     Writes OUT/mergeability.json.
@@ -379,7 +381,8 @@ def calibrate(measured, out: Path, target, permutations, alpha):
     out (two pools or more), each against a permutation null of the whole fit.
     Refuses to write a model that loses to its best single feature out of
     sample, or whose p-value is not below --alpha (exit status 1).
-        mergekit-mergeability calibrate fit/precheck.json fit/mergeability.json --out calibration.json
+        mergekit-mergeability calibrate fit/precheck.json \\
+            fit/mergeability.json --out calibration.json
         mergekit-mergeability precheck config.yml --calibration calibration.json
     """
     from mergekit_mergeability.precheck.calibration import calibrate as fit, write
@@ -423,7 +426,6 @@ def calibrate(measured, out: Path, target, permutations, alpha):
 def sweep(model_a, model_b, task, lambdas, marker, budget, base, layers, modules, samples, temperature, seed, refine, resolution, tolerance, save_chosen, out: Path, cache, **model):
     """Interpolate MODEL_A and MODEL_B along λ; find the three stages and the sweet spot.
 
-    \b
     Paper 2 (arXiv 2510.10977): θ(λ) = λ·B + (1 − λ)·A moves from A-like answers,
     through a transition where the marker rate (answers containing </think>) and
     accuracy jump, to B-like ones; the middle often gives most of B's accuracy for
@@ -431,7 +433,11 @@ def sweep(model_a, model_b, task, lambdas, marker, budget, base, layers, modules
     with an lm-eval generation task: accuracy (Mean@k; Pass@k and Vote@k with
     --samples k > 1), tokens per answer and marker rate. After the grid, λ are added
     where the curves change fastest until the transition is located to ± --resolution.
-        mergekit-mergeability sweep ./instruct ./thinking --tasks my_task.yaml --out sweep/
+
+    \b
+        mergekit-mergeability sweep ./instruct ./thinking \\
+            --tasks my_task.yaml --out sweep/
+
     Scores are cached by content: a rerun or a wider refinement reuses every
     finished point. Writes OUT/sweep.json, sweep.png, report.html and chosen.yml
     (the sweet spot as a config for mergekit-yaml).
