@@ -28,3 +28,11 @@ def _numbered(names: Dict[str, str]) -> Dict[str, str]:
         seen[name] = seen.get(name, 0) + 1
         unique[path] = name if seen[name] == 1 else f"{name}#{seen[name]}"
     return unique
+
+
+def shorten(text: str, names: Dict[str, str]) -> str:
+    """``text`` with every path that has a short name written as that name (longest paths first)."""
+    for path in sorted(names, key=len, reverse=True):
+        if names[path] != path:
+            text = text.replace(path, names[path])
+    return text

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from mergekit_mergeability.names import short_names
+from mergekit_mergeability.names import short_names, shorten
 
 
 def number(value: Optional[float], digits: int = 2) -> str:
@@ -29,9 +29,10 @@ def print_precheck(report: Dict[str, Any], out: Optional[Path] = None) -> None:
     console.print(table)
     for folder, names in legend(report["models"]).items():
         console.print(f"[dim]in {folder}: {', '.join(names)}[/dim]")
+    names = {m["path"]: m["name"] for m in report["models"]}
     for finding in report["findings"]:
         if finding["severity"] != "info":
-            console.print(f"[yellow]{finding['severity']}[/yellow] {finding['message']}")
+            console.print(f"[yellow]{finding['severity']}[/yellow] {shorten(finding['message'], names)}")
     rec = report["recommendation"]
     cutoff = f", cut-off {rec['cutoff']}" if rec["cutoff"] is not None else ""
     console.print(f"[bold]verdict: {rec['verdict']}[/bold] (method {rec['method']}{cutoff}): " + " ".join(rec["reasons"]))

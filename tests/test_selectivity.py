@@ -207,7 +207,7 @@ def test_diagnostic_counts_overlaps_and_collisions(keyed):
     assert pair["specific_overlap"][0] == 0.0
     assert pair["specific_collisions"] == [6, 0, 0, 0] and pair["specific_union"] == [6, 0, 0, 0]
     (finding,) = result.findings
-    assert finding.severity == "warning" and "collide in blocks 0 " in finding.message and same in finding.message
+    assert finding.severity == "warning" and "collide in block 0 " in finding.message and same in finding.message
 
 
 def test_groups_default_to_each_models_probe_set(keyed):

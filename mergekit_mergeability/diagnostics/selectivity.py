@@ -76,7 +76,7 @@ class Selectivity:
                 layers["specific_union"] = lape.specific_union(masks[a], masks[b]).tolist()
                 hit = colliding_layers(layers["specific_collisions"], layers["specific_union"])
                 if hit:
-                    result.findings.append(Finding("warning", f"selectivity: {a} and {b}: specific neurons collide in blocks {', '.join(map(str, hit))} (≥ {COLLISION_SHARE:.0%} of them specific to different groups in the two)"))
+                    result.findings.append(Finding("warning", f"selectivity: {a} and {b}: specific neurons collide in block{'s' if len(hit) > 1 else ''} {', '.join(map(str, hit))} (≥ {COLLISION_SHARE:.0%} of them specific to different groups in the two)"))
             result.per_layer[(a, b)] = layers
         return result
 

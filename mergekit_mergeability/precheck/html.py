@@ -9,6 +9,7 @@ import math
 import warnings
 from typing import Any, Dict, List, Optional
 
+from mergekit_mergeability.names import shorten
 from mergekit_mergeability.summary import known, legend, number
 
 MAX_LINES = 8  # pairs drawn one line each; more are drawn as a band
@@ -54,7 +55,7 @@ def render(report: Dict[str, Any]) -> str:
     plots = (_cka_plot(report, names), _specific_plot(report), _overlap_plot(report, names), _knowledge_plot(report), _cosine_plot(report, names))
     figures = [f for f in plots if f]
     rows = "".join(_model_row(m, report) for m in report["models"] if m["role"] == "expert")
-    findings = "".join(f"<li><b>{esc(f['severity'])}</b> {esc(f['message'])}</li>" for f in report["findings"] if f["severity"] != "info")
+    findings = "".join(f"<li class='{esc(f['severity'])}'><b>{esc(f['severity'])}</b> {esc(shorten(f['message'], names))}</li>" for f in report["findings"])
     places = "".join(f"<li><code>{esc(folder)}</code>: {esc(', '.join(members))}</li>" for folder, members in legend(report["models"]).items())
     advice = "".join(
         f"<li><code>{esc(a['file'])}</code>{' (for ' + esc(names.get(a['expert'], a['expert'])) + ')' if a['expert'] else ''}: "
@@ -72,7 +73,7 @@ def render(report: Dict[str, Any]) -> str:
 <style>body{{font-family:system-ui,sans-serif;max-width:1220px;margin:1.5em auto;padding:0 1em;color:#222}}
 table{{border-collapse:collapse;font-size:13px;width:100%}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}}
 th{{background:#f3f3f3;cursor:pointer;white-space:nowrap}}th[data-order=up]::after{{content:" ▲"}}th[data-order=down]::after{{content:" ▼"}}
-td.num{{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}}td.name{{white-space:nowrap;max-width:13em;overflow:hidden;text-overflow:ellipsis}}td.why{{min-width:15em}}
+td.num{{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}}td.name{{white-space:nowrap;max-width:13em;overflow:hidden;text-overflow:ellipsis}}td.why{{min-width:15em}}li.info{{color:#777}}li.error b{{color:#b00}}li.warning b{{color:#a60}}
 .verdict{{color:white;background:{VERDICT_COLOURS.get(rec['verdict'], '#555')};padding:.2em .7em;border-radius:4px}}
 img{{max-width:100%}}code{{word-break:break-all}}small{{color:#555}}</style></head><body>
 <h1>Mergeability precheck</h1>
@@ -122,6 +123,13 @@ def _model_row(model: Dict[str, Any], report: Dict[str, Any]) -> str:
     return "<tr>" + "".join(cells) + "</tr>"
 
 
+def _whole_numbers(ax) -> None:
+    """Layer and block axes tick at whole numbers only (a 4-layer model has no block 1.5)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _figure(draw, title: str, width: float = 8, height: float = 4) -> str:
     from mergekit_mergeability.plots import png
 
@@ -141,6 +149,7 @@ def _cka_plot(report, names) -> Optional[str]:
         if layers["cutoff"] is not None:
             ax.axvline(layers["cutoff"] + 0.5, color="red", linestyle=":", label=f"cut-off {layers['cutoff']}")
         ax.set_xlabel("layer (0 = embeddings, i = output of block i−1)")
+        _whole_numbers(ax)
         ax.set_ylabel("unbiased CKA (answer span)")
         lowest = min([layers["cka_threshold"], *(v for p in pairs for v in p["cka_unbiased"] if v is not None)])
         ax.set_ylim(max(lowest - 0.05, -0.05), 1.01)
@@ -182,6 +191,7 @@ def _specific_plot(report) -> Optional[str]:
             curves = {m["name"]: [sum(c) for c in zip(*m["specific_neurons"].values())] for m in models}
         _lines(ax, curves, "models")
         ax.set_xlabel("decoder block")
+        _whole_numbers(ax)
         ax.set_ylabel(f"group-specific MLP neurons ({span} span)")
         ax.legend(fontsize="small")
 
@@ -204,6 +214,7 @@ def _overlap_plot(report, names) -> Optional[str]:
             if selectivity["cutoff"] is not None:
                 ax.axvline(selectivity["cutoff"] - 0.5, color="purple", linestyle="-.", label=f"overlap cut-off {selectivity['cutoff']}")
         ax.set_xlabel("decoder block")
+        _whole_numbers(ax)
         ax.set_ylabel("Jaccard overlap of specific neurons")
         ax.set_ylim(-0.02, 1.02)
         ax.legend(fontsize="small")
