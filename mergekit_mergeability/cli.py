@@ -171,9 +171,11 @@ def model_options(default_limit: int | None):
 
 
 def _options(limit, device, dtype, batch_size, quiet, **extra) -> dict:
+    from mergekit_mergeability import distributed
     from mergekit_mergeability.checkpoints import auto_device
 
-    return {"limit": limit, "device": auto_device(device), "dtype": dtype, "batch_size": batch_size, "quiet": quiet, **extra}
+    device = distributed.device(device) if distributed.active() else auto_device(device)  # --ray: the workers' devices
+    return {"limit": limit, "device": device, "dtype": dtype, "batch_size": batch_size, "quiet": quiet, **extra}
 
 
 def cache_option(command):

@@ -66,10 +66,10 @@ def active() -> bool:
     return _active
 
 
-def each(function: Callable[..., T], items: Sequence[Any], *shared: Any, done: Optional[Callable[[int, T], None]] = None) -> List[T]:
+def each(function: Callable[..., T], items: Sequence[Any], *shared: Any, done: Optional[Callable[[int, T], None]] = None, gpus: int = 0) -> List[T]:
     """``[function(item, *shared) for item in items]``: one Ray task per item inside ``cluster``
-    (``shared`` put in the object store once), else in this process, in order.
-    ``done(index, result)`` runs on the driver as each result arrives."""
+    (``shared`` put in the object store once; each task given one CPU and ``gpus`` GPUs), else
+    in this process, in order. ``done(index, result)`` runs on the driver as each result arrives."""
     if not _active:
         results = []
         for index, item in enumerate(items):
@@ -78,7 +78,7 @@ def each(function: Callable[..., T], items: Sequence[Any], *shared: Any, done: O
                 done(index, results[-1])
         return results
     ray = require_ray()
-    remote = ray.remote(num_cpus=1)(function)
+    remote = ray.remote(num_cpus=1, num_gpus=gpus)(function)
     refs = [ray.put(value) for value in shared]
     pending = {remote.remote(item, *refs): index for index, item in enumerate(items)}
     results: List[Any] = [None] * len(items)
@@ -102,6 +102,18 @@ def shards(sizes: Sequence[int], count: int) -> List[range]:
             start, cuts = position + 1, cuts + 1
     runs.append(range(start, len(sizes)))
     return [r for r in runs if len(r)]
+
+
+def device(device: str) -> str:
+    """``--device`` inside a cluster: ``auto`` is ``cuda`` where the cluster has GPUs, whatever the driver has."""
+    if device != "auto":
+        return device
+    return "cuda" if require_ray().cluster_resources().get("GPU", 0) else "cpu"
+
+
+def gpus(options) -> int:
+    """GPUs a task running models asks for: one on a CUDA device (Ray then shows it the one it was given)."""
+    return 1 if str(options.get("device", "cpu")).startswith("cuda") else 0
 
 
 def workers() -> int:

@@ -116,3 +116,11 @@ def test_mergeability_on_ray_scores_every_trial_as_in_process_and_resumes(cluste
     here = json.loads((tmp_path / "here" / "mergeability.json").read_text())
     there = json.loads((tmp_path / "ray" / "mergeability.json").read_text())
     assert here == there
+
+
+def test_inside_a_cluster_auto_is_the_cluster_device_and_model_tasks_ask_for_it(cluster):
+    from mergekit_mergeability import distributed
+
+    with distributed.cluster(None):
+        assert distributed.device("auto") == "cpu" and distributed.device("cuda") == "cuda"  # the local cluster has no GPU
+    assert distributed.gpus({"device": "cuda:0"}) == 1 and distributed.gpus({"device": "cpu"}) == 0 and distributed.gpus({}) == 0

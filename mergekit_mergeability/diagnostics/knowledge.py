@@ -35,7 +35,7 @@ class Knowledge:
     needs = frozenset({Need.BASE_MODEL, Need.PROBES})
 
     def run(self, inputs: DiagnosticInputs) -> DiagnosticResult:
-        (result,) = distributed.each(base_knowledge, [inputs])  # on Ray: one task, the base model alone
+        (result,) = distributed.each(base_knowledge, [inputs], gpus=distributed.gpus(inputs.options))  # on Ray: one task, the base model alone
         return result
 
 

@@ -41,7 +41,7 @@ class Representations:
             return result
         members = [m for m in (inputs.base, *inputs.models) if m is not None]
         if distributed.active():  # one task per model, each loading its own
-            pooled = dict(zip((m.name for m in members), distributed.each(pooled_states, members, rows, inputs)))
+            pooled = dict(zip((m.name for m in members), distributed.each(pooled_states, members, rows, inputs, gpus=distributed.gpus(inputs.options))))
         else:
             loaded = _Loaded(inputs, {str(m.path.base) for m in members if isinstance(m.path, AdapterModel)})
             pooled = {m.name: pooled_states(m, rows, inputs, loaded) for m in members}

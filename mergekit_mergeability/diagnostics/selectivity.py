@@ -58,7 +58,7 @@ class Selectivity:
         quantiles = options.get("lape_entropy_quantile", lape.ENTROPY_QUANTILE), options.get("lape_activation_quantile", lape.ACTIVATION_QUANTILE)
         members = [m for m in (inputs.base, *inputs.models) if m is not None]
         probabilities: Dict[str, np.ndarray] = {}
-        for member, p in zip(members, distributed.each(member_probabilities, members, rows, labels, len(groups), inputs)):  # Ray: one task per model
+        for member, p in zip(members, distributed.each(member_probabilities, members, rows, labels, len(groups), inputs, gpus=distributed.gpus(options))):  # Ray: one task per model
             if p is None:
                 result.findings.append(Finding("warning", f"selectivity: model {member.name}: no MLP activation module per decoder block (…mlp.act_fn or …mlp.act); skipped"))
                 return result

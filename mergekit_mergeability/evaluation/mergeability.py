@@ -67,13 +67,14 @@ def measure(spec: MergeSpec, method: str, partner_count: int, trials: int, seed:
             log.add({"model": model, "trial": trial, "partners": drawn, "score": score})
             advance(1)
 
-        distributed.each(run_trial, to_run, trials_of, done=finished)  # on Ray: one task per trial
-        for model in spec.models:
-            task = own_task[model]
-            base_result = scorer.folder(folders[spec.base_model], task)
+        gpus = distributed.gpus(options)
+        try:
+            distributed.each(run_trial, to_run, trials_of, done=finished, gpus=gpus)  # on Ray: one task per trial
+            ends = distributed.each(run_ends, spec.models, trials_of, done=lambda i, r: advance(2), gpus=gpus)
+        finally:
+            _kept.pop(trials_of.key, None)  # run in this process: its loaded base and updates go with it
+        for model, (base_result, expert_score) in zip(spec.models, ends):
             base_score = base_result["score"]
-            expert_score = scorer.patch(("update", fingerprints[model]), task, lambda: trials_of.update(model))["score"]
-            advance(2)
             results = [log.get(model, trial) for trial in range(trials)]
             scores = [r["score"] for r in results]
             summary = summarise(scores, seed)
@@ -131,6 +132,12 @@ class Trials:
             self._updates[name] = load_update(self.reader(), self.folders[name], name)
         return self._updates[name]
 
+    def ends(self, model: str):
+        """The base's result on ``model``'s own task, and ``model``'s own score there."""
+        task = self.own_task[model]
+        base = self.scorer().folder(self.folders[self.base], task)
+        return base, self.scorer().patch(("update", self.fingerprints[model]), task, lambda: self.update(model))["score"]
+
     def score(self, model: str, drawn: List[str]) -> float:
         """Model ``model``'s own-task score after merging it with ``drawn``."""
         members = [model, *drawn]
@@ -145,8 +152,12 @@ _kept: Dict[str, Trials] = {}  # in a Ray worker process: the pool's loaded base
 def run_trial(job, trials: Trials) -> float:
     """One trial, ``job`` = (model, trial, drawn partners): its score."""
     model, _, drawn = job
-    trials = _kept.setdefault(trials.key, trials)
-    return trials.score(model, drawn)
+    return _kept.setdefault(trials.key, trials).score(model, drawn)
+
+
+def run_ends(model: str, trials: Trials):
+    """``Trials.ends``: a task per model on Ray, so the driver needs no device."""
+    return _kept.setdefault(trials.key, trials).ends(model)
 
 
 def write(report: Dict[str, Any], out: Path) -> List[Path]:
