@@ -3,7 +3,7 @@
 The pool: a ~100M-parameter Llama-style base and --experts fine-tunes (base + seeded noise), 64
 probe rows. Two passes of the precheck, each run in this process and then inside
 ``distributed.cluster`` on a local cluster of this machine's CPUs (``ray.init(num_cpus=N)``,
-started once, before any timing; its start-up is printed apart):
+started once, before any timing, and warmed by one run of both passes; both printed apart):
 
 1. the weight pass (task-vector statistics), one task per shard of tensors;
 2. the representation pass (hidden states of every model, the base included), one task per model.
@@ -63,6 +63,9 @@ def main():
         started, _ = timed(lambda: ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False))
         print(f"local Ray cluster of {args.cpus} CPUs started in {started:.1f} s (once per run; not in the times below)")
         passes = {"weights": WeightStatistics(), "representations": Representations()}
+        with distributed.cluster(None):  # the workers import torch, transformers and mergekit once per run
+            warm, _ = timed(lambda: [diagnostic.run(inputs) for diagnostic in passes.values()])
+        print(f"first run of both passes on Ray (workers importing, not in the times below): {warm:.1f} s")
         times = {(name, where): [] for name in passes for where in ("process", "ray")}
         for _ in range(args.repeats):
             for name, diagnostic in passes.items():

@@ -85,7 +85,10 @@ def each(function: Callable[..., T], items: Sequence[Any], *shared: Any, done: O
     while pending:
         finished, _ = ray.wait(list(pending), num_returns=1)
         index = pending.pop(finished[0])
-        results[index] = ray.get(finished[0])
+        try:
+            results[index] = ray.get(finished[0])
+        except ray.exceptions.RayTaskError as error:  # the task's own exception, so a UserError stays one line
+            raise (error.cause if isinstance(error.cause, Exception) else error) from error
         if done is not None:
             done(index, results[index])
     return results

@@ -124,3 +124,15 @@ def test_inside_a_cluster_auto_is_the_cluster_device_and_model_tasks_ask_for_it(
     with distributed.cluster(None):
         assert distributed.device("auto") == "cpu" and distributed.device("cuda") == "cuda"  # the local cluster has no GPU
     assert distributed.gpus({"device": "cuda:0"}) == 1 and distributed.gpus({"device": "cpu"}) == 0 and distributed.gpus({}) == 0
+
+
+def test_an_error_in_a_task_reaches_the_driver_as_itself(cluster):
+    from mergekit_mergeability import distributed
+    from mergekit_mergeability.errors import UserError
+
+    def refuse(item):
+        raise UserError(f"model {item}: refused")
+
+    with distributed.cluster(None), pytest.raises(UserError) as caught:
+        distributed.each(refuse, ["m"])
+    assert str(caught.value) == "model m: refused"

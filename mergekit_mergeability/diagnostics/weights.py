@@ -14,6 +14,9 @@ A pool of LoRA adapters on the config's base is measured from the factors (``mat
 norms, dot products and σ_max through r × r products, one module's factors per adapter in memory
 at a time; only the sign counts stream ΔW, in row blocks of the product. No base weight is read.
 The numbers equal those of the same pool materialised as model folders.
+
+Sums are gathered per tensor and added in tensor order (``_Sums.merge``): a pass split into
+shards of tensors over Ray workers (``distributed``) gives the same numbers, bit for bit.
 """
 
 from __future__ import annotations
@@ -135,19 +138,18 @@ class WeightStatistics:
     def run(self, inputs: DiagnosticInputs) -> DiagnosticResult:
         adapters = {m.name: m.path for m in inputs.models if isinstance(m.path, AdapterModel) and same_model(m.path.base, inputs.base.path)}
         low_rank = len(adapters) == len(inputs.models)
+        index = tensor_index(inputs.base.path)
         if low_rank:
-            order = {name: i for i, name in enumerate(tensor_index(inputs.base.path))}
+            order = {name: i for i, name in enumerate(index)}
             names = sorted(set().union(*(a.targets() for a in adapters.values())), key=order.__getitem__)
         else:  # an adapter among full models: base + ΔW, row block by row block
-            base = tensor_index(inputs.base.path)
             indexes = [tensor_index(m.path) for m in inputs.models]
-            names = [n for n in base if all(n in index for index in indexes)]
+            names = [n for n in index if all(n in other for other in indexes)]
         sources = {m.name: m.path for m in inputs.models}
         sums = _Sums(sources)
         description = "weights: low-rank updates" if low_rank else "weights: task vectors"
         with task(description, len(names), inputs.options.get("quiet", False)) as advance:
             if distributed.active():  # one task per shard of tensors; partial sums added in tensor order, as below
-                index = tensor_index(inputs.base.path)
                 runs = distributed.shards([math.prod(index[n].shape) for n in names], distributed.workers())
                 shards = [[names[i] for i in run] for run in runs]
                 for partials in distributed.each(shard_sums, shards, inputs.base.path, sources, low_rank, done=lambda i, found: advance(len(found))):
