@@ -12,7 +12,10 @@ from mergekit_mergeability.tiny import derive, make_adapter
 
 from conftest import noise, ranked_probes
 
-ray = pytest.importorskip("ray", reason="ray is not installed: pip install mergekit-mergeability[ray] (tests/run.sh installs it)")
+try:
+    import ray
+except ImportError:  # the tests that need a cluster skip; the one about a missing ray still runs
+    ray = None
 
 CHOICES = ["Paris", "water", "fox", "dog"]
 QUESTIONS = [f"Item {i}: which one?" for i in range(6)]
@@ -21,6 +24,8 @@ QUESTIONS = [f"Item {i}: which one?" for i in range(6)]
 @pytest.fixture(scope="module")
 def cluster():
     """One local cluster for the module: --ray uses a Ray already initialised in the process."""
+    if ray is None:
+        pytest.skip("ray is not installed: pip install mergekit-mergeability[ray] (tests/run.sh installs it)")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
@@ -105,8 +110,9 @@ def test_without_ray_the_option_says_how_to_install_it(pool, tmp_path, monkeypat
     assert not (tmp_path / "out").exists()
 
 
-def test_mergeability_on_ray_scores_every_trial_as_in_process_and_resumes(cluster, pool, tmp_path):
-    common = ["mergeability", pool["config"], "--partners", "1", "--seed", "3"]
+@pytest.mark.parametrize("config", ["config", "lora"])
+def test_mergeability_on_ray_scores_every_trial_as_in_process_and_resumes(cluster, pool, tmp_path, config):
+    common = ["mergeability", pool[config], "--partners", "1", "--seed", "3"]
     _run(*common, "--trials", "2", "--out", tmp_path / "here", "--cache-dir", tmp_path / "cache_here")
     _run(*common, "--trials", "1", "--out", tmp_path / "ray", "--cache-dir", tmp_path / "cache_ray", "--ray")
     log = tmp_path / "ray" / "trials.jsonl"
