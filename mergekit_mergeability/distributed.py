@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 from typing import Any, Callable, Iterator, List, Optional, Sequence, TypeVar
 
 from mergekit_mergeability.errors import UserError
@@ -48,6 +49,8 @@ def cluster(address: Optional[str]) -> Iterator[None]:
     global _active
     ray = require_ray()
     started = not ray.is_initialized()
+    if started and address and not reachable(address):  # ray.init would retry for minutes
+        raise UserError(f"--ray {address}: nothing answers there; start the cluster's head (ray start --head) or check the address")
     if started:
         try:
             ray.init(address=address or None, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
@@ -60,6 +63,18 @@ def cluster(address: Optional[str]) -> Iterator[None]:
         _active = False
         if started:
             ray.shutdown()
+
+
+def reachable(address: str, timeout: float = 5.0) -> bool:
+    """Whether a HOST:PORT address accepts a connection; other forms ("auto", "ray://…") are Ray's to judge."""
+    host, _, port = address.rpartition(":")
+    if "://" in address or not host or not port.isdigit():
+        return True
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
 
 
 def active() -> bool:

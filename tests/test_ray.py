@@ -142,3 +142,15 @@ def test_an_error_in_a_task_reaches_the_driver_as_itself(cluster):
     with distributed.cluster(None), pytest.raises(UserError) as caught:
         distributed.each(refuse, ["m"])
     assert str(caught.value) == "model m: refused"
+
+
+def test_an_address_where_nothing_answers_is_one_line_at_once(cluster, monkeypatch):
+    from mergekit_mergeability import distributed
+    from mergekit_mergeability.errors import UserError
+
+    assert distributed.reachable("auto") and distributed.reachable("ray://head:10001")
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as in a fresh process
+    with pytest.raises(UserError, match=r"^--ray 127\.0\.0\.1:1: nothing answers there"):
+        with distributed.cluster("127.0.0.1:1"):
+            pass
+    assert not distributed.active()
