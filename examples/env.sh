@@ -9,5 +9,6 @@ fi
 .venv/bin/python -m pip install -q "torch==2.13.0"
 # hatchling + editables: the editable install is built without network isolation.
 .venv/bin/python -m pip install -q hatchling editables
-.venv/bin/python -m pip install -q --no-build-isolation -e ".[test]"
+# EXTRAS: the package's extras to install (tests/run.sh adds ray, for the --ray tests).
+.venv/bin/python -m pip install -q --no-build-isolation -e ".[${EXTRAS:-test}]"
 export PATH="$PWD/.venv/bin:$PATH"

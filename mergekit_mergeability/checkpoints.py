@@ -51,6 +51,9 @@ class HubModel(os.PathLike):
     def __repr__(self) -> str:
         return f"HubModel({self.repo_id!r})"
 
+    def __getstate__(self):  # sent to a Ray worker: it downloads into its own cache
+        return {**self.__dict__, "_folder": None}
+
     def __fspath__(self) -> str:
         return str(self.folder)
 

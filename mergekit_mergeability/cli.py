@@ -173,9 +173,11 @@ def model_options(default_limit: int | None):
 
 
 def _options(limit, device, dtype, batch_size, quiet, **extra) -> dict:
+    from mergekit_mergeability import distributed
     from mergekit_mergeability.checkpoints import auto_device
 
-    return {"limit": limit, "device": auto_device(device), "dtype": dtype, "batch_size": batch_size, "quiet": quiet, **extra}
+    device = distributed.device(device) if distributed.active() else auto_device(device)  # --ray: the workers' devices
+    return {"limit": limit, "device": device, "dtype": dtype, "batch_size": batch_size, "quiet": quiet, **extra}
 
 
 def cache_option(command):
@@ -195,6 +197,29 @@ def cache_option(command):
         default=lambda: str(default_cache_dir() / "scores"),
         show_default="~/.cache/mergekit-mergeability/scores",
         help="Scores cached by model content, task and settings; delete to recompute. '' disables.",
+    )(wrapper)
+
+
+def ray_option(command):
+    """--ray [ADDRESS]: the command's heavy passes run as Ray tasks (``distributed``)."""
+
+    @functools.wraps(command)
+    def wrapper(*args, ray_address: Optional[str], **kwargs):
+        if ray_address is None:
+            return command(*args, **kwargs)
+        from mergekit_mergeability import distributed
+
+        with distributed.cluster(ray_address):
+            return command(*args, **kwargs)
+
+    return click.option(
+        "--ray",
+        "ray_address",
+        is_flag=False,
+        flag_value="",
+        default=None,
+        metavar="[ADDRESS]",
+        help="Run the heavy passes as Ray tasks: on the cluster at ADDRESS ('auto': this machine's), else $RAY_ADDRESS's or a local one. Needs pip install mergekit-mergeability[ray].",
     )(wrapper)
 
 
@@ -222,6 +247,7 @@ def default_cache_dir() -> Path:
 @click.option("--skip", multiple=True, metavar="DIAGNOSTIC", help="Do not run this diagnostic (e.g. representations or selectivity on a large pool). Repeatable.")
 @model_options(default_limit=64)
 @user_errors
+@ray_option
 def precheck(config_file: Optional[Path], pool: Optional[Path], out: Path, probes, fewshot, calibration, layers, cka_threshold, cka_batch_size, selectivity_span, lape_entropy_quantile, lape_activation_quantile, cutoff_signal, overlap_threshold, skip, **model):
     """Predict, before merging, how well each model of CONFIG_FILE will survive the merge.
 
@@ -312,6 +338,7 @@ def evaluate(config_file: Path, merged: Path, tasks, out: Path, cache, **model):
 @cache_option
 @model_options(default_limit=None)
 @user_errors
+@ray_option
 def mergeability(pool_file: Path, partners, trials, method, seed, out: Path, cache, **model):
     """Measure each pool model's mergeability: its own-task score after merging with random partners.
 

@@ -72,6 +72,9 @@ class AdapterModel:
     def __repr__(self) -> str:
         return f"AdapterModel({self.base!r}, {self.folder!r})"
 
+    def __getstate__(self):  # sent to a Ray worker: the open file stays behind, reopened there
+        return {**self.__dict__, "_handle": None}
+
     def targets(self) -> Dict[str, Tuple[str, str]]:
         """Base tensor name -> (its lora_A key, its lora_B key), from the header alone,
         checked against the base's tensor shapes."""

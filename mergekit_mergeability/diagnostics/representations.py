@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Set
 
 import torch
 
+from mergekit_mergeability import distributed
 from mergekit_mergeability.checkpoints import load_causal_lm
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
 from mergekit_mergeability.diagnostics.activations import score
@@ -39,8 +40,11 @@ class Representations:
             result.findings.append(Finding("warning", f"representations: {len(rows)} probe instances; CKA needs at least {MIN_ROWS}, skipped"))
             return result
         members = [m for m in (inputs.base, *inputs.models) if m is not None]
-        loaded = _Loaded(inputs, {str(m.path.base) for m in members if isinstance(m.path, AdapterModel)})
-        pooled = {m.name: self._pool(m, rows, inputs, loaded) for m in members}
+        if distributed.active():  # one task per model, each loading its own
+            pooled = dict(zip((m.name for m in members), distributed.each(pooled_states, members, rows, inputs, gpus=distributed.gpus(inputs.options))))
+        else:
+            loaded = _Loaded(inputs, {str(m.path.base) for m in members if isinstance(m.path, AdapterModel)})
+            pooled = {m.name: pooled_states(m, rows, inputs, loaded) for m in members}
         selected: Optional[Set[int]] = inputs.options.get("layers")
         batch = inputs.options.get("cka_batch_size", 0)
         for a, b in itertools.combinations(pooled, 2):
@@ -57,17 +61,19 @@ class Representations:
             result.findings.append(Finding("warning", f"--layers: {', '.join(map(str, outside[:5]))}{' …' if len(outside) > 5 else ''} beyond these models' layers 0–{depth - 1} (0 = embedding output); compared only those within"))
         return result
 
-    def _pool(self, member: ModelInput, rows, inputs: DiagnosticInputs, loaded: "_Loaded"):
-        options = inputs.options
-        answers: List[torch.Tensor] = []
-        prompts: List[torch.Tensor] = []
-        with loaded.model(member.path) as (model, tokenizer):
-            with task(f"representations: {member.name}", len(rows), options.get("quiet", False)) as advance:
-                for scored in score(model, tokenizer, rows, options.get("batch_size", 16), hidden_states=True, progress=advance):
-                    answers.append(scored.continuation_pool)
-                    prompts.append(scored.prompt_pool)
-        # (layers, rows, hidden)
-        return torch.stack(answers, dim=1), torch.stack(prompts, dim=1)
+
+def pooled_states(member: ModelInput, rows, inputs: DiagnosticInputs, loaded: Optional["_Loaded"] = None):
+    """``member``'s hidden states over ``rows``, mean-pooled over the answer and over the prompt:
+    two (layers, rows, hidden) tensors. ``loaded`` keeps bases loaded between models."""
+    options = inputs.options
+    answers: List[torch.Tensor] = []
+    prompts: List[torch.Tensor] = []
+    with (loaded or _Loaded(inputs, set())).model(member.path) as (model, tokenizer):
+        with task(f"representations: {member.name}", len(rows), options.get("quiet", False)) as advance:
+            for scored in score(model, tokenizer, rows, options.get("batch_size", 16), hidden_states=True, progress=advance):
+                answers.append(scored.continuation_pool)
+                prompts.append(scored.prompt_pool)
+    return torch.stack(answers, dim=1), torch.stack(prompts, dim=1)
 
 
 class _Loaded:

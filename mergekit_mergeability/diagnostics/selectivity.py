@@ -30,6 +30,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from mergekit_mergeability import distributed
 from mergekit_mergeability.checkpoints import load_causal_lm
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
 from mergekit_mergeability.diagnostics.activations import encode, pad
@@ -55,9 +56,9 @@ class Selectivity:
             result.findings.append(Finding("info", f"selectivity: {len(groups)} probe group(s); LAPE compares at least 2 (a group: field per probe line, or probes for two models), skipped"))
             return result
         quantiles = options.get("lape_entropy_quantile", lape.ENTROPY_QUANTILE), options.get("lape_activation_quantile", lape.ACTIVATION_QUANTILE)
+        members = [m for m in (inputs.base, *inputs.models) if m is not None]
         probabilities: Dict[str, np.ndarray] = {}
-        for member in (m for m in (inputs.base, *inputs.models) if m is not None):
-            p = self._probabilities(member, rows, labels, len(groups), inputs)
+        for member, p in zip(members, distributed.each(member_probabilities, members, rows, labels, len(groups), inputs, gpus=distributed.gpus(options))):  # Ray: one task per model
             if p is None:
                 result.findings.append(Finding("warning", f"selectivity: model {member.name}: no MLP activation module per decoder block (…mlp.act_fn or …mlp.act); skipped"))
                 return result
@@ -80,14 +81,16 @@ class Selectivity:
             result.per_layer[(a, b)] = layers
         return result
 
-    def _probabilities(self, member: ModelInput, rows, labels, groups: int, inputs: DiagnosticInputs) -> Optional[np.ndarray]:
-        options = inputs.options
-        base_path = inputs.base.path if inputs.base else None
-        model, tokenizer = load_causal_lm(member.path, options.get("device", "cpu"), options.get("dtype", "float32"), base_path)
-        with task(f"selectivity: {member.name}", len(rows), options.get("quiet", False)) as advance:
-            p = activation_probabilities(model, tokenizer, rows, labels, groups, options.get("selectivity_span", "answer"), options.get("batch_size", 16), advance)
-        del model
-        return p
+
+def member_probabilities(member: ModelInput, rows, labels, groups: int, inputs: DiagnosticInputs) -> Optional[np.ndarray]:
+    """``member``'s activation probabilities (``activation_probabilities``), the model loaded for this pass alone."""
+    options = inputs.options
+    base_path = inputs.base.path if inputs.base else None
+    model, tokenizer = load_causal_lm(member.path, options.get("device", "cpu"), options.get("dtype", "float32"), base_path)
+    with task(f"selectivity: {member.name}", len(rows), options.get("quiet", False)) as advance:
+        p = activation_probabilities(model, tokenizer, rows, labels, groups, options.get("selectivity_span", "answer"), options.get("batch_size", 16), advance)
+    del model
+    return p
 
 
 def probe_groups(models: Sequence[ModelInput]) -> Tuple[List[Tuple[str, str]], List[int], List[str]]:

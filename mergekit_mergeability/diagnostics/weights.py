@@ -14,6 +14,9 @@ A pool of LoRA adapters on the config's base is measured from the factors (``mat
 norms, dot products and σ_max through r × r products, one module's factors per adapter in memory
 at a time; only the sign counts stream ΔW, in row blocks of the product. No base weight is read.
 The numbers equal those of the same pool materialised as model folders.
+
+Sums are gathered per tensor and added in tensor order (``_Sums.merge``): a pass split into
+shards of tensors over Ray workers (``distributed``) gives the same numbers, bit for bit.
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence
 
 import torch
 
 from mergekit_mergeability.architecture import UnknownTensorError, tensor_position
-from mergekit_mergeability.checkpoints import TensorReader, same_model, tensor_index, tensors
+from mergekit_mergeability import distributed
+from mergekit_mergeability.checkpoints import Source, TensorReader, same_model, tensor_index, tensors
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, Need
 from mergekit_mergeability.lora import AdapterModel
 from mergekit_mergeability.maths import lowrank
@@ -111,6 +115,17 @@ class _Sums:
         for _, _, block in lowrank.stacked_row_blocks(list(updates.values())):
             self.add_signs(block.reshape(len(updates), -1), positions)
 
+    def merge(self, other: "_Sums") -> None:
+        """Add ``other``'s sums (the same models, other tensors): sums add, σ_max is the larger."""
+        for model in self.models:
+            for part, value in other.squares[model].items():
+                self.squares[model][part] += value
+            self.nonfinite[model] += other.nonfinite[model]
+            self.top_singular[model] = max(self.top_singular[model], other.top_singular[model])
+        self.dots += other.dots
+        self.sign_dots += other.sign_dots
+        self.both_nonzero += other.both_nonzero
+
     def pairs(self):
         for (i, a), (j, b) in itertools.combinations(enumerate(self.models), 2):
             yield (a, b), float(self.dots[i, j]), float(self.sign_dots[i, j]), float(self.both_nonzero[i, j])
@@ -122,32 +137,53 @@ class WeightStatistics:
 
     def run(self, inputs: DiagnosticInputs) -> DiagnosticResult:
         adapters = {m.name: m.path for m in inputs.models if isinstance(m.path, AdapterModel) and same_model(m.path.base, inputs.base.path)}
-        if len(adapters) == len(inputs.models):
-            return _result(_low_rank_sums(inputs.base.path, adapters, inputs.options.get("quiet", False)))
-        base = TensorReader(inputs.base.path)
-        readers = {m.name: tensors(m.path) for m in inputs.models}  # an adapter among full models: base + ΔW, row block by row block
-        names = [n for n in base.index if all(n in r.index for r in readers.values())]
-        sums = _Sums(readers)
-        with task("weights: task vectors", len(names), inputs.options.get("quiet", False)) as advance:
-            for name in names:
-                part = _part(name)
-                for start, stop in base.blocks(name):
-                    reference = base.rows(name, start, stop).float()
-                    sums.add(part, reference, {m: r.rows(name, start, stop) for m, r in readers.items()})
-                sums.end_tensor()
-                advance(1)
+        low_rank = len(adapters) == len(inputs.models)
+        index = tensor_index(inputs.base.path)
+        if low_rank:
+            order = {name: i for i, name in enumerate(index)}
+            names = sorted(set().union(*(a.targets() for a in adapters.values())), key=order.__getitem__)
+        else:  # an adapter among full models: base + ΔW, row block by row block
+            indexes = [tensor_index(m.path) for m in inputs.models]
+            names = [n for n in index if all(n in other for other in indexes)]
+        sources = {m.name: m.path for m in inputs.models}
+        sums = _Sums(sources)
+        description = "weights: low-rank updates" if low_rank else "weights: task vectors"
+        with task(description, len(names), inputs.options.get("quiet", False)) as advance:
+            if distributed.active():  # one task per shard of tensors; partial sums added in tensor order, as below
+                runs = distributed.shards([math.prod(index[n].shape) for n in names], distributed.workers())
+                shards = [[names[i] for i in run] for run in runs]
+                for partials in distributed.each(shard_sums, shards, inputs.base.path, sources, low_rank, done=lambda i, found: advance(len(found))):
+                    for partial in partials:
+                        sums.merge(partial)
+            else:
+                for partial in tensor_sums(names, inputs.base.path, sources, low_rank):
+                    sums.merge(partial)
+                    advance(1)
         return _result(sums)
 
 
-def _low_rank_sums(base, adapters: Dict[str, AdapterModel], quiet: bool) -> _Sums:
-    order = {name: i for i, name in enumerate(tensor_index(base))}
-    names = sorted(set().union(*(a.targets() for a in adapters.values())), key=order.__getitem__)
-    sums = _Sums(adapters)
-    with task("weights: low-rank updates", len(names), quiet) as advance:
+def tensor_sums(names: Sequence[str], base: Source, sources: Mapping[str, Source], low_rank: bool) -> Iterator[_Sums]:
+    """One partial ``_Sums`` per tensor of ``names``, each read from the models' files: from the
+    adapters' factors when ``low_rank`` (every source an adapter of ``base``), else streamed."""
+    if low_rank:
         for name in names:
-            sums.add_low_rank(_part(name), {m: a.update(name) for m, a in adapters.items() if name in a.targets()})
-            advance(1)
-    return sums
+            sums = _Sums(sources)
+            sums.add_low_rank(_part(name), {m: a.update(name) for m, a in sources.items() if name in a.targets()})
+            yield sums
+        return
+    reference = TensorReader(base)
+    readers = {m: tensors(path) for m, path in sources.items()}
+    for name in names:
+        sums, part = _Sums(sources), _part(name)
+        for start, stop in reference.blocks(name):
+            sums.add(part, reference.rows(name, start, stop).float(), {m: r.rows(name, start, stop) for m, r in readers.items()})
+        sums.end_tensor()
+        yield sums
+
+
+def shard_sums(names: Sequence[str], base: Source, sources: Mapping[str, Source], low_rank: bool) -> List[_Sums]:
+    """A Ray task's share of the weight pass: the partial sums of its shard of tensors."""
+    return list(tensor_sums(names, base, sources, low_rank))
 
 
 def _result(sums: _Sums) -> DiagnosticResult:

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Mapping
 
+from mergekit_mergeability import distributed
 from mergekit_mergeability.checkpoints import TensorReader
 from mergekit_mergeability.diagnostics import ModelInput
 from mergekit_mergeability.diagnostics.compatibility import require_compatible
@@ -50,38 +51,31 @@ def measure(spec: MergeSpec, method: str, partner_count: int, trials: int, seed:
     shared = dict(spec.document.get("parameters") or {})
     per_model = {str(e["model"]): dict(e.get("parameters") or {}) for e in model_entries(spec.document)}
     fingerprints = {name: harness.fingerprint(folder) for name, folder in folders.items()}
-    base = TensorReader(folders[spec.base_model])
-    scorer = Scorer(folders[spec.base_model], options, cache)
+    trials_of = Trials(folders, spec.base_model, method, shared, per_model, fingerprints, own_task, options, cache)
+    scorer = trials_of.scorer()
     # a resumed run reuses a trial only if nothing that changes its score has changed
     settings = {"method": method, "partners": partner_count, "seed": seed, "parameters": shared, "per_model": per_model, "fingerprints": fingerprints}
     log = TrialLog(Path(out) / "trials.jsonl", settings, {m: scorer.settings(own_task[m]) for m in spec.models})
-    updates: Dict[str, Any] = {}
-
-    def update(name):
-        if name not in updates:
-            updates[name] = load_update(base, folders[name], name)
-        return updates[name]
+    to_run = [(m, t, partners(spec.models, m, partner_count, t, seed)) for m in spec.models for t in range(trials) if log.get(m, t) is None]
 
     rows = []
     with progress(f"mergeability ({method}, {partner_count} partners × {trials} trials)", len(spec.models) * (trials + 2), options.get("quiet", False)) as advance:
-        for model in spec.models:
-            task = own_task[model]
-            base_result = scorer.folder(folders[spec.base_model], task)
+        advance(len(spec.models) * trials - len(to_run))
+
+        def finished(index, score):  # appended as it arrives: a killed run resumes from here
+            model, trial, drawn = to_run[index]
+            log.add({"model": model, "trial": trial, "partners": drawn, "score": score})
+            advance(1)
+
+        gpus = distributed.gpus(options)
+        try:
+            distributed.each(run_trial, to_run, trials_of, done=finished, gpus=gpus)  # on Ray: one task per trial
+            ends = distributed.each(run_ends, spec.models, trials_of, done=lambda i, r: advance(2), gpus=gpus)
+        finally:
+            _kept.pop(trials_of.key, None)  # run in this process: its loaded base and updates go with it
+        for model, (base_result, expert_score) in zip(spec.models, ends):
             base_score = base_result["score"]
-            advance(1)
-            expert_score = scorer.patch(("update", fingerprints[model]), task, lambda: update(model))["score"]
-            advance(1)
-            results = []
-            for trial in range(trials):
-                row = log.get(model, trial)
-                if row is None:
-                    drawn = partners(spec.models, model, partner_count, trial, seed)
-                    members = [model, *drawn]
-                    recipe = (method, shared, [(fingerprints[m], per_model.get(m)) for m in members])
-                    merged = scorer.patch(recipe, task, lambda: merge_updates(base, {m: update(m) for m in members}, method, shared, per_model))
-                    row = log.add({"model": model, "trial": trial, "partners": drawn, "score": merged["score"]})
-                results.append(row)
-                advance(1)
+            results = [log.get(model, trial) for trial in range(trials)]
             scores = [r["score"] for r in results]
             summary = summarise(scores, seed)
             rows.append(
@@ -106,6 +100,64 @@ def measure(spec: MergeSpec, method: str, partner_count: int, trials: int, seed:
         "seed": seed,
         "models": rows,
     }
+
+
+class Trials:
+    """What a merge+evaluate trial needs, by path. In one process it keeps the loaded base and
+    the models' updates from trial to trial; sent to a Ray worker, it leaves them behind and
+    the worker loads its own, once per worker process (``_kept``)."""
+
+    def __init__(self, folders, base, method, shared, per_model, fingerprints, own_task, options, cache):
+        self.folders, self.base, self.method = folders, base, method
+        self.shared, self.per_model, self.fingerprints = shared, per_model, fingerprints
+        self.own_task, self.options, self.cache = own_task, options, cache
+        self.key = harness.Cache.key(fingerprints, method, shared, per_model, options)
+        self._scorer, self._reader, self._updates = None, None, {}
+
+    def __getstate__(self):
+        return {**self.__dict__, "_scorer": None, "_reader": None, "_updates": {}}
+
+    def scorer(self) -> Scorer:
+        if self._scorer is None:
+            self._scorer = Scorer(self.folders[self.base], self.options, self.cache)
+        return self._scorer
+
+    def reader(self) -> TensorReader:
+        if self._reader is None:
+            self._reader = TensorReader(self.folders[self.base])
+        return self._reader
+
+    def update(self, name: str):
+        if name not in self._updates:
+            self._updates[name] = load_update(self.reader(), self.folders[name], name)
+        return self._updates[name]
+
+    def ends(self, model: str):
+        """The base's result on ``model``'s own task, and ``model``'s own score there."""
+        task = self.own_task[model]
+        base = self.scorer().folder(self.folders[self.base], task)
+        return base, self.scorer().patch(("update", self.fingerprints[model]), task, lambda: self.update(model))["score"]
+
+    def score(self, model: str, drawn: List[str]) -> float:
+        """Model ``model``'s own-task score after merging it with ``drawn``."""
+        members = [model, *drawn]
+        recipe = (self.method, self.shared, [(self.fingerprints[m], self.per_model.get(m)) for m in members])
+        make = lambda: merge_updates(self.reader(), {m: self.update(m) for m in members}, self.method, self.shared, self.per_model)  # noqa: E731
+        return self.scorer().patch(recipe, self.own_task[model], make)["score"]
+
+
+_kept: Dict[str, Trials] = {}  # in a Ray worker process: the pool's loaded base and updates, between tasks
+
+
+def run_trial(job, trials: Trials) -> float:
+    """One trial, ``job`` = (model, trial, drawn partners): its score."""
+    model, _, drawn = job
+    return _kept.setdefault(trials.key, trials).score(model, drawn)
+
+
+def run_ends(model: str, trials: Trials):
+    """``Trials.ends``: a task per model on Ray, so the driver needs no device."""
+    return _kept.setdefault(trials.key, trials).ends(model)
 
 
 def write(report: Dict[str, Any], out: Path) -> List[Path]:
