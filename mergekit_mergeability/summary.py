@@ -35,7 +35,7 @@ def print_precheck(report: Dict[str, Any], out: Optional[Path] = None) -> None:
             console.print(f"[yellow]{finding['severity']}[/yellow] {shorten(finding['message'], names)}")
     rec = report["recommendation"]
     cutoff = f", cut-off {rec['cutoff']}" if rec["cutoff"] is not None else ""
-    console.print(f"[bold]verdict: {rec['verdict']}[/bold] (method {rec['method']}{cutoff}): " + " ".join(rec["reasons"]))
+    console.print(f"[bold]verdict: {rec['verdict']}[/bold] (method {rec['method']}{cutoff}): " + shorten(" ".join(rec["reasons"]), names))
     main, *per_expert = rec["models"] or [None]
     if main is not None:
         console.print(f"  {main['file']} keeps {main['keeps']}; drops {main['drops']}")
@@ -44,7 +44,7 @@ def print_precheck(report: Dict[str, Any], out: Optional[Path] = None) -> None:
     if per_expert:
         console.print(f"  recommended/ holds one such model per expert: {', '.join(Path(a['file']).name for a in per_expert)}")
     for reason in report["stop"]:
-        console.print(f"[red]stop:[/red] {reason}")
+        console.print(f"[red]stop:[/red] {shorten(reason, names)}")
     if out is not None:
         files = ["precheck.json", "report.html"] + (["recommended.yml"] if rec["models"] else [])
         console.print(f"wrote {', '.join(f'{out}/{f}' for f in files)}")

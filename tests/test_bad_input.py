@@ -178,7 +178,8 @@ def test_incompatible_models_in_precheck_are_one_error_line_each(world, tmp_path
     result = CliRunner().invoke(main, ["precheck", str(world["pool_wide"]), "--out", str(tmp_path / "out"), "--quiet"], env={"COLUMNS": "1000"})
     assert result.exit_code == 1, result.output  # a verdict, not a usage error: the report says why
     errors = [line for line in result.output.splitlines() if line.startswith("error ")]
-    assert len(errors) == 1 and f"{world['wide']} vs {world['base']}: hidden_size is 48 vs 32" in errors[0], result.output
+    assert errors == ["error wide vs base: hidden_size is 48 vs 32 (39 tensors differ in shape; first: lm_head.weight [320, 48] vs [320, 32])"], result.output
+    assert f"in {world['root']}: wide" in result.output  # the short names' folders, listed once
 
 
 def test_a_do_not_merge_verdict_leaves_no_runnable_config(world, tmp_path):
