@@ -450,6 +450,7 @@ def calibrate(measured, out: Path, target, permutations, alpha):
 @cache_option
 @model_options(default_limit=None)
 @user_errors
+@ray_option
 def sweep(model_a, model_b, task, lambdas, marker, budget, base, layers, modules, samples, temperature, seed, refine, resolution, tolerance, save_chosen, out: Path, cache, **model):
     """Interpolate MODEL_A and MODEL_B along λ; find the three stages and the sweet spot.
 

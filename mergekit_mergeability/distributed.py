@@ -9,6 +9,8 @@ What runs where, with ``--ray``:
 - precheck's activation passes: ``representations`` and ``selectivity`` run one task per
   model (the base included) and compare the results on the driver; ``knowledge`` reads the
   base model alone: one task.
+- ``sweep``: one task per uncached λ point of each round (the grid, then each refinement
+  point); a worker builds A and B once and keeps them for its next λ.
 - ``mergeability``: one task per merge+evaluate trial; the driver appends each finished trial
   to ``trials.jsonl`` as it arrives, so a killed run resumes where it stopped, and Ray reruns
   the task of a lost worker.

@@ -156,3 +156,17 @@ def test_an_address_where_nothing_answers_is_one_line_at_once(cluster, monkeypat
         with distributed.cluster("127.0.0.1:1"):
             pass
     assert not distributed.active()
+
+
+def test_sweep_on_ray_scores_every_lambda_as_in_process_and_fills_the_cache(cluster, llama, tmp_path):
+    task = tmp_path / "task.jsonl"
+    task.write_text("".join(json.dumps({"prompt": f"The capital of France is {w}", "answer": w}) + "\n" for w in ("the", "a", "water", "fox")))
+    args = ["sweep", llama["base"], llama["expert0"], "--tasks", task, "--lambdas", "0,0.5,1", "--refine", "1", "--marker", "e", "-k", "2"]
+    here = _run(*args, "--cache-dir", tmp_path / "here", "--out", tmp_path / "here_out")
+    there = _run(*args, "--cache-dir", tmp_path / "there", "--out", tmp_path / "there_out", "--ray")
+    assert here.exit_code == there.exit_code == 0, there.output
+    points = [json.loads((tmp_path / out / "sweep.json").read_text())["points"] for out in ("here_out", "there_out")]
+    assert [p["lambda"] for p in points[0]] == [p["lambda"] for p in points[1]]
+    for a, b in zip(*points):
+        _close({k: a[k] for k in ("accuracy", "tokens", "marker_rate", "pass_at")}, {k: b[k] for k in ("accuracy", "tokens", "marker_rate", "pass_at")})
+    assert sorted(p.name for p in (tmp_path / "there").iterdir()) == sorted(p.name for p in (tmp_path / "here").iterdir())  # the workers' answers cached by the same keys

@@ -17,6 +17,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any, Dict, List, Mapping, Optional, Pattern, Tuple
 
+from mergekit_mergeability import distributed
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.evaluation import harness, tasks as task_specs
 from mergekit_mergeability.files import SCHEMA_VERSION
@@ -80,6 +81,8 @@ class Sweep:
         self.interpolated, self.differing = plan(self.ends, settings.selection)
         self.metric: Optional[str] = None  # the task's metric, as the first answers name it
         self._lm = None
+        self.spec = (a, b, base, settings, dict(options), cache.folder)  # what a Ray worker rebuilds it from
+        self._answered: Dict[float, Dict[str, Any]] = {}  # records that Ray workers returned
 
     def lm(self):
         """The loaded module (A, or the base for task vectors) wrapped for lm-eval, once."""
@@ -102,7 +105,7 @@ class Sweep:
         from mergekit_mergeability.evaluation.inmemory import patched
 
         key = self.key(lam)
-        cached = self.cache.get(key)
+        cached = self._answered.get(lam) or self.cache.get(key)
         if cached is not None:
             return cached
         lm = self.lm()
@@ -123,18 +126,32 @@ class Sweep:
         quiet = self.options.get("quiet", False)
         points: Dict[float, Dict[str, Any]] = {}
         with progress(f"sweep: {len(self.s.lambdas)} λ points", len(self.s.lambdas), quiet) as advance:
+            self.answer_on_ray(self.s.lambdas, advance)
             for lam in self.s.lambdas:
                 points[lam] = self.point(lam)
-                advance(1)
+                if not distributed.active():
+                    advance(1)
         with progress("sweep: refining where the curves change fastest", self.s.refine, quiet) as advance:
 
             def measure(lam: float) -> Dict[str, Any]:
+                self.answer_on_ray([lam], lambda n: None)
                 point = self.point(lam)
                 advance(1)
                 return point
 
             added = stages.refine(points, measure, self.s.resolution, self.s.refine)
         return self.report(points, added)
+
+    def answer_on_ray(self, lambdas, advance) -> None:
+        """With ``--ray``: every λ not in the cache as one task, side by side; each worker loads A
+        once and keeps it for its next λ. The records come back here and into the cache."""
+        if not distributed.active():
+            return
+        missing = [lam for lam in lambdas if lam not in self._answered and self.cache.get(self.key(lam)) is None]
+        advance(len(lambdas) - len(missing))
+        records = distributed.each(_answer, missing, *self.spec, done=lambda i, r: advance(1), gpus=distributed.gpus(self.options))
+        for lam, record in zip(missing, records):
+            self._answered[lam] = self.cache.put(self.key(lam), record)
 
     def report(self, points: Dict[float, Dict[str, Any]], added: List[float]) -> Dict[str, Any]:
         from importlib.metadata import version
@@ -179,6 +196,17 @@ class Sweep:
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(partial, folder)
         return folder
+
+
+_sweeps: Dict[str, Sweep] = {}  # in a Ray worker process: the sweeps it has served, A loaded once each
+
+
+def _answer(lam: float, a: str, b: str, base: Optional[str], settings: Settings, options: Dict[str, Any], folder: Optional[Path]) -> Dict[str, Any]:
+    """One λ point's answers, in a Ray worker (``distributed.each``)."""
+    key = repr((a, b, base, settings, sorted(options.items()), folder))
+    if key not in _sweeps:
+        _sweeps[key] = Sweep(a, b, base, settings, options, harness.Cache(folder))
+    return _sweeps[key].record(lam)
 
 
 def summarise(record: Mapping[str, Any], marker: Pattern[str], samples: int) -> Dict[str, Any]:
