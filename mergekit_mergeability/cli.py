@@ -245,10 +245,11 @@ def default_cache_dir() -> Path:
 @click.option("--cutoff-signal", type=click.Choice(["cka", "selectivity", "both"]), default="cka", show_default=True, help="What sets the layer cut-off: unbiased CKA, the fine-tunes' overlap of group-specific neurons, or the lower of the two. The report says which decided.")
 @click.option("--overlap-threshold", type=click.FloatRange(0, 1), default=None, help="Specific-neuron overlap (Jaccard) below this, from some block on, marks where the fine-tunes' neurons part (default 0.5; read with --cutoff-signal selectivity or both).")
 @click.option("--skip", multiple=True, metavar="DIAGNOSTIC", help="Do not run this diagnostic (e.g. representations or selectivity on a large pool). Repeatable.")
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), help="Keep each model's pass results here: a killed precheck (or a lost Ray worker) restarts where it stopped. Off unless given.")
 @model_options(default_limit=64)
 @user_errors
 @ray_option
-def precheck(config_file: Optional[Path], pool: Optional[Path], out: Path, probes, fewshot, calibration, layers, cka_threshold, cka_batch_size, selectivity_span, lape_entropy_quantile, lape_activation_quantile, cutoff_signal, overlap_threshold, skip, **model):
+def precheck(config_file: Optional[Path], pool: Optional[Path], out: Path, probes, fewshot, calibration, layers, cka_threshold, cka_batch_size, selectivity_span, lape_entropy_quantile, lape_activation_quantile, cutoff_signal, overlap_threshold, skip, cache_dir, **model):
     """Predict, before merging, how well each model of CONFIG_FILE will survive the merge.
 
     \b
@@ -285,7 +286,7 @@ def precheck(config_file: Optional[Path], pool: Optional[Path], out: Path, probe
 
     extra = {"layers": _layer_set(layers), "cka_batch_size": cka_batch_size, "skip": list(skip), "selectivity_span": selectivity_span}
     extra.update(lape_entropy_quantile=lape_entropy_quantile, lape_activation_quantile=lape_activation_quantile, cutoff_signal=cutoff_signal)
-    chosen = {"fewshot": fewshot, "calibration": calibration and str(calibration), "cka_threshold": cka_threshold, "overlap_threshold": overlap_threshold}
+    chosen = {"fewshot": fewshot, "calibration": calibration and str(calibration), "cka_threshold": cka_threshold, "overlap_threshold": overlap_threshold, "cache_dir": cache_dir and str(cache_dir)}
     extra.update({k: v for k, v in chosen.items() if v is not None})
     if (config_file is None) == (pool is None):
         raise UserError("precheck: name a CONFIG_FILE or a --pool folder of adapters (one of the two)")

@@ -411,3 +411,25 @@ def test_layers_beyond_the_model_are_named_in_a_warning(tmp_path, pool):
     assert "7, 8, 9 beyond these models' layers 0–4" in warning
     pair = next(p for p in report["pairs"] if p["cka_unbiased"])
     assert [v is not None for v in pair["cka_unbiased"]] == [True, True, True, False, False]
+
+
+def test_a_rerun_with_cache_dir_reads_each_models_passes_back(tmp_path, pool, monkeypatch):
+    """Issue 14: a killed precheck restarts where it stopped; no model's pass runs twice."""
+    from mergekit_mergeability.diagnostics import representations, selectivity
+
+    config = _config(tmp_path, pool, ["upper_a", "upper_b"], ["probe_known", "probe_unknown"])
+    first = _precheck(config, tmp_path / "first", "--cache-dir", tmp_path / "kept")
+    assert first.exit_code == 0, first.output
+    kept = sorted(p.name.split("-")[0] for p in (tmp_path / "kept").iterdir())
+    assert kept == ["representations"] * 3 + ["selectivity"] * 3  # base and both experts, each pass
+
+    def never(*args, **kwargs):
+        raise AssertionError("a model pass ran again")
+
+    monkeypatch.setattr(representations, "score", never)
+    monkeypatch.setattr(selectivity, "activation_probabilities", never)
+    again = _precheck(config, tmp_path / "again", "--cache-dir", tmp_path / "kept")
+    assert again.exit_code == 0, again.output
+    strip = lambda r: {k: v for k, v in r.items() if k not in ("timings", "options", "created")}  # noqa: E731
+    reports = [json.loads((tmp_path / d / "precheck.json").read_text()) for d in ("first", "again")]
+    assert strip(reports[0]) == strip(reports[1])

@@ -19,7 +19,7 @@ import torch
 
 from mergekit_mergeability import distributed
 from mergekit_mergeability.checkpoints import load_causal_lm
-from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
+from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need, stored
 from mergekit_mergeability.diagnostics.activations import score
 from mergekit_mergeability.evaluation.inmemory import patched
 from mergekit_mergeability.lora import AdapterModel
@@ -66,14 +66,20 @@ def pooled_states(member: ModelInput, rows, inputs: DiagnosticInputs, loaded: Op
     """``member``'s hidden states over ``rows``, mean-pooled over the answer and over the prompt:
     two (layers, rows, hidden) tensors. ``loaded`` keeps bases loaded between models."""
     options = inputs.options
-    answers: List[torch.Tensor] = []
-    prompts: List[torch.Tensor] = []
-    with (loaded or _Loaded(inputs, set())).model(member.path) as (model, tokenizer):
-        with task(f"representations: {member.name}", len(rows), options.get("quiet", False)) as advance:
-            for scored in score(model, tokenizer, rows, options.get("batch_size", 16), hidden_states=True, progress=advance):
-                answers.append(scored.continuation_pool)
-                prompts.append(scored.prompt_pool)
-    return torch.stack(answers, dim=1), torch.stack(prompts, dim=1)
+
+    def compute():
+        answers: List[torch.Tensor] = []
+        prompts: List[torch.Tensor] = []
+        with (loaded or _Loaded(inputs, set())).model(member.path) as (model, tokenizer):
+            with task(f"representations: {member.name}", len(rows), options.get("quiet", False)) as advance:
+                for scored in score(model, tokenizer, rows, options.get("batch_size", 16), hidden_states=True, progress=advance):
+                    answers.append(scored.continuation_pool)
+                    prompts.append(scored.prompt_pool)
+        return {"answers": torch.stack(answers, dim=1), "prompts": torch.stack(prompts, dim=1)}
+
+    settings = (rows, options.get("dtype", "float32"), options.get("batch_size", 16))
+    pooled = stored.kept(options.get("cache_dir"), "representations", member.path, settings, compute)
+    return pooled["answers"], pooled["prompts"]
 
 
 class _Loaded:

@@ -32,7 +32,7 @@ import torch
 
 from mergekit_mergeability import distributed
 from mergekit_mergeability.checkpoints import load_causal_lm
-from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
+from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need, stored
 from mergekit_mergeability.diagnostics.activations import encode, pad
 from mergekit_mergeability.maths import selectivity as lape
 from mergekit_mergeability.names import short_names
@@ -86,11 +86,17 @@ def member_probabilities(member: ModelInput, rows, labels, groups: int, inputs: 
     """``member``'s activation probabilities (``activation_probabilities``), the model loaded for this pass alone."""
     options = inputs.options
     base_path = inputs.base.path if inputs.base else None
-    model, tokenizer = load_causal_lm(member.path, options.get("device", "cpu"), options.get("dtype", "float32"), base_path)
-    with task(f"selectivity: {member.name}", len(rows), options.get("quiet", False)) as advance:
-        p = activation_probabilities(model, tokenizer, rows, labels, groups, options.get("selectivity_span", "answer"), options.get("batch_size", 16), advance)
-    del model
-    return p
+    span = options.get("selectivity_span", "answer")
+
+    def compute():
+        model, tokenizer = load_causal_lm(member.path, options.get("device", "cpu"), options.get("dtype", "float32"), base_path)
+        with task(f"selectivity: {member.name}", len(rows), options.get("quiet", False)) as advance:
+            p = activation_probabilities(model, tokenizer, rows, labels, groups, span, options.get("batch_size", 16), advance)
+        return {} if p is None else {"probabilities": torch.from_numpy(p)}
+
+    settings = (rows, list(labels), groups, span, options.get("dtype", "float32"), options.get("batch_size", 16))
+    found = stored.kept(options.get("cache_dir"), "selectivity", member.path, settings, compute)
+    return found["probabilities"].numpy() if "probabilities" in found else None
 
 
 def probe_groups(models: Sequence[ModelInput]) -> Tuple[List[Tuple[str, str]], List[int], List[str]]:

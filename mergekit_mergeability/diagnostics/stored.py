@@ -1,0 +1,61 @@
+"""Each model's results of the precheck's model passes, kept on disk (``precheck --cache-dir``).
+
+A killed precheck then restarts where it stopped, and a lost Ray worker costs only its model:
+every model whose pass finished is read back instead of run again. A result is filed under the
+pass, the model's files as they are now (resolved path, each file's size and modification
+time: cheap to check, unlike hashing every weight again), the probe rows and the settings that
+change the numbers. Hub models are not kept (their files live in the hub's own cache).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional
+
+import torch
+
+from mergekit_mergeability.checkpoints import weight_files
+from mergekit_mergeability.evaluation.harness import Cache
+from mergekit_mergeability.lora import AdapterModel
+
+Tensors = Dict[str, torch.Tensor]
+
+
+def files_stamp(source) -> Optional[list]:
+    """What identifies a local model's files now; None for a hub model."""
+    if isinstance(source, AdapterModel):
+        base = files_stamp(source.base)
+        return None if base is None else [*base, *_stamp(sorted(p for p in source.folder.iterdir() if p.is_file()))]
+    if not isinstance(source, Path):
+        return None
+    config = source / "config.json"
+    return [str(source.resolve()), *_stamp([*weight_files(source), *([config] if config.is_file() else [])])]
+
+
+def _stamp(files) -> list:
+    return [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+
+
+def kept(folder: Optional[Path], kind: str, source, settings: Any, compute: Callable[[], Tensors]) -> Tensors:
+    """``compute()``'s tensors, read from ``folder`` when this model's pass already ran there."""
+    stamp = files_stamp(source) if folder else None
+    if stamp is None:
+        return compute()
+    from safetensors.torch import load_file, save_file
+
+    path = Path(folder) / f"{kind}-{Cache.key(kind, stamp, settings)}.safetensors"
+    if path.is_file():
+        return load_file(path)
+    result = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    os.close(handle)
+    try:
+        save_file({k: v.contiguous() for k, v in result.items()}, temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return result
