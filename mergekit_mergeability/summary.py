@@ -22,13 +22,11 @@ def print_precheck(report: Dict[str, Any], out: Optional[Path] = None) -> None:
 
     console = Console()
     table = wrapping_table("Mergeability precheck", "model", "p(gold)", "acc", "predicted", "why")
-    table.columns[-1].overflow = "fold"
     for model in (m for m in report["models"] if m["role"] == "expert"):
         p_gold, accuracy = known(model, report)
         table.add_row(model["name"], number(p_gold), number(accuracy), number(model["predicted_mergeability"]), "; ".join(model["reasons"]))
     console.print(table)
-    for folder, names in legend(report["models"]).items():
-        console.print(f"[dim]in {folder}: {', '.join(names)}[/dim]")
+    _print_legend(console, report["models"])
     names = {m["path"]: m["name"] for m in report["models"]}
     for finding in report["findings"]:
         if finding["severity"] != "info":
@@ -68,6 +66,11 @@ def legend(models) -> Dict[str, list]:
     return groups
 
 
+def _print_legend(console, models) -> None:
+    for folder, names in legend(models).items():
+        console.print(f"[dim]in {folder}: {', '.join(names)}[/dim]")
+
+
 def wrapping_table(title: str, *columns: str, **options):
     """A rich table whose cells wrap rather than end in "…": a cut name cannot tell two rows apart."""
     from rich.table import Column, Table
@@ -98,10 +101,9 @@ def print_mergeability(report: Dict[str, Any], out: Optional[Path] = None) -> No
         table.add_row(names[row["path"]], tasks[row["task"]], number(row["base_score"]), number(row["expert_score"]), number(row["mergeability"]), f"{low:.2f}–{high:.2f}", number(row["normalised"]))
     console = Console()
     console.print(table)
-    for folder, short in legend([{"name": names[p], "path": p} for p in names]).items():
-        console.print(f"[dim]in {folder}: {', '.join(short)}[/dim]")
+    _print_legend(console, [{"name": names[p], "path": p} for p in names])
     if out is not None:
-        Console().print(f"wrote {out}/mergeability.json")
+        console.print(f"wrote {out}/mergeability.json")
 
 
 def print_validation(report: Dict[str, Any]) -> None:

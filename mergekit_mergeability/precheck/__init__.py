@@ -28,7 +28,6 @@ class Measurements:
     results: Dict[str, DiagnosticResult] = field(default_factory=dict)
     skipped: List[str] = field(default_factory=list)
     failed: List[str] = field(default_factory=list)  # third-party diagnostics that raised (warnings)
-    planned: bool = False  # mergekit planned the config (``plan``)
 
     def findings(self) -> List[Tuple[str, Finding]]:
         return [(name, f) for name, result in self.results.items() for f in result.findings]
@@ -86,12 +85,14 @@ def measure(spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping
     unknown = skip - {d.name for _, d in diagnostics}
     if unknown:
         raise UserError(f"--skip {', '.join(sorted(unknown))}: no such diagnostic; the diagnostics are {', '.join(d.name for _, d in diagnostics)}")
+    planned = False
     for plugin, diagnostic in diagnostics:
         if measured.errors():
             measured.skipped.append(diagnostic.name)
             continue
-        if diagnostic.name != COMPATIBILITY and not measured.planned:  # the models fit together: would mergekit take the config?
+        if diagnostic.name != COMPATIBILITY and not planned:  # the models fit together: would mergekit take the config?
             plan(measured)
+            planned = True
         if diagnostic.name in skip:
             measured.skipped.append(diagnostic.name)
             continue
@@ -122,7 +123,6 @@ def plan(measured: Measurements) -> None:
     from mergekit_mergeability.planning import dry_run
     from mergekit_mergeability.precheck.report import absolute
 
-    measured.planned = True
     sources = {m.name: m.path for m in ([measured.base] if measured.base else []) + list(measured.models)}
     if all(isinstance(path, Path) for path in sources.values()):
         dry_run(absolute(measured.spec.document, sources), measured.spec.source)

@@ -123,10 +123,11 @@ def _model_row(model: Dict[str, Any], report: Dict[str, Any]) -> str:
     return "<tr>" + "".join(cells) + "</tr>"
 
 
-def _whole_numbers(ax) -> None:
-    """Layer and block axes tick at whole numbers only (a 4-layer model has no block 1.5)."""
+def _layer_axis(ax, label: str) -> None:
+    """A layer or block axis: labelled, ticked at whole numbers only (a 4-layer model has no block 1.5)."""
     from matplotlib.ticker import MaxNLocator
 
+    ax.set_xlabel(label)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
@@ -148,8 +149,7 @@ def _cka_plot(report, names) -> Optional[str]:
         ax.axhline(layers["cka_threshold"], color="grey", linestyle="--", label="threshold")
         if layers["cutoff"] is not None:
             ax.axvline(layers["cutoff"] + 0.5, color="red", linestyle=":", label=f"cut-off {layers['cutoff']}")
-        ax.set_xlabel("layer (0 = embeddings, i = output of block i−1)")
-        _whole_numbers(ax)
+        _layer_axis(ax, "layer (0 = embeddings, i = output of block i−1)")
         ax.set_ylabel("unbiased CKA (answer span)")
         lowest = min([layers["cka_threshold"], *(v for p in pairs for v in p["cka_unbiased"] if v is not None)])
         ax.set_ylim(max(lowest - 0.05, -0.05), 1.01)
@@ -190,8 +190,7 @@ def _specific_plot(report) -> Optional[str]:
         if len(curves) > MAX_LINES:  # many models: one line per model, its groups summed
             curves = {m["name"]: [sum(c) for c in zip(*m["specific_neurons"].values())] for m in models}
         _lines(ax, curves, "models")
-        ax.set_xlabel("decoder block")
-        _whole_numbers(ax)
+        _layer_axis(ax, "decoder block")
         ax.set_ylabel(f"group-specific MLP neurons ({span} span)")
         ax.legend(fontsize="small")
 
@@ -213,8 +212,7 @@ def _overlap_plot(report, names) -> Optional[str]:
             ax.axhline(selectivity["overlap_threshold"], color="grey", linestyle="--", label="threshold")
             if selectivity["cutoff"] is not None:
                 ax.axvline(selectivity["cutoff"] - 0.5, color="purple", linestyle="-.", label=f"overlap cut-off {selectivity['cutoff']}")
-        ax.set_xlabel("decoder block")
-        _whole_numbers(ax)
+        _layer_axis(ax, "decoder block")
         ax.set_ylabel("Jaccard overlap of specific neurons")
         ax.set_ylim(-0.02, 1.02)
         ax.legend(fontsize="small")
