@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import shutil
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -109,23 +108,17 @@ def merge(config_file: Path, out_path: Path, mergekit_options: tuple):
     # Importing mergekit registers the plugins' methods: this package's import installed the hook.
     from mergekit.scripts import run_yaml
 
-    partial = out_path.with_name(f".{out_path.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
+    from mergekit_mergeability.files import atomic_folder
+
     try:
-        code = run_yaml.main.main(
-            [str(config_file), str(partial), *mergekit_options],
-            prog_name="mergekit-mergeability merge",
-            standalone_mode=False,
-        )
-    except BaseException as error:
-        shutil.rmtree(partial, ignore_errors=True)
-        if isinstance(error, (RuntimeError, ValueError)):
-            raise UserError(f"{config_file}: {str(error).splitlines()[0]}") from None
-        raise
-    if out_path.exists():
-        out_path.rmdir()
-    partial.rename(out_path)
-    return code
+        with atomic_folder(out_path) as partial:  # out_path, if there, is empty (checked above)
+            return run_yaml.main.main(
+                [str(config_file), str(partial), *mergekit_options],
+                prog_name="mergekit-mergeability merge",
+                standalone_mode=False,
+            )
+    except (RuntimeError, ValueError) as error:
+        raise UserError(f"{config_file}: {str(error).splitlines()[0]}") from None
 
 
 def _layer_set(text: str | None):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Iterator, Sequence, Union
 
 from mergekit_mergeability.errors import UserError
 
@@ -36,6 +38,22 @@ def write_atomic(path: Path, data: Union[str, bytes]) -> Path:
         Path(temporary).unlink(missing_ok=True)
         raise
     return path
+
+
+@contextlib.contextmanager
+def atomic_folder(folder: Path) -> Iterator[Path]:
+    """A temporary folder beside ``folder`` to fill, renamed to ``folder`` (replacing it) when the
+    block ends, removed if it fails: a reader never sees half a model."""
+    folder = Path(folder)
+    partial = folder.with_name(f".{folder.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        yield partial
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(partial, folder)
 
 
 def read_report(path: Path, kind: str, fields: Sequence[str]) -> dict:

@@ -211,13 +211,13 @@ def materialise(model: AdapterModel, folder: Path) -> Path:
 
     from safetensors.torch import save_file
 
+    from mergekit_mergeability.files import atomic_folder
+
     folder = Path(folder)
     if folder.exists():
         raise UserError(f"{folder}: already exists; materialise into a new folder")
-    partial = folder.with_name(f".{folder.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    shutil.copytree(Path(model.base), partial, ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json", "*.bin", "*.pt", "*.pth"))
-    reader = AdapterReader(model)
-    save_file({name: reader[name].contiguous() for name in reader.index}, partial / "model.safetensors", metadata={"format": "pt"})
-    partial.rename(folder)
+    with atomic_folder(folder) as partial:
+        shutil.copytree(Path(model.base), partial, ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json", "*.bin", "*.pt", "*.pth"))
+        reader = AdapterReader(model)
+        save_file({name: reader[name].contiguous() for name in reader.index}, partial / "model.safetensors", metadata={"format": "pt"})
     return folder

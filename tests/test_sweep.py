@@ -136,7 +136,7 @@ def test_chosen_yml_runs_with_the_stock_mergekit_yaml_and_builds_the_swept_model
     lam = report["sweet_spot"]["lambda"]
     merged = CliRunner().invoke(mergekit_yaml, [str(tmp_path / "out" / "chosen.yml"), str(tmp_path / "merged"), "--no-copy-tokenizer", "--quiet"])
     assert merged.exit_code == 0, merged.output
-    a, b, out = state_dict(world["a"]), state_dict(world["b"]), state_dict(tmp_path / "merged")
+    a, out = state_dict(world["a"]), state_dict(tmp_path / "merged")
     ends = sweep_models.endpoints(str(world["a"]), str(world["b"]))
     interpolated, _ = sweep_models.plan(ends, sweep_models.Selection(frozenset({1, 2}), "mlp"))
     swept = sweep_models.interpolate(ends, interpolated, lam)

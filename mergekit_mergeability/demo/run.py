@@ -17,7 +17,7 @@ from rich.console import Console
 
 from mergekit_mergeability.demo import base as bases, experts as training
 from mergekit_mergeability.demo.checkpoints import save_expert
-from mergekit_mergeability.files import write_atomic
+from mergekit_mergeability.files import atomic_folder, write_atomic
 from mergekit_mergeability.resources import shipped
 
 
@@ -217,9 +217,8 @@ class Demo:
         text = config.read_text()
         folder = self.cache / "merges" / Cache.key(text)[:16]
         if not folder.is_dir():
-            partial = folder.with_name(f".{folder.name}.partial")
-            run_merge(MergeConfiguration.model_validate(yaml.safe_load(text)), str(partial), MergeOptions(quiet=True, write_model_card=False, copy_tokenizer=True))
-            partial.rename(folder)
+            with atomic_folder(folder) as partial:
+                run_merge(MergeConfiguration.model_validate(yaml.safe_load(text)), str(partial), MergeOptions(quiet=True, write_model_card=False, copy_tokenizer=True))
         return folder
 
 

@@ -9,8 +9,6 @@ change the numbers. Hub models are not kept (their files live in the hub's own c
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
@@ -18,6 +16,7 @@ import torch
 
 from mergekit_mergeability.checkpoints import weight_files
 from mergekit_mergeability.evaluation.harness import Cache
+from mergekit_mergeability.files import write_atomic
 from mergekit_mergeability.lora import AdapterModel
 
 Tensors = Dict[str, torch.Tensor]
@@ -43,19 +42,11 @@ def kept(folder: Optional[Path], kind: str, source, settings: Any, compute: Call
     stamp = files_stamp(source) if folder else None
     if stamp is None:
         return compute()
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file, save
 
     path = Path(folder) / f"{kind}-{Cache.key(kind, stamp, settings)}.safetensors"
     if path.is_file():
         return load_file(path)
     result = compute()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    os.close(handle)
-    try:
-        save_file({k: v.contiguous() for k, v in result.items()}, temporary)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    write_atomic(path, save({k: v.contiguous() for k, v in result.items()}))
     return result

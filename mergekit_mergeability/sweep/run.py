@@ -10,7 +10,6 @@ no evaluation, and a rerun or a refinement reuses every finished point.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional, Pattern, Tuple
 from mergekit_mergeability import distributed
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.evaluation import harness, tasks as task_specs
-from mergekit_mergeability.files import SCHEMA_VERSION
+from mergekit_mergeability.files import SCHEMA_VERSION, atomic_folder
 from mergekit_mergeability.maths import sampling, stages
 from mergekit_mergeability.sweep.models import Endpoints, Selection, endpoints, interpolate, plan
 
@@ -81,7 +80,7 @@ class Sweep:
         self.interpolated, self.differing = plan(self.ends, settings.selection)
         self.metric: Optional[str] = None  # the task's metric, as the first answers name it
         self._lm = None
-        self.spec = (a, b, base, settings, dict(options), cache.folder)  # what a Ray worker rebuilds it from
+        self.spec = (a, b, base, settings, dict(options))  # what a Ray worker rebuilds it from
         self._answered: Dict[float, Dict[str, Any]] = {}  # records that Ray workers returned
 
     def lm(self):
@@ -183,29 +182,24 @@ class Sweep:
 
     def save_model(self, lam: float, folder: Path) -> Path:
         """The λ-model as a model folder (written to a temporary folder, renamed when complete)."""
-        import shutil
-
         from mergekit_mergeability.evaluation.inmemory import patched
 
         lm = self.lm()
-        partial = folder.with_name(f".{folder.name}.partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        with patched(lm.model, interpolate(self.ends, self.interpolated, lam)):
-            lm.model.save_pretrained(partial)
-        lm.tokenizer.save_pretrained(partial)
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(partial, folder)
+        with atomic_folder(folder) as partial:
+            with patched(lm.model, interpolate(self.ends, self.interpolated, lam)):
+                lm.model.save_pretrained(partial)
+            lm.tokenizer.save_pretrained(partial)
         return folder
 
 
 _sweeps: Dict[str, Sweep] = {}  # in a Ray worker process: the sweeps it has served, A loaded once each
 
 
-def _answer(lam: float, a: str, b: str, base: Optional[str], settings: Settings, options: Dict[str, Any], folder: Optional[Path]) -> Dict[str, Any]:
-    """One λ point's answers, in a Ray worker (``distributed.each``)."""
-    key = repr((a, b, base, settings, sorted(options.items()), folder))
+def _answer(lam: float, a: str, b: str, base: Optional[str], settings: Settings, options: Dict[str, Any]) -> Dict[str, Any]:
+    """One λ point's answers, in a Ray worker (``distributed.each``); the driver caches them."""
+    key = repr((a, b, base, settings, sorted(options.items())))
     if key not in _sweeps:
-        _sweeps[key] = Sweep(a, b, base, settings, options, harness.Cache(folder))
+        _sweeps[key] = Sweep(a, b, base, settings, options, harness.Cache(None))
     return _sweeps[key].record(lam)
 
 
