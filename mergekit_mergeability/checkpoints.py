@@ -206,6 +206,17 @@ def read_header(file: Path) -> dict:
     return header
 
 
+def model_files(source: Source) -> List[Path]:
+    """The files that make a local model what it is: its weight files and config.json; an
+    adapter's are its base's, then its adapter_config.json and weights."""
+    from mergekit_mergeability import lora
+
+    if isinstance(source, lora.AdapterModel):
+        return [*model_files(source.base), source.folder / lora.CONFIG, source.folder / lora.WEIGHTS]
+    config = Path(source) / "config.json"
+    return [*weight_files(source), *([config] if config.is_file() else [])]
+
+
 def weight_files(folder: Source) -> List[Path]:
     """Every weight file of a local model folder, in any format transformers saves (and
     shard indexes), safetensors headers checked. Refuses a folder without weights."""

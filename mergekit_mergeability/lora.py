@@ -10,7 +10,6 @@ formed only when a caller asks for that one tensor (``AdapterReader``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -101,13 +100,6 @@ class AdapterModel:
         if self.config.get("fan_in_fan_out"):  # the base stores this weight transposed (GPT-2's Conv1D): ΔWᵀ = Aᵀ·Bᵀ
             a, b = b.T, a.T
         return LowRank(a, b, scale(self.config, name[: -len(".weight")], rank))
-
-    def fingerprint(self, base_fingerprint: str) -> str:
-        digest = hashlib.sha256(base_fingerprint.encode())
-        for name in (CONFIG, WEIGHTS):
-            with open(self.folder / name, "rb") as handle:
-                digest.update(hashlib.file_digest(handle, "sha256").digest())
-        return digest.hexdigest()
 
     def merged(self, tensors: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         """The targeted tensors of ``tensors`` (the base's, by name) with the update added."""

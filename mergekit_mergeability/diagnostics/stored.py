@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
-from mergekit_mergeability.checkpoints import weight_files
+from mergekit_mergeability.checkpoints import model_files
 from mergekit_mergeability.evaluation.harness import Cache
 from mergekit_mergeability.files import write_atomic
 from mergekit_mergeability.lora import AdapterModel
@@ -23,18 +23,11 @@ Tensors = Dict[str, torch.Tensor]
 
 
 def files_stamp(source) -> Optional[list]:
-    """What identifies a local model's files now; None for a hub model."""
-    if isinstance(source, AdapterModel):
-        base = files_stamp(source.base)
-        return None if base is None else [*base, *_stamp(sorted(p for p in source.folder.iterdir() if p.is_file()))]
-    if not isinstance(source, Path):
+    """What identifies a local model's files now (each file's path, size and modification time);
+    None for a hub model, or an adapter of one."""
+    if not isinstance(source.base if isinstance(source, AdapterModel) else source, Path):
         return None
-    config = source / "config.json"
-    return [str(source.resolve()), *_stamp([*weight_files(source), *([config] if config.is_file() else [])])]
-
-
-def _stamp(files) -> list:
-    return [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    return [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in model_files(source)]
 
 
 def kept(folder: Optional[Path], kind: str, source, settings: Any, compute: Callable[[], Tensors]) -> Tensors:

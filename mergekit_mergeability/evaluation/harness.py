@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from mergekit_mergeability.checkpoints import weight_files
+from mergekit_mergeability.checkpoints import model_files
 from mergekit_mergeability.evaluation.tasks import Task
 from mergekit_mergeability.files import write_atomic
 
@@ -48,16 +48,10 @@ class Cache:
 
 def fingerprint(folder: Path) -> str:
     """A model folder's content hash: its config.json and every weight file, whatever the
-    format (``checkpoints.weight_files``, which refuses a folder without weights);
+    format (``checkpoints.model_files``; a folder without weights is refused);
     memoised by size and mtime. An adapter's: its base's and its own files'."""
-    from mergekit_mergeability.lora import AdapterModel
-
-    if isinstance(folder, AdapterModel):
-        return folder.fingerprint(fingerprint(folder.base))
-    folder = Path(folder)
-    config = folder / "config.json"
     digest = hashlib.sha256()
-    for file in [*weight_files(folder), *([config] if config.is_file() else [])]:
+    for file in model_files(folder):
         stat = file.stat()
         digest.update(f"{file.name}:{stat.st_size}".encode())
         digest.update(_file_digest(file, stat.st_size, stat.st_mtime_ns).encode())
