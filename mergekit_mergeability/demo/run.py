@@ -270,7 +270,8 @@ def run(settings: Settings, cache: Path, out: Path, console: Optional[Console] =
     print_precheck(prechecks["facts"], out / "precheck" / "facts")
     for name in ("translation_different_targets", "translation_shared_target"):
         rec = prechecks[name]["recommendation"]
-        console.print(f"{name}: verdict [bold]{rec['verdict']}[/bold], cut-off {rec['cutoff']}: " + " ".join(rec["reasons"]))
+        cutoff = "" if rec["cutoff"] is None else f", cut-off {rec['cutoff']}"
+        console.print(f"{name}: verdict [bold]{rec['verdict']}[/bold]{cutoff}: " + " ".join(rec["reasons"]))
     console.rule("4. merge and measure")
     reports = demo.mergeability(configs["facts"], knowledge_of(prechecks["facts"]))
     translation = {
