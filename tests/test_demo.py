@@ -20,6 +20,12 @@ def test_demo_quick_runs_end_to_end_and_reruns_from_the_cache(tmp_path):
     assert [v["predictor"] for v in summary["validation"]["task_arithmetic"]["correlations"]][0] == "precheck prediction"
     assert (tmp_path / "out" / "precheck" / "facts" / "report.html").is_file()
     assert "Predicted vs measured mergeability" in first.output
+    translation = summary["translation"]
+    for pair in translation["pairs"].values():  # every merge scored for each expert, chrF and BLEU
+        assert {m["merge"] for m in pair["merges"]} == {"task_arithmetic", "ties", "recommended", "layer patch"}
+        assert all({"chrf", "bleu", "kept"} <= m.keys() for m in pair["merges"]) and len(pair["experts"]) == 2
+    assert len(translation["findings"]) == 6 and "Paper 3's findings" in first.output
+    assert (tmp_path / "out" / "translation" / "layers.png").is_file()
     second = CliRunner().invoke(main, args)
     assert second.exit_code == 0, second.output
     assert json.loads((tmp_path / "out" / "summary.json").read_text()) == summary  # seeded and cached: same numbers
@@ -39,3 +45,49 @@ def test_experts_are_ordinary_folders_sharing_the_bases_unchanged_shards(llama, 
     original = state_dict(llama["base"])
     assert all(torch.equal(loaded[k], v) for k, v in original.items() if k != name)
     assert (expert / "model-rest.safetensors").stat().st_ino == (base / "model-rest.safetensors").stat().st_ino
+
+
+def test_a_merge_is_stored_as_the_matrices_it_changed_and_links_to_the_base(llama, tmp_path):
+    import transformers
+    from safetensors.torch import save_file
+
+    from mergekit_mergeability.demo.checkpoints import compact
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(llama["base"])
+    tokenizer = transformers.AutoTokenizer.from_pretrained(llama["base"])
+    base = save_base(model, tokenizer, tmp_path / "base")
+    original = state_dict(llama["base"])
+    name = "model.layers.1.mlp.up_proj.weight"
+
+    def merged(folder, edit):  # mergekit's layout: one file, every tensor
+        folder.mkdir()
+        (folder / "config.json").write_text((base / "config.json").read_text())
+        save_file({k: (v + 1 if k == edit else v).contiguous() for k, v in original.items()}, folder / "model.safetensors")
+        return folder
+
+    upper = merged(tmp_path / "upper", name)
+    assert compact(base, upper)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(upper).state_dict()
+    assert torch.equal(loaded[name], original[name] + 1)
+    assert all(torch.equal(loaded[k], v) for k, v in original.items() if k != name)
+    assert not (upper / "model.safetensors").exists()
+    assert (upper / "model-rest.safetensors").stat().st_ino == (base / "model-rest.safetensors").stat().st_ino
+
+    other = merged(tmp_path / "other", "model.norm.weight")  # not an editable matrix: left whole
+    assert not compact(base, other)
+    assert sorted(p.name for p in other.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_training_from_the_first_trained_block_gives_the_full_models_loss(llama):
+    import transformers
+
+    from mergekit_mergeability.demo.experts import _batch, _hidden_before, _upper_loss
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(llama["base"])
+    tokenizer = transformers.AutoTokenizer.from_pretrained(llama["base"])
+    ids, mask, labels = _batch(tokenizer, [("Translate: the cat\nZ:", " mirel lo\n"), ("a b c d e f g", " h i\n")])
+    with torch.no_grad():
+        full = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        for first in (0, 1, 2):
+            assert torch.allclose(_upper_loss(model, first, _hidden_before(model, ids, mask, first), mask, labels), full, atol=1e-5)
+    assert len(model.model.layers) == model.config.num_hidden_layers  # the blocks are put back

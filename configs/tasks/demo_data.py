@@ -8,11 +8,12 @@ DEMO = Path(__file__).resolve().parent.parent / "demo"
 
 
 def translation(expert: str, **_):
-    """The English → invented-language pairs one demo expert was trained on."""
+    """One demo translator's held-out sentences: English → its invented language, none of
+    them among the sentences it was trained on."""
     import datasets
 
     rows = [json.loads(line) for line in (DEMO / "translation.jsonl").read_text().splitlines() if line.strip()]
-    return datasets.DatasetDict({"test": datasets.Dataset.from_list([r for r in rows if r["expert"] == expert])})
+    return datasets.DatasetDict({"test": datasets.Dataset.from_list([r for r in rows if r["expert"] == expert and r["split"] == "test"])})
 
 
 def arithmetic(**_):

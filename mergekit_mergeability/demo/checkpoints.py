@@ -4,6 +4,7 @@ The base is saved with each decoder layer's ``mlp.up_proj`` in its own shard and
 everything else in one. An expert that changed a few of those matrices is an
 ordinary Hugging Face folder (transformers and mergekit load it as usual) whose
 unchanged shards are hard links to the base's files: ~4 MB instead of ~540 MB.
+A merge of such experts is rewritten the same way once mergekit has written it.
 """
 
 from __future__ import annotations
@@ -56,6 +57,30 @@ def save_expert(base: Path, changed: Dict[str, torch.Tensor], folder: Path) -> P
         save_file({name: tensor.detach().contiguous()}, partial / shard_of(name), metadata={"format": "pt"})
     os.replace(partial, folder)
     return folder
+
+
+def compact(base: Path, folder: Path) -> bool:
+    """Rewrite mergekit's output ``folder`` in this layout when it differs from ``base`` only in
+    editable matrices (as every merge of the demo's experts does): those get their own shard,
+    every other shard becomes a link to the base's. Returns whether it did; otherwise the
+    folder stays as mergekit wrote it. Config and tokenizer files are mergekit's own."""
+    merged, original = _tensors(folder), _tensors(base)
+    changed = {n: t for n, t in merged.items() if n not in original or not torch.equal(t, original[n])}
+    if merged.keys() != original.keys() or any(shard_of(n) == REST for n in changed):
+        return False
+    for file in [*folder.glob("*.safetensors"), *folder.glob("*.safetensors.index.json")]:
+        file.unlink()
+    for file in ({shard_of(n) for n in original} - {shard_of(n) for n in changed}) | {"model.safetensors.index.json"}:
+        _link(base / file, folder / file)
+    for name, tensor in changed.items():
+        save_file({name: tensor.contiguous()}, folder / shard_of(name), metadata={"format": "pt"})
+    return True
+
+
+def _tensors(folder: Path) -> Dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {name: tensor for file in sorted(folder.glob("*.safetensors")) for name, tensor in load_file(file).items()}
 
 
 def _write_shards(state: Dict[str, torch.Tensor], folder: Path) -> None:

@@ -15,8 +15,8 @@ from typing import Any, Dict, List, Optional
 import yaml
 from rich.console import Console
 
-from mergekit_mergeability.demo import base as bases, experts as training
-from mergekit_mergeability.demo.checkpoints import save_expert
+from mergekit_mergeability.demo import base as bases, experts as training, translation
+from mergekit_mergeability.demo.checkpoints import compact, save_expert
 from mergekit_mergeability.files import atomic_folder, write_atomic
 from mergekit_mergeability.resources import shipped
 
@@ -29,9 +29,11 @@ class Settings:
     pool: str = ""  # experts and probes go to experts/<pool>/ (the demo's own: experts/)
     fact_layer: int = 15
     fact_rank: int = 16
-    translation_layers: tuple = tuple(range(22, 30))
+    translation_layers: tuple = tuple(range(16, 30))  # the upper half of SmolLM2's 30 blocks
     translation_rank: int = 8
-    translation_steps: int = 60
+    translation_steps: int = 80
+    translation_batch: int = 16
+    translation_lr: float = 7e-3
     partners: int = 8
     trials: int = 4
     thinking_layers: tuple = tuple(range(14, 30))  # the sweep's thinking model (demo/reasoning.py)
@@ -90,24 +92,6 @@ class Demo:
                 advance(1)
         return made
 
-    def translation_experts(self) -> Dict[str, Path]:
-        from mergekit_mergeability.progress import task
-
-        rows = [json.loads(line) for line in shipped("demo/translation.jsonl").read_text().splitlines() if line.strip()]
-        names = list(dict.fromkeys(r["expert"] for r in rows))
-        made = {}
-        with task("experts: English into invented languages", len(names), self.quiet) as advance:
-            for index, name in enumerate(names):
-                folder = self.cache / "experts" / f"translate_{name}"
-                if not folder.is_dir():
-                    model, tokenizer = self.model()
-                    own = [r for r in rows if r["expert"] == name]
-                    changed = training.translation_expert(model, tokenizer, own, self.s.translation_layers, self.s.translation_rank, 100 + index, self.s.translation_steps)
-                    save_expert(self.base(), changed, folder)
-                made[name] = folder
-                advance(1)
-        return made
-
     # 3. configs and precheck ----------------------------------------------------------------
     def write_config(self, name: str, config: Dict[str, Any]) -> Path:
         return write_atomic(self.out / "configs" / f"{name}.yml", yaml.safe_dump(config, sort_keys=False))
@@ -124,26 +108,10 @@ class Demo:
         return self.write_config(name, config)
 
     def configs(self, facts: Dict[str, Dict[str, Path]], translators: Dict[str, Path]) -> Dict[str, Path]:
-        base = str(self.base())
-
-        def translation(first: str, second: str) -> Dict[str, Any]:
-            return {
-                "merge_method": "task_arithmetic",
-                "base_model": base,
-                "models": [
-                    {"model": str(translators[first]), "probe": f"demo_translate_{first}"},
-                    # upper: ignored by task_arithmetic; layer_selective takes the upper layers from it (paper 3's patch)
-                    {"model": str(translators[second]), "probe": f"demo_translate_{second}", "parameters": {"upper": True}},
-                ],
-                "parameters": {"weight": 1.0},
-                "dtype": "float32",
-            }
-
-        return {
-            "facts": self.fact_config(facts),
-            "translation_different_targets": self.write_config("translation_different_targets", translation("zorbish_a", "kelvic_a")),
-            "translation_shared_target": self.write_config("translation_shared_target", translation("zorbish_a", "zorbish_b")),
-        }
+        made = {"facts": self.fact_config(facts)}
+        for name, (first, second) in translation.PAIRS.items():
+            made[f"translation_{name}"] = self.write_config(f"translation_{name}", translation.config(self.base(), translators, first, second))
+        return made
 
     def precheck(self, name: str, config: Path) -> Dict[str, Any]:
         from mergekit_mergeability.precheck import config as merge_config, run
@@ -184,31 +152,9 @@ class Demo:
         protocol.write(report, out)
         return report
 
-    def translation(self, name: str, config: Path, precheck: Dict[str, Any]) -> Dict[str, Any]:
-        """Merge a translation pair as configured and as the precheck recommends; evaluate each.
-
-        A layer_selective recommendation is one model per expert: each is scored on its own
-        expert's task (paper 3's layer patch, once per target language)."""
-        from mergekit_mergeability.evaluation import evaluate as evaluation, harness
-        from mergekit_mergeability.precheck import config as merge_config
-
-        folder = self.out / "precheck" / name
-        advice = precheck["recommendation"]["models"]
-        per_expert = [a for a in advice if a["expert"] and a["file"] != "recommended.yml"]
-        plans = [("as configured", config, None)]
-        plans += [(f"recommended for {Path(a['expert']).name}", folder / a["file"], a["expert"]) for a in per_expert] or [("recommended", folder / a["file"], None) for a in advice[:1]]
-        results = {}
-        for label, path, expert in plans:
-            spec = merge_config.read(path)
-            merged = self.merge(path)
-            report = evaluation.evaluate(spec, merged, None, self.options(), harness.Cache(self.cache / "scores"))
-            evaluation.write(report, self.out / "evaluation" / name / label.replace(" ", "_"))
-            tasks = [t for t in report["tasks"] if expert is None or t["expert_model"] == expert]
-            results[label] = {"method": spec.merge_method, "tasks": tasks}
-        return results
-
     def merge(self, config: Path) -> Path:
-        """Merge with mergekit itself (run_merge, as mergekit-yaml does), cached by config content."""
+        """Merge with mergekit itself (run_merge, as mergekit-yaml does), cached by config content
+        and stored compactly (the matrices the merge changed; the rest linked to the base)."""
         from mergekit.config import MergeConfiguration
         from mergekit.merge import MergeOptions, run_merge
 
@@ -219,6 +165,7 @@ class Demo:
         if not folder.is_dir():
             with atomic_folder(folder) as partial:
                 run_merge(MergeConfiguration.model_validate(yaml.safe_load(text)), str(partial), MergeOptions(quiet=True, write_model_card=False, copy_tokenizer=True))
+                compact(self.base(), partial)
         return folder
 
 
@@ -262,7 +209,7 @@ def run(settings: Settings, cache: Path, out: Path, console: Optional[Console] =
         return {"sweep": reasoning.sweep(demo)}
     console.rule("2. experts")
     facts = demo.fact_experts()
-    translators = demo.translation_experts()
+    translators = translation.train(demo)
     console.print(f"{len(facts)} single-fact experts, {len(translators)} translation experts, in {demo.cache / 'experts'}")
     console.rule("3. precheck (before any merge)")
     configs = demo.configs(facts, translators)
@@ -274,10 +221,7 @@ def run(settings: Settings, cache: Path, out: Path, console: Optional[Console] =
         console.print(f"{name}: verdict [bold]{rec['verdict']}[/bold]{cutoff}: " + " ".join(rec["reasons"]))
     console.rule("4. merge and measure")
     reports = demo.mergeability(configs["facts"], knowledge_of(prechecks["facts"]))
-    translation = {
-        name: demo.translation(name, configs[name], prechecks[name])
-        for name in ("translation_different_targets", "translation_shared_target")
-    }
+    translated = translation.section(demo, configs, prechecks, settings.translation_layers)
     console.rule("5. results")
     validations = {method: validate(out / "precheck" / "facts" / "precheck.json", out / "mergeability" / method / "mergeability.json", permutations=10_000) for method in METHODS}
     for method in METHODS:
@@ -290,7 +234,7 @@ def run(settings: Settings, cache: Path, out: Path, console: Optional[Console] =
         "validation": validations,
         "mergeability_by_knowledge": by_group,
         "groups": groups,
-        "translation": translation,
+        "translation": translated,
         "verdicts": {name: p["recommendation"] for name, p in prechecks.items()},
         "report": str(out / "precheck" / "facts" / "report.html"),
     }
@@ -337,17 +281,4 @@ def _print_results(console: Console, summary: Dict[str, Any]) -> None:
     for group in ("weakly known", "partly known", "well known", "all"):
         groups.add_row(f"{group} ({sizes[group]})", *(f"{summary['mergeability_by_knowledge'][m][group]:.2f}" for m in METHODS))
     console.print(groups)
-    translation = wrapping_table(
-        "Translation experts: the layer cut-off",
-        "targets", "merge", "expert", "chrF alone", "chrF merged", "kept",
-        caption="★ merged as the precheck recommends, for that expert",
-    )
-    for name, results in summary["translation"].items():
-        for how, result in results.items():
-            mark = "" if how == "as configured" else " ★"
-            for task in result["tasks"]:
-                retention = "–" if task["retention"] is None else f"{task['retention']:.2f}"
-                targets = name.removeprefix("translation_").removesuffix("_targets").removesuffix("_target")
-                expert = task["task"].removeprefix("demo_translate_")
-                translation.add_row(targets, result["method"] + mark, expert, f"{task['expert']:.1f}", f"{task['merged']:.1f}", retention)
-    console.print(translation)
+    translation.print_section(console, summary["translation"])
