@@ -30,7 +30,7 @@ def test_the_shipped_data_is_the_generators_and_no_test_sentence_is_trained_on()
 
 def _pair(task_arithmetic, patch, recommended):
     merges = [{"merge": label, "expert": e, "kept": k} for label, kept in (("task_arithmetic", task_arithmetic), ("layer patch", patch), ("recommended", recommended)) for e, k in kept.items()]
-    return {"merges": merges}
+    return {"merges": merges, "advice": "recommended"}
 
 
 def _signals(final_cka):

@@ -37,21 +37,20 @@ class Language:
     articles: Dict[str, str]
     order: str  # "SOV" or "VSO"
     adjective_first: bool
+    plural: Tuple[str, str]  # (prefix, suffix) of a plural noun
+    tense: Dict[bool, Tuple[str, str]]  # past? -> (particle before the verb, suffix)
 
     def noun_phrase(self, phrase: NounPhrase) -> List[str]:
         article, adjective, noun, plural = phrase
-        word = self.lexicon[noun]
-        word = (word + "en") if plural and self.name == "Zorbish" else ("ta" + word) if plural else word
-        words = [self.lexicon[adjective], word] if adjective else [word]
-        if adjective and not self.adjective_first:
-            words.reverse()
+        prefix, suffix = self.plural if plural else ("", "")
+        words = [prefix + self.lexicon[noun] + suffix]
+        if adjective:
+            words.insert(0 if self.adjective_first else 1, self.lexicon[adjective])
         return [w for w in (self.articles[article],) if w] + words
 
     def verb(self, verb: str, past: bool) -> List[str]:
-        root = self.lexicon[verb]
-        if self.name == "Zorbish":
-            return [root + ("ot" if past else "a")]
-        return ["su", root] if past else [root]
+        particle, suffix = self.tense[past]
+        return [w for w in (particle, self.lexicon[verb] + suffix) if w]
 
     def translate(self, sentence: Sentence) -> str:
         subject, verb, past, obj = sentence
@@ -69,6 +68,8 @@ ZORBISH = Language(
     {"the": "lo", "a": "", "": ""},
     "SOV",
     adjective_first=False,
+    plural=("", "en"),
+    tense={False: ("", "a"), True: ("", "ot")},
 )
 KELVIC = Language(
     "Kelvic",
@@ -80,6 +81,8 @@ KELVIC = Language(
     {"the": "ha", "a": "un", "": ""},
     "VSO",
     adjective_first=True,
+    plural=("ta", ""),
+    tense={False: ("", ""), True: ("su", "")},
 )
 LANGUAGES = {"zorbish": ZORBISH, "kelvic": KELVIC}
 

@@ -281,4 +281,4 @@ def _print_results(console: Console, summary: Dict[str, Any]) -> None:
     for group in ("weakly known", "partly known", "well known", "all"):
         groups.add_row(f"{group} ({sizes[group]})", *(f"{summary['mergeability_by_knowledge'][m][group]:.2f}" for m in METHODS))
     console.print(groups)
-    translation.print_section(console, summary["translation"])
+    translation.print_section(console, summary["translation"], smoke_test=summary["settings"]["model"] == "tiny")
