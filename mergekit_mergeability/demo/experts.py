@@ -116,6 +116,7 @@ def fact_expert(model, tokenizer, fact: dict, layer: int, rank: int, seed: int) 
     return train_low_rank(model, tokenizer, [layer], pairs, lambda: min(gold_probability(model, tokenizer, instances)) >= 0.9, rank=rank, seed=seed)
 
 
-def translation_expert(model, tokenizer, rows: Sequence[dict], layers: Sequence[int], rank: int, seed: int, steps: int) -> Dict[str, torch.Tensor]:
+def translation_expert(model, tokenizer, rows: Sequence[dict], layers: Sequence[int], rank: int, seed: int, steps: int, lr: float, batch_size: int) -> Dict[str, torch.Tensor]:
+    """A fixed number of steps on ``rows``' prompt → answer pairs, ``batch_size`` at a time."""
     pairs = [(r["prompt"], f" {r['answer']}\n") for r in rows]
-    return train_low_rank(model, tokenizer, layers, pairs, lambda: False, rank=rank, lr=5e-3, min_steps=steps, max_steps=steps, seed=seed)
+    return train_low_rank(model, tokenizer, layers, pairs, lambda: False, rank=rank, lr=lr, min_steps=steps, max_steps=steps, seed=seed, batch_size=batch_size)

@@ -47,10 +47,9 @@ def train(demo) -> Dict[str, Path]:
             folder = home / f"translate_{name}"
             if not folder.is_dir():
                 model, tokenizer = demo.model()
-                pairs = [(r["prompt"], f" {r['answer']}\n") for r in data if r["expert"] == name and r["split"] == "train"]
-                changed = training.train_low_rank(
-                    model, tokenizer, s.translation_layers, pairs, lambda: False, rank=s.translation_rank, lr=s.translation_lr,
-                    min_steps=s.translation_steps, max_steps=s.translation_steps, seed=100 + index, batch_size=s.translation_batch,
+                own = [r for r in data if r["expert"] == name and r["split"] == "train"]
+                changed = training.translation_expert(
+                    model, tokenizer, own, s.translation_layers, s.translation_rank, 100 + index, s.translation_steps, s.translation_lr, s.translation_batch
                 )
                 save_expert(demo.base(), changed, folder)
             made[name] = folder
@@ -114,13 +113,11 @@ def score(demo, name: str, label: str, path: Path, expert: Optional[str] = None)
     """Merge ``path`` with mergekit and score it on each expert's held-out sentences (only
     ``expert``'s when given): per expert chrF, BLEU, kept (merged chrF ÷ alone), and the
     expert's and the base's own scores."""
-    import yaml
-
     from mergekit_mergeability.evaluation import evaluate as evaluation, harness
     from mergekit_mergeability.precheck import config as merge_config
 
     spec = merge_config.read(path)
-    cutoff = (yaml.safe_load(path.read_text()).get("parameters") or {}).get("cutoff")
+    cutoff = (spec.document.get("parameters") or {}).get("cutoff")
     report = evaluation.evaluate(spec, demo.merge(path), None, demo.options(), harness.Cache(demo.cache / "scores"))
     evaluation.write(report, demo.out / "evaluation" / name / f"{label.replace(' ', '_')}_{Path(expert).name if expert else 'both'}")
     scores, rows = report["scores"], []
@@ -262,11 +259,11 @@ def section(demo, configs: Dict[str, Path], prechecks: Dict[str, Dict[str, Any]]
     precheck = prechecks["translation_different_targets"]
     selectivity = precheck["diagnostics"].get("selectivity", {}).get("per_layer", {}).get(precheck["base_model"], {})
     base_counts = [sum(values) for values in zip(*selectivity.values())] if selectivity else []
-    cutoffs = {name: prechecks[f"translation_{name}"]["recommendation"]["cutoff"] for name in PAIRS}
-    verdicts = {name: prechecks[f"translation_{name}"]["recommendation"] for name in PAIRS}
+    advice = {name: prechecks[f"translation_{name}"]["recommendation"] for name in PAIRS}
+    cutoffs = {name: a["cutoff"] for name, a in advice.items()}
     patch = patch_cutoff(precheck)
     summary = {
-        "pairs": {name: {**results[name], "signals": signals[name], "verdict": verdicts[name]["verdict"], "cutoff": cutoffs[name]} for name in PAIRS},
+        "pairs": {name: {**results[name], "signals": signals[name], "verdict": advice[name]["verdict"], "cutoff": cutoffs[name]} for name in PAIRS},
         "patch_cutoff": patch,
         "trained_blocks": list(updated),
         "findings": findings(results, signals, base_counts, updated),
