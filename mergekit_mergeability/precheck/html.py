@@ -235,7 +235,7 @@ def _knowledge_plot(report) -> Optional[str]:
         ax.set_yticks(list(y), [m["name"] for m in experts], fontsize=_fontsize(len(experts)))
         ax.set_xlim(0, 1)
         ax.axvline(0.5, color="grey", linestyle=":")
-        ax.legend(fontsize="small", loc="lower right")
+        ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2)  # below the axes: never over a bar
 
     return _figure(draw, "Base-model knowledge and predicted mergeability", width=8, height=max(3, 0.22 * len(experts) + 1.2))
 
