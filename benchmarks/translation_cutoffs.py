@@ -18,13 +18,13 @@ import argparse
 import json
 from pathlib import Path
 
-import yaml
 from rich.console import Console
 from rich.table import Table
 
 from mergekit_mergeability.cli import default_cache_dir
 from mergekit_mergeability.demo import translation
 from mergekit_mergeability.demo.run import FULL, Demo
+from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.files import write_atomic
 from mergekit_mergeability.precheck import config as merge_config, run
 
@@ -42,11 +42,15 @@ def main() -> None:
     config = demo.out / "configs" / f"{name}.yml"
     if not config.is_file():
         raise SystemExit(f"{config}: no such file; point --out (and --cache-dir) at a finished demo run, or run `mergekit-mergeability demo --out {args.out} --cache-dir {args.cache_dir}` first (~17 min)")
-    document = yaml.safe_load(config.read_text())
+    try:
+        spec = merge_config.read(config)
+    except UserError as error:
+        raise SystemExit(f"error: {error}") from None
+    document = spec.document
     picks = {}
     for signal in ("cka", "selectivity"):
         options = {"limit": 64, "device": "cpu", "dtype": "float32", "batch_size": 16, "quiet": True, "cutoff_signal": signal}
-        precheck = run(merge_config.read(config), {}, options, demo.out / "cutoffs" / signal)
+        precheck = run(spec, {}, options, demo.out / "cutoffs" / signal)
         picks[signal] = precheck["recommendation"]["cutoff"]
     picks["paper 3's patch"] = translation.patch_cutoff(precheck)
     kept = {}
