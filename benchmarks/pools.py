@@ -1,14 +1,18 @@
-"""Measured pools of single-fact experts of SmolLM2-135M-Instruct: the ground truth that
-the precheck's prediction is fitted on (``fit``) and checked on (``heldout``: never used
-to fit the calibration or to choose a default).
+"""Measured pools of single-fact experts of SmolLM2-135M-Instruct, in families that differ
+in how the experts were trained and scored: the ground truth the precheck's prediction is
+fitted on and checked on, leaving one family out at a time (``benchmarks/prediction.py
+families``).
 
-    python benchmarks/pools.py fit                      # 86 facts, experts on layer 15
-    python benchmarks/pools.py heldout                  # 83 other facts, experts on layer 10
+    python benchmarks/pools.py fit                      # cloze, one up_proj (layer 15): 86 facts
+    python benchmarks/pools.py heldout                  # cloze, one up_proj (layer 10): 83 other facts
+    python benchmarks/pools.py options                  # options listed, 3-shot, one up_proj (layer 15): 64 facts
+    python benchmarks/pools.py lora                     # cloze, LoRA r8 on attention and MLP, layers 10-19: 64 facts
     python benchmarks/pools.py fit --methods mean,ties,kw:0.1,kw-ties:0.1:0.5
 
-Each expert is trained like the demo's (a rank-16 update of one layer's mlp.up_proj,
-until the gold choice has p ≥ 0.9 on both phrasings of its fact). Facts are in
-``benchmarks/pools/``. Per pool this writes, under ``--out/<pool>/``: the pool config,
+Each expert is trained until the gold choice has p ≥ 0.9 on both phrasings of its fact,
+in the format its probe is scored in (``FAMILIES`` says how each family differs). Facts
+are in ``benchmarks/pools/``: ``options`` uses the held-out pool's facts, ``lora`` the fit
+pool's (the family differs in what is updated, not in what is taught). Per pool this writes, under ``--out/<pool>/``: the pool config,
 ``precheck/precheck.json`` (knowledge, weight and interference features) and
 ``mergeability/<method>/mergeability.json`` (8 partners × 5 trials, paper 1's protocol).
 Methods: ``mean`` (task_arithmetic, weights 1/9), ``ties`` (density 0.5), ``kw:T``
@@ -30,9 +34,20 @@ from mergekit_mergeability.cli import default_cache_dir
 from mergekit_mergeability.demo.run import Demo, Settings, knowledge_of
 
 HERE = Path(__file__).resolve().parent
+FIT, HELDOUT = str(HERE / "pools" / "fit_facts.jsonl"), str(HERE / "pools" / "heldout_facts.jsonl")
+ATTENTION_AND_MLP = ("self_attn.q_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.up_proj", "mlp.down_proj")
 POOLS = {
-    "fit": Settings(facts=str(HERE / "pools" / "fit_facts.jsonl"), pool="fit", fact_layer=15, trials=5),
-    "heldout": Settings(facts=str(HERE / "pools" / "heldout_facts.jsonl"), pool="heldout", fact_layer=10, trials=5),
+    "fit": Settings(facts=FIT, pool="fit", fact_layer=15, trials=5),
+    "heldout": Settings(facts=HELDOUT, pool="heldout", fact_layer=10, trials=5),
+    "options": Settings(facts=HELDOUT, fact_count=64, pool="options", fact_layer=15, fact_format="options", fact_shots=3, trials=5),
+    "lora": Settings(facts=FIT, fact_count=64, pool="lora", fact_layers=tuple(range(10, 20)), fact_modules=ATTENTION_AND_MLP, fact_rank=8, fact_adapters=True, trials=5),
+}
+# What each family is, in the words the README's tables use; pools of one family differ only in their facts.
+FAMILIES = {
+    "fit": "cloze, 0-shot; rank-16 update of one mlp.up_proj (layer 15)",
+    "heldout": "cloze, 0-shot; rank-16 update of one mlp.up_proj (layer 10)",
+    "options": "options listed and lettered, 3-shot; rank-16 update of one mlp.up_proj (layer 15)",
+    "lora": "cloze, 0-shot; peft LoRA r8 on q, v, o, up and down projections of layers 10-19",
 }
 
 

@@ -5,6 +5,7 @@ the README's "How the prediction was fitted", from the pools ``benchmarks/pools.
     python benchmarks/prediction.py calibrate [--install] # fit on the fit pool; --install ships it
     python benchmarks/prediction.py validate heldout     # precheck (shipped calibration) vs S
     python benchmarks/prediction.py methods fit          # own-task S by thirds of base knowledge
+    python benchmarks/prediction.py families             # leave one family out: the README's headline
 
 The held-out pool is only ever read by ``validate`` and ``methods``: nothing here fits on it
 or chooses a default from it.
@@ -93,6 +94,67 @@ def methods(args) -> None:
     console.print(table)
 
 
+def families(args) -> None:
+    """Leave one family out: fit the calibration (the shipped procedure, nothing chosen per
+    family) on every other family, predict the held-out one, and compare with each single
+    input there; then the pooled number and a permutation null of the whole procedure."""
+    import numpy as np
+
+    from mergekit_mergeability.maths import calibration as fitting
+    from mergekit_mergeability.maths.stats import correlate, difference
+    from mergekit_mergeability.precheck.calibration import FEATURES, measured_pool
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from pools import FAMILIES
+
+    names, directions = list(FEATURES), list(FEATURES.values())
+    pools = {}
+    for family in args.families or FAMILIES:
+        precheck, measured = OUT / family / "precheck" / "precheck.json", OUT / family / "mergeability" / "mean" / "mergeability.json"
+        if precheck.is_file() and measured.is_file():
+            pools[family] = measured_pool(precheck, measured)[1:3]
+        else:
+            console.print(f"[yellow]{family}: not measured yet ({measured}); run `python benchmarks/pools.py {family} --precheck`[/yellow]")
+    if len(pools) < 2:
+        raise SystemExit("need at least two measured families")
+    rows, report = [], {"families": {}, "features": names}
+    x_all = np.vstack([x for x, _ in pools.values()])
+    y_all = np.concatenate([y for _, y in pools.values()])
+    groups = [f for f, (_, y) in pools.items() for _ in y]
+    predicted_all = fitting.held_out_predictions(x_all, y_all, groups, names, directions, by_group=True)
+    for family, (x, y) in pools.items():
+        inside = np.array(groups) == family
+        predicted = np.clip(predicted_all[inside], 0, 1)
+        result = correlate(predicted, y, permutations=args.permutations, seed=0)
+        singles = fitting.single_features(x, y, [family] * len(y), names, directions)
+        best = fitting.best(singles)
+        column = directions[names.index(best)] * x[:, names.index(best)]
+        known = ~np.isnan(column)
+        gap, (low, high) = difference(predicted[known], column[known], y[known])
+        report["families"][family] = {
+            "description": FAMILIES[family], "n": len(y), "spearman": result.spearman, "interval": result.interval, "p_permutation": result.p_permutation,
+            "best_single_feature": best, "best_single_spearman": singles[best], "difference": gap, "difference_interval": [low, high], "single_features": singles,
+        }
+        rows.append((family, len(y), result, best, singles[best], gap, low, high))
+    pooled = fitting.within_pools(predicted_all, y_all, groups)
+    null = fitting.permutation_null(x_all, y_all, groups, names, directions, args.null, seed=0, by_group=True)
+    report["pooled"] = {"spearman": pooled, "n": len(y_all), "p_permutation": fitting.p_value(pooled, null), "null_95th_percentile": float(np.percentile(null, 95)), "permutations": args.null}
+    table = Table("held-out family", "n", "prediction", "95% interval", "p", "best single input there", "difference [95%]", title="Leave one family out: Spearman with measured S (mean merge, 8 partners × 5 trials)")
+    for family, n, result, best, single, gap, low, high in rows:
+        table.add_row(family, str(n), f"{result.spearman:+.2f}", f"{result.interval[0]:+.2f} – {result.interval[1]:+.2f}", _p(result.p_permutation), f"{best} {single:+.2f}", f"{gap:+.2f} [{low:+.2f}, {high:+.2f}]")
+    console.print(table)
+    console.print(f"pooled (within-family Spearman, size-weighted): {pooled:+.2f}, n = {len(y_all)}, permutation p {_p(report['pooled']['p_permutation'])} ({args.null} refits on shuffled targets; 95th percentile {report['pooled']['null_95th_percentile']:+.2f})")
+    for family in pools:
+        console.print(f"[dim]{family}: {FAMILIES[family]}[/dim]")
+    out = OUT / "families.json"
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    console.print(f"wrote {out}")
+
+
+def _p(p: float) -> str:
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
 def main():
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     commands = parser.add_subparsers(dest="command", required=True)
@@ -101,9 +163,14 @@ def main():
     fit.add_argument("--install", action="store_true", help="copy the fit into the package as its default calibration")
     fit.add_argument("--permutations", type=int, default=500)
     fit.set_defaults(run=calibrate)
+    held = commands.add_parser("families")
+    held.add_argument("families", nargs="*", help="the families to use (default: every one measured)")
+    held.add_argument("--permutations", type=int, default=10_000, help="per held-out family")
+    held.add_argument("--null", type=int, default=200, help="refits on shuffled targets for the pooled number")
+    held.set_defaults(run=families)
     for name, run in (("validate", validate), ("methods", methods)):
         command = commands.add_parser(name)
-        command.add_argument("pool", choices=["fit", "heldout"])
+        command.add_argument("pool", choices=["fit", "heldout", "options", "lora"])
         command.set_defaults(run=run)
     args = parser.parse_args()
     args.run(args)

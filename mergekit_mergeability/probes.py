@@ -8,8 +8,14 @@ A probe spec is one of
 A JSONL line may name its ``"group"`` (a language, a task): the neuron-selectivity
 diagnostic compares groups; lines without one belong to their model's probe set.
 Every spec becomes the same ``Instance`` list: a prompt and the continuations to
-score, as lm-eval's loglikelihood requests would (zero-shot for JSONL lines; an
-lm-eval task keeps its own ``num_fewshot`` and formatting).
+score, as lm-eval's loglikelihood requests would, **in the format the task is scored
+in** (``evaluate`` and ``mergeability`` score exactly these prompts):
+
+- a multiple-choice line's ``"format"``: ``"cloze"`` (the default: ``question\nAnswer:``
+  and each choice as its continuation) or ``"options"`` (the choices listed and lettered
+  after ``"shots"`` solved examples, 0 unless the line says, each choice scored as its own
+  text); lines that say nothing are taken as cloze, and the precheck says so;
+- an lm-eval task keeps its own ``num_fewshot`` and formatting.
 
 The base model's knowledge of a multiple-choice line is asked as Will it Merge?
 (arXiv 2601.06672) asks it: ``with_shots`` puts K solved examples before a lettered
@@ -29,6 +35,8 @@ from typing import List, Optional, Sequence, Tuple
 from mergekit_mergeability.errors import UserError
 
 MULTIPLE_CHOICE, GENERATION = "multiple_choice", "generation"
+CLOZE, OPTIONS, LM_EVAL = "cloze", "options", "lm-eval"  # how an instance is scored
+FORMATS = (CLOZE, OPTIONS)  # what a JSONL line's "format" may say
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 NEUTRAL_SHOTS = "fewshot/general.jsonl"
 
@@ -44,6 +52,9 @@ class Instance:
     item: Optional[str] = None  # lines with the same "id" are phrasings of one item
     letters: Tuple[str, ...] = ()  # " A", " B"…: scored too when the options are lettered
     group: Optional[str] = None  # a JSONL line's "group" (None: its model's probe set)
+    format: str = CLOZE  # how the task scores it: cloze, options, lm-eval (a task's own), generation
+    shots: int = 0  # solved examples before it, as scored
+    declared: bool = True  # False: a JSONL line that did not say its format (taken as cloze)
 
     @property
     def gold(self) -> str:
@@ -56,31 +67,47 @@ def lettered(question: str, options: Sequence[str]) -> str:
 
 
 def with_shots(instances: Sequence[Instance], k: int, extra: Sequence[Instance] = (), seed: int = 0) -> List[Instance]:
-    """The instances as few-shot lettered questions, each option scored as its own text.
+    """The instances as k-shot lettered questions, each option scored as its own text.
 
     Shots for instance i: a seeded sample of the probe's other lines (never i itself
     nor a line with its id), then ``extra`` in order, up to ``k``. Instances without a
     question of their own (lm-eval tasks, generation) are returned unchanged.
     """
-    asked = []
-    for index, instance in enumerate(instances):
-        if instance.question is None or instance.kind != MULTIPLE_CHOICE:
-            asked.append(instance)
-            continue
-        own = [o for o in instances if _other(o, instance)]
-        shots = random.Random(f"{seed}:{index}").sample(own, min(k, len(own)))
-        shots += [o for o in extra if _other(o, instance)][: k - len(shots)]
-        blocks = [f"{lettered(s.question, s.options)} {s.options[s.label]}" for s in shots]
-        prompt = "\n\n".join([*blocks, lettered(instance.question, instance.options)])
-        asked.append(
-            replace(
-                instance,
-                prompt=prompt,
-                continuations=tuple(f" {o}" for o in instance.options),
-                letters=tuple(f" {LETTERS[i]}" for i in range(len(instance.options))),
-            )
-        )
-    return asked
+    return [_lettered(instances, index, k, extra, seed) for index in range(len(instances))]
+
+
+def _lettered(instances: Sequence[Instance], index: int, k: int, extra: Sequence[Instance], seed: int) -> Instance:
+    instance = instances[index]
+    if instance.question is None or instance.kind != MULTIPLE_CHOICE:
+        return instance
+    own = [o for o in instances if _other(o, instance)]
+    shots = random.Random(f"{seed}:{index}").sample(own, min(k, len(own)))
+    shots += [o for o in extra if _other(o, instance)][: k - len(shots)]
+    blocks = [f"{lettered(s.question, s.options)} {s.options[s.label]}" for s in shots]
+    return replace(
+        instance,
+        prompt="\n\n".join([*blocks, lettered(instance.question, instance.options)]),
+        continuations=tuple(f" {o}" for o in instance.options),
+        letters=tuple(f" {LETTERS[i]}" for i in range(len(instance.options))),
+        format=OPTIONS,
+        shots=len(shots),
+    )
+
+
+def as_scored(instances: Sequence[Instance], extra: Sequence[Instance] = ()) -> List[Instance]:
+    """Each line in the format its task is scored in: ``options`` lines as their own
+    ``shots``-shot lettered question (shots from the probe's other lines, then ``extra``),
+    the rest unchanged."""
+    return [_lettered(instances, i, inst.shots, extra, 0) if inst.format == OPTIONS else inst for i, inst in enumerate(instances)]
+
+
+def cloze(instance: Instance) -> Instance:
+    """A multiple-choice line as a cloze question, whatever it declares (the lettered and
+    few-shot views are built from this one)."""
+    if instance.question is None:
+        return instance
+    prompt = f"{instance.question}\nAnswer:"
+    return replace(instance, prompt=prompt, continuations=tuple(join(prompt, c) for c in instance.options), letters=(), shots=0)
 
 
 def _other(candidate: Instance, instance: Instance) -> bool:
@@ -92,10 +119,8 @@ def _other(candidate: Instance, instance: Instance) -> bool:
 
 def shots_from(spec: Optional[str], relative_to: Optional[Path] = None) -> List[Instance]:
     """Solved examples: a ``fewshot:`` JSONL file, else the shipped neutral set."""
-    from mergekit_mergeability.resources import shipped
-
     if spec is None:
-        return _from_jsonl(shipped(NEUTRAL_SHOTS), None)
+        return _from_jsonl(_neutral(), None)
     path = existing_file(spec, relative_to)
     if path is None or path.suffix != ".jsonl":
         raise UserError(f"fewshot {spec}: no such .jsonl file of {{\"question\", \"choices\", \"label\"}} lines")
@@ -108,12 +133,24 @@ def load(spec: str, limit: Optional[int] = None, relative_to: Optional[Path] = N
 
     path = existing_file(spec, relative_to)
     if path is not None and path.suffix == ".jsonl":
-        instances = _from_jsonl(path, limit)
+        instances = scored_lines(path)[:limit]
     else:
         instances = _from_lm_eval(resolve(spec, relative_to, what="probe"), limit)
     if not instances:
         raise UserError(f"probe {spec}: no instances")
     return instances
+
+
+def scored_lines(path: Path) -> List[Instance]:
+    """Every line of a JSONL probe, as its task scores it (shots drawn from the whole file
+    and the shipped neutral set, so a ``--limit`` never changes a prompt)."""
+    return as_scored(_from_jsonl(path, None), _from_jsonl(_neutral(), None))
+
+
+def _neutral() -> Path:
+    from mergekit_mergeability.resources import shipped
+
+    return shipped(NEUTRAL_SHOTS)
 
 
 def join(prompt: str, continuation: str, delimiter: str = " ") -> str:
@@ -142,18 +179,23 @@ def _from_jsonl(path: Path, limit: Optional[int]) -> List[Instance]:
     return instances
 
 
-def _instance(path: Path, number: int, line: str) -> Instance:
-    where = f"{path}:{number}"
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise UserError(f"{where}: not JSON ({error.msg})") from None
+def parse(row: dict, where: str = "probe line") -> Instance:
+    """One probe line (a parsed JSON object) as an Instance, its group included."""
     if not isinstance(row, dict):
         raise UserError(f"{where}: expected a JSON object, got {type(row).__name__}")
     group = row.get("group")
     if group is not None and (not isinstance(group, str) or not group.strip()):
         raise UserError(f"{where}: group must be a non-empty string, got {group!r}")
     return replace(_kind(where, row), group=group)
+
+
+def _instance(path: Path, number: int, line: str) -> Instance:
+    where = f"{path}:{number}"
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise UserError(f"{where}: not JSON ({error.msg})") from None
+    return parse(row, where)
 
 
 def _kind(where: str, row: dict) -> Instance:
@@ -166,12 +208,19 @@ def _kind(where: str, row: dict) -> Instance:
             label = choices.index(label)
         if not isinstance(label, int) or not 0 <= label < len(choices) or len(choices) < 2:
             raise UserError(f"{where}: label must index one of at least 2 choices, got {row['label']!r}")
-        prompt = f"{row['question']}\nAnswer:"
         item = None if row.get("id") is None else str(row["id"])
-        return Instance(prompt, tuple(join(prompt, c) for c in choices), label, question=str(row["question"]), options=tuple(choices), item=item)
+        declared, shots = row.get("format"), row.get("shots", 0)
+        if declared is not None and declared not in FORMATS:
+            raise UserError(f"{where}: format must be one of {', '.join(FORMATS)}, got {declared!r}")
+        if not isinstance(shots, int) or isinstance(shots, bool) or shots < 0:
+            raise UserError(f"{where}: shots must be a whole number ≥ 0, got {shots!r}")
+        if shots and declared != OPTIONS:
+            raise UserError(f'{where}: shots apply to "format": "options" lines only')
+        line = Instance("", (), label, question=str(row["question"]), options=tuple(choices), item=item, format=declared or CLOZE, declared=declared is not None)
+        return replace(cloze(line), shots=shots)
     if {"prompt", "answer"} <= row.keys():
         prompt = str(row["prompt"])
-        return Instance(prompt, (join(prompt, str(row["answer"])),), 0, GENERATION)
+        return Instance(prompt, (join(prompt, str(row["answer"])),), 0, GENERATION, format=GENERATION)
     raise UserError(f'{where}: expected {{"question", "choices", "label"}} or {{"prompt", "answer"}}, got {sorted(row)}')
 
 
@@ -213,6 +262,6 @@ def _task_instance(task, doc) -> Instance:
     if task.OUTPUT_TYPE == "multiple_choice":
         choices = task.doc_to_choice(doc)
         label = target if isinstance(target, int) else choices.index(str(target))
-        return Instance(prompt, tuple(join(prompt, c, delimiter) for c in choices), label)
+        return Instance(prompt, tuple(join(prompt, c, delimiter) for c in choices), label, format=LM_EVAL, shots=shots)
     answer = target[0] if isinstance(target, list) else str(target)
-    return Instance(prompt, (join(prompt, answer, delimiter),), 0, GENERATION)
+    return Instance(prompt, (join(prompt, answer, delimiter),), 0, GENERATION, format=LM_EVAL, shots=shots)

@@ -24,8 +24,11 @@ def print_precheck(report: Dict[str, Any], out: Optional[Path] = None) -> None:
     table = wrapping_table("Mergeability precheck", "model", "p(gold)", "acc", "predicted", "why")
     for model in (m for m in report["models"] if m["role"] == "expert"):
         p_gold, accuracy = known(model, report)
-        table.add_row(model["name"], number(p_gold), number(accuracy), number(model["predicted_mergeability"]), "; ".join(model["reasons"]))
+        flag = "*" if model.get("out_of_domain") else ""
+        table.add_row(model["name"], number(p_gold), number(accuracy), number(model["predicted_mergeability"]) + flag, "; ".join(model["reasons"]))
     console.print(table)
+    if any(m.get("out_of_domain") for m in report["models"]):
+        console.print("[dim]* outside what the calibration was fitted on (the warning below says how): a rough guide[/dim]")
     _print_legend(console, report["models"])
     names = {m["path"]: m["name"] for m in report["models"]}
     for finding in report["findings"]:
@@ -40,7 +43,8 @@ def print_precheck(report: Dict[str, Any], out: Optional[Path] = None) -> None:
         for note in main["notes"]:
             console.print(f"  [dim]{note}[/dim]")
     if per_expert:
-        console.print(f"  recommended/ holds one such model per expert: {', '.join(Path(a['file']).name for a in per_expert)}")
+        files = ", ".join(Path(a["file"]).name for a in per_expert)
+        console.print(f"  recommended/ gives back each model kept apart: {files}" if rec["verdict"] == "leave_out" else f"  recommended/ holds one such model per expert: {files}")
     for reason in report["stop"]:
         console.print(f"[red]stop:[/red] {shorten(reason, names)}")
     if out is not None:
@@ -51,9 +55,11 @@ def print_precheck(report: Dict[str, Any], out: Optional[Path] = None) -> None:
 def known(model: Dict[str, Any], report: Dict[str, Any]):
     """The base's p(gold) and accuracy on a model's probes, asked the way the calibration reads
     knowledge (as the task scores it, or the paper's lettered few-shot prompt)."""
+    from mergekit_mergeability.precheck.calibration import _scored
+
     k = model["knowledge"] or {}
-    as_task = (report.get("calibration") or {}).get("knowledge_feature", "p_gold").startswith("task_")
-    return (k.get("task_mean_p_gold"), k.get("task_accuracy")) if as_task else (k.get("mean_p_gold"), k.get("accuracy"))
+    as_task = (report.get("calibration") or {}).get("knowledge_feature", "p_gold").startswith(("scored_", "task_"))
+    return (_scored(k, "mean_p_gold"), _scored(k, "accuracy")) if as_task else (k.get("mean_p_gold"), k.get("accuracy"))
 
 
 def legend(models) -> Dict[str, list]:

@@ -74,9 +74,9 @@ def test_weakly_known_probes_lead_to_knowledge_weighting(tmp_path, pool):
     jsonschema.validate(report, json.loads(SCHEMA.read_text()))
     experts = {m["path"]: m for m in report["models"] if m["role"] == "expert"}
     known, unknown = experts[str(pool["known"])], experts[str(pool["unknown"])]
-    assert known["knowledge"]["task_accuracy"] == 1 and known["knowledge"]["task_mean_gap"] == 0
-    assert unknown["knowledge"]["task_accuracy"] == 0 and unknown["knowledge"]["task_mean_gap"] > 0
-    assert known["knowledge"]["task_mean_p_gold"] > unknown["knowledge"]["task_mean_p_gold"]
+    assert known["knowledge"]["scored_accuracy"] == 1 and known["knowledge"]["scored_mean_gap"] == 0
+    assert unknown["knowledge"]["scored_accuracy"] == 0 and unknown["knowledge"]["scored_mean_gap"] > 0
+    assert known["knowledge"]["scored_mean_p_gold"] > unknown["knowledge"]["scored_mean_p_gold"]
     assert len(known["knowledge"]["per_instance"]) == len(QUESTIONS) and known["knowledge"]["fewshot"] == 3
     assert known["predicted_mergeability"] > unknown["predicted_mergeability"]
     rec = report["recommendation"]

@@ -59,6 +59,30 @@ def save_expert(base: Path, changed: Dict[str, torch.Tensor], folder: Path) -> P
     return folder
 
 
+def save_adapter(base: Path, factors: Dict[str, tuple], folder: Path) -> Path:
+    """The factors (tensor name -> (A, B), ΔW = B·A) as a peft LoRA adapter folder on ``base``
+    (lora_alpha = r, so peft's scale is 1), atomically."""
+    from mergekit_mergeability.files import atomic_folder
+    from mergekit_mergeability.lora import CONFIG, WEIGHTS
+
+    ranks = {a.shape[0] for a, _ in factors.values()}
+    if len(ranks) != 1:
+        raise ValueError(f"one rank per adapter, got {sorted(ranks)}")
+    (rank,) = ranks
+    tensors = {}
+    for name, (a, b) in factors.items():
+        module = name[: -len(".weight")]
+        tensors[f"base_model.model.{module}.lora_A.weight"] = a.detach().contiguous()
+        tensors[f"base_model.model.{module}.lora_B.weight"] = b.detach().contiguous()
+    targets = sorted({name.split(".")[-2] for name in factors})
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": str(base), "r": rank, "lora_alpha": rank, "target_modules": targets, "lora_dropout": 0.0, "bias": "none"}
+    with atomic_folder(folder) as partial:
+        partial.mkdir(parents=True)
+        (partial / CONFIG).write_text(json.dumps(config, indent=2))
+        save_file(tensors, partial / WEIGHTS, metadata={"format": "pt"})
+    return folder
+
+
 def compact(base: Path, folder: Path) -> bool:
     """Rewrite mergekit's output ``folder`` in this layout when it differs from ``base`` only in
     editable matrices (as every merge of the demo's experts does): those get their own shard,

@@ -42,7 +42,7 @@ def training_pairs(task, count: int, seed: int) -> List[Tuple[str, str]]:
 def thinking_model(demo) -> Path:
     """B, trained once into the demo's cache (a folder sharing the base's unchanged shards)."""
     from mergekit_mergeability.demo.checkpoints import save_expert
-    from mergekit_mergeability.demo.experts import train_low_rank
+    from mergekit_mergeability.demo.experts import train_low_rank, updated
     from mergekit_mergeability.evaluation.tasks import resolve
     from mergekit_mergeability.sweep.answers import GenerationTask
 
@@ -51,7 +51,7 @@ def thinking_model(demo) -> Path:
         model, tokenizer = demo.model()
         steps = demo.s.thinking_steps
         pairs = training_pairs(GenerationTask(resolve(TASK), 1, 1.0).task, steps * BATCH, seed=0)
-        changed = train_low_rank(model, tokenizer, demo.s.thinking_layers, pairs, lambda: False, rank=demo.s.thinking_rank, min_steps=steps, max_steps=steps, batch_size=BATCH)
+        changed = updated(model, train_low_rank(model, tokenizer, demo.s.thinking_layers, pairs, lambda: False, rank=demo.s.thinking_rank, min_steps=steps, max_steps=steps, batch_size=BATCH))
         save_expert(demo.base(), changed, folder)
     return folder
 

@@ -16,7 +16,7 @@ import yaml
 from rich.console import Console
 
 from mergekit_mergeability.demo import base as bases, experts as training, translation
-from mergekit_mergeability.demo.checkpoints import compact, save_expert
+from mergekit_mergeability.demo.checkpoints import compact, save_adapter, save_expert
 from mergekit_mergeability.files import atomic_folder, write_atomic
 from mergekit_mergeability.resources import shipped
 
@@ -29,6 +29,11 @@ class Settings:
     pool: str = ""  # experts and probes go to experts/<pool>/ (the demo's own: experts/)
     fact_layer: int = 15
     fact_rank: int = 16
+    fact_layers: Optional[tuple] = None  # several layers (None: fact_layer alone)
+    fact_modules: tuple = training.UP  # the linear modules of each layer the update trains
+    fact_format: str = "cloze"  # how each fact is trained and scored: cloze, or options after fact_shots solved examples
+    fact_shots: int = 0
+    fact_adapters: bool = False  # store the experts as peft LoRA adapters (else model folders)
     translation_layers: tuple = tuple(range(16, 30))  # the upper half of SmolLM2's 30 blocks
     translation_rank: int = 8
     translation_steps: int = 80
@@ -82,15 +87,24 @@ class Demo:
                 probe = self.cache / "probes" / self.s.pool / f"{fact['id']}.jsonl"
                 if not folder.is_dir():
                     model, tokenizer = self.model()
-                    changed = training.fact_expert(model, tokenizer, fact, self.s.fact_layer, self.s.fact_rank, seed=index)
-                    save_expert(self.base(), changed, folder)
-                # one id for both phrasings: paraphrases never serve as each other's few-shot examples
-                lines = "".join(json.dumps({"id": fact["id"], "question": q, "choices": fact["choices"], "label": fact["label"]}) + "\n" for q in fact["questions"])
+                    s = self.s
+                    factors = training.fact_expert(model, tokenizer, fact, s.fact_layers or (s.fact_layer,), s.fact_rank, index, s.fact_format, s.fact_shots, s.fact_modules)
+                    if s.fact_adapters:
+                        save_adapter(self.base(), factors, folder)
+                    else:
+                        save_expert(self.base(), training.updated(model, factors), folder)
+                lines = "".join(json.dumps(line) + "\n" for line in self.probe_lines(fact))
                 if not probe.is_file() or probe.read_text() != lines:
                     write_atomic(probe, lines)
                 made[fact["id"]] = {"folder": folder, "probe": probe}
                 advance(1)
         return made
+
+    def probe_lines(self, fact: dict) -> List[dict]:
+        """A fact's probe lines; a cloze pool's lines say nothing of their format (as the
+        project's first pools were written, so their cached scores stay valid)."""
+        lines = training.fact_lines(fact, self.s.fact_format, self.s.fact_shots)
+        return [{k: v for k, v in line.items() if k != "format"} for line in lines] if self.s.fact_format == "cloze" else lines
 
     # 3. configs and precheck ----------------------------------------------------------------
     def write_config(self, name: str, config: Dict[str, Any]) -> Path:

@@ -5,22 +5,25 @@ well; updates on what it struggles with are lost. Asked two ways, both kept:
 
 - as the paper asks it: a few-shot prompt with the options listed and lettered, each
   option scored by its summed log-prob as a continuation (``probes.with_shots``);
-- as the task is scored (``task_*``): the probe in its own format, which is what
-  ``evaluate`` and ``mergeability`` score (a JSONL line zero-shot as question and
-  answer; an lm-eval task with its own shots and formatting, where both ways coincide).
+- as the task is scored (``scored_*``): the probe in the format its lines declare
+  (``cloze`` or ``options`` with their shots; an lm-eval task's own), which is exactly
+  what ``evaluate`` and ``mergeability`` score. precheck.json records that format
+  (``scored_format``, ``scored_shots``) and whether the probe said it or it was assumed.
 
-A small model can know a fact it cannot pick out of a lettered list (SmolLM2-135M:
-README, "How the prediction was fitted"); which way predicts is the calibration's call.
+A small model can know a fact in one format and not in another (SmolLM2-135M: README);
+what predicts a fine-tune's mergeability is the base's knowledge in the format the
+fine-tune is scored in, so the calibration reads ``scored_*`` whatever that format is.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 
 from mergekit_mergeability import probes
 from mergekit_mergeability import distributed
 from mergekit_mergeability.checkpoints import load_causal_lm
-from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Need
+from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, Need
 from mergekit_mergeability.diagnostics.activations import choice_logprobs
 from mergekit_mergeability.maths import knowledge
 from mergekit_mergeability.progress import task
@@ -40,32 +43,64 @@ class Knowledge:
 
 
 def base_knowledge(inputs: DiagnosticInputs) -> DiagnosticResult:
-    """The base model's scores on every model's probe set."""
+    """The base model's scores on every model's probe set, asked both ways."""
     options = inputs.options
     shots = options.get("fewshot", DEFAULT_FEWSHOT)
     result = DiagnosticResult()
-    asked = {m.name: probes.with_shots(m.probes, shots, m.shots or ()) for m in inputs.models if m.probes}
-    if not asked:
+    scored = {m.name: list(m.probes) for m in inputs.models if m.probes}
+    if not scored:
         return result
+    lettered = {m.name: probes.with_shots(m.probes, shots, m.shots or ()) for m in inputs.models if m.probes}
     model, tokenizer = load_causal_lm(inputs.base.path, options.get("device", "cpu"), options.get("dtype", "float32"))
-    sequences = sum(len(i.continuations) + len(i.letters) for instances in asked.values() for i in instances)
-    own = {m.name: m.probes for m in inputs.models if m.probes}
-    sequences += sum(len(i.continuations) for name, instances in own.items() for i, a in zip(instances, asked[name]) if a is not i)
+    sequences = sum(len(i.continuations) + len(i.letters) for instances in lettered.values() for i in instances)
+    sequences += sum(len(i.continuations) for name in scored for i, a in zip(scored[name], lettered[name]) if not _same_request(i, a))
     with task("knowledge: base model on probes", sequences, options.get("quiet", False)) as advance:
-        for name, instances in asked.items():
-            scores = _scores(model, tokenizer, instances, advance)
-            # the probe as the task scores it, where that is another prompt than the one just asked
-            recast = [i for i, a in zip(own[name], instances) if a is not i]
-            scored = iter(_scores(model, tokenizer, recast, advance))
-            as_task = [next(scored) if a is not i else s for i, a, s in zip(own[name], instances, scores)]
-            task_view = asdict(knowledge.aggregate(as_task))
+        for name, asked in lettered.items():
+            paper = _scores(model, tokenizer, asked, advance)
+            # the probe as its task scores it, where that is another request than the one just asked
+            recast = [i for i, a in zip(scored[name], asked) if not _same_request(i, a)]
+            again = iter(_scores(model, tokenizer, recast, advance))
+            as_task = [s if _same_request(i, a) else next(again) for i, a, s in zip(scored[name], asked, paper)]
+            view = asdict(knowledge.aggregate(as_task))
             result.per_model[name] = {
-                **asdict(knowledge.aggregate(scores)),
+                **asdict(knowledge.aggregate(paper)),
                 "fewshot": shots,
-                **{f"task_{key}": task_view[key] for key in ("accuracy", "mean_p_gold", "mean_gap")},
+                **{f"scored_{key}": view[key] for key in SCORED},
+                **scored_format(scored[name]),
             }
-            result.per_instance[name] = [{**asdict(s), "task_p_gold": t.p_gold, "task_correct": t.correct} for s, t in zip(scores, as_task)]
+            result.per_instance[name] = [{**asdict(s), "scored_p_gold": t.p_gold, "scored_correct": t.correct} for s, t in zip(paper, as_task)]
+        undeclared = [m for m, instances in scored.items() if not all(i.declared for i in instances)]
+        if undeclared:
+            result.findings.append(Finding("info", _assumed(undeclared)))
     return result
+
+
+# The knowledge features asked as the task is scored ("scored_*" in precheck.json)
+SCORED = ("accuracy", "mean_p_gold", "mean_gap", "mean_gold_logprob_per_token")
+
+
+def scored_format(instances) -> dict:
+    """How a probe set is scored: its format (``mixed`` when lines differ), shots and
+    whether every line said so itself."""
+    formats = sorted({i.format for i in instances})
+    shots = sorted({i.shots for i in instances})
+    return {
+        "scored_format": formats[0] if len(formats) == 1 else "mixed",
+        "scored_shots": shots[0] if len(shots) == 1 else shots,
+        "scored_format_declared": all(i.declared for i in instances),
+    }
+
+
+def _assumed(models) -> str:
+    names = ", ".join(Path(str(m)).name for m in models[:3]) + (f" and {len(models) - 3} more" if len(models) > 3 else "")
+    return (
+        f'probe format assumed: cloze (question, then "Answer:" and each choice) for {names}, whose probe lines do not say; '
+        'if the fine-tune was trained and is scored with the options listed, add "format": "options" (and its "shots") to each line'
+    )
+
+
+def _same_request(a: probes.Instance, b: probes.Instance) -> bool:
+    return a.prompt == b.prompt and a.continuations == b.continuations and a.kind == b.kind
 
 
 def _scores(model, tokenizer, instances, advance):

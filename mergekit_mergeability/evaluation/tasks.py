@@ -107,7 +107,19 @@ def _jsonl_task(path: Path) -> Task:
     first = json.loads(next(line for line in path.read_text().splitlines() if line.strip()))
     name = f"{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
     common = {"task": name, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(path)}}, "test_split": "test"}
-    if "choices" in first:
+    if "choices" in first and _lettered(path):
+        # each line as ``probes`` renders it (its own format and shots): what is scored is what the precheck asked
+        config = {
+            **common,
+            "output_type": "multiple_choice",
+            "doc_to_text": "{{prompt}}",
+            "doc_to_choice": "{{choices}}",
+            "doc_to_target": "{{label}}",
+            "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
+        }
+        fingerprint = _digest(path) + json.dumps(config, sort_keys=True)
+        return Task(name, {**config, "process_docs": functools.partial(_scored_docs, str(path))}, None, fingerprint)
+    if "choices" in first:  # every line cloze: lm-eval renders it, as probes.cloze does
         label = "{{choices.index(label) if label is string else label}}"
         config = {
             **common,
@@ -117,17 +129,35 @@ def _jsonl_task(path: Path) -> Task:
             "doc_to_target": label,
             "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
         }
-    else:
-        config = {
-            **common,
-            "output_type": "generate_until",
-            "doc_to_text": "{{prompt}}",
-            "doc_to_target": "{{answer}}",
-            "generation_kwargs": {"until": ["\n"], "max_gen_toks": 32, "do_sample": False},
-            "filter_list": [{"name": "strip", "filter": [{"function": "regex", "regex_pattern": r"^\s*(.*?)\s*$"}, {"function": "take_first"}]}],
-            "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
-        }
+        return Task(name, config, None, _digest(path) + json.dumps(config, sort_keys=True))
+    config = {
+        **common,
+        "output_type": "generate_until",
+        "doc_to_text": "{{prompt}}",
+        "doc_to_target": "{{answer}}",
+        "generation_kwargs": {"until": ["\n"], "max_gen_toks": 32, "do_sample": False},
+        "filter_list": [{"name": "strip", "filter": [{"function": "regex", "regex_pattern": r"^\s*(.*?)\s*$"}, {"function": "take_first"}]}],
+        "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
+    }
     return Task(name, config, None, _digest(path) + json.dumps(config, sort_keys=True))
+
+
+def _lettered(path: Path) -> bool:
+    """Does some line of a JSONL probe ask for the options format?"""
+    from mergekit_mergeability.probes import OPTIONS
+
+    return any(json.loads(line).get("format") == OPTIONS for line in path.read_text().splitlines() if line.strip())
+
+
+def _scored_docs(path: str, dataset):
+    """lm-eval's ``process_docs``: the probe's lines as ``probes.scored_lines`` renders them
+    (prompt and choices without the leading space lm-eval's target delimiter adds)."""
+    from datasets import Dataset
+
+    from mergekit_mergeability.probes import scored_lines
+
+    rows = [{"prompt": i.prompt, "choices": [c[1:] if c.startswith(" ") else c for c in i.continuations], "label": i.label} for i in scored_lines(Path(path))]
+    return Dataset.from_list(rows)
 
 
 def _digest(*files: Path) -> str:

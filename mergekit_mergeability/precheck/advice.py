@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from mergekit_mergeability.methods.knowledge_weighted import DEFAULT_DENSITY, DEFAULT_TEMPERATURE, DEFAULT_TIES
 from mergekit_mergeability.precheck.config import model_entries
-from mergekit_mergeability.precheck.predict import DO_NOT_MERGE, KNOWLEDGE_WEIGHTED, LAYER_SELECTIVE, SIGN_ELECTION
+from mergekit_mergeability.precheck.predict import DO_NOT_MERGE, KNOWLEDGE_WEIGHTED, LAYER_SELECTIVE, LEAVE_OUT, SIGN_ELECTION
 
 MAIN = "recommended.yml"
 PER_EXPERT = "recommended"  # folder of layer_selective's per-expert configs
@@ -89,6 +89,9 @@ def advise(recommendation: Mapping[str, Any], document: Mapping[str, Any], names
         return [_sign_election(document, update)]
     if verdict == LAYER_SELECTIVE:
         return _layer_selective(recommendation["cutoff"], document, names, predicted)
+    if verdict == LEAVE_OUT:
+        lost = recommendation["left_out"]
+        return [_leave_out(lost, document, names, predicted), *(_alone(m, document, names) for m in lost)]
     every = ", ".join(names.get(str(e["model"]), str(e["model"])) for e in _experts(document))
     return [Advice(MAIN, copy.deepcopy(dict(document)), f"the configured {document['merge_method']} merge of {every}", "nothing the precheck can predict")]
 
@@ -137,6 +140,31 @@ def _sign_election(document, update) -> Advice:
         entry.setdefault("parameters", {}).setdefault("weight", 1.0)
     notes.append(f"normalize: {str(normalize).lower()} keeps the configured update size ({update['note']})")
     return Advice(MAIN, config, "every expert's update where its sign wins the per-entry vote", "the entries whose sign loses the vote", notes=notes)
+
+
+def _leave_out(lost, document, names, predicted) -> Advice:
+    """The configured merge without the models predicted to lose their task; their weights
+    are not handed to the others (the rest keep their configured shares)."""
+    config = copy.deepcopy(dict(document))
+    for scope in [config, *(config.get("modules") or {}).values()]:  # wherever model_entries finds them
+        if scope.get("models"):
+            scope["models"] = [e for e in scope["models"] if str(e.get("model")) not in lost]
+        for output_slice in scope.get("slices") or ():
+            output_slice["sources"] = [e for e in output_slice.get("sources") or () if str(e.get("model")) not in lost]
+    kept = ", ".join(names.get(str(e["model"]), str(e["model"])) for e in _experts(config))
+    apart = ", ".join(f"{names.get(m, m)} (predicted {predicted[m]:.2f} in the merge)" for m in lost)
+    notes = [f"serve {names.get(m, m)} on its own: merged, it is predicted to keep {predicted[m]:.2f} of its task" for m in lost]
+    return Advice(MAIN, config, f"the configured {document['merge_method']} merge of {kept}", f"{apart}: kept apart, not merged", notes=notes)
+
+
+def _alone(model: str, document, names) -> Advice:
+    """A model kept apart, as a config that gives it back unchanged (mergekit's ``linear`` of
+    it alone), so every recommended model has a file the stock ``mergekit-yaml`` runs."""
+    config = {key: copy.deepcopy(value) for key, value in document.items() if key not in ("models", "slices", "modules", "parameters", "base_model", "merge_method")}
+    entry = next(e for e in model_entries(document) if str(e.get("model")) == model)
+    config.update(merge_method="linear", models=[{**{k: v for k, v in entry.items() if k != "parameters"}, "parameters": {"weight": 1.0}}])
+    name = names.get(model, model)
+    return Advice(f"{PER_EXPERT}/{file_name(name)}.yml", config, f"{name} as it is (merged with nothing)", "nothing of its own; the others' tasks", expert=model)
 
 
 def _layer_selective(cutoff: int, document, names, predicted) -> List[Advice]:

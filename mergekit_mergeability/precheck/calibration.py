@@ -7,9 +7,11 @@ Features of model i (each with its prior direction: + means higher is more merge
     accuracy               +  the base's accuracy
     letter_p_gold          +  p(gold) over the options' letters
     gold_logprob_per_token +  the gold answer's log-prob per token
-    task_p_gold            +  p(gold) with the probe asked as its task scores it
-    task_accuracy          +  accuracy, likewise
-    task_gap               −  gap, likewise
+    scored_p_gold          +  p(gold) with the probe asked as its task scores it (its
+                              declared format: cloze, or options with its shots)
+    scored_accuracy        +  accuracy, likewise
+    scored_gap             −  gap, likewise
+    scored_gold_logprob_per_token +  the gold answer's log-prob per token, likewise
     relative_norm          −  log(‖τ_i‖ / median over the config's models)
     relative_top_sv        −  log(σ_max(τ_i) / median)
     pool_cosine            +  cos(τ_i, Σ_{j≠i} τ_j): the others pull along (+) or against (−)
@@ -18,8 +20,14 @@ Features of model i (each with its prior direction: + means higher is more merge
 ``calibrate`` fits ``maths.calibration.fit`` on measured pools (precheck.json +
 mergeability.json pairs) and writes a calibration file; ``precheck --calibration``
 reads one; ``calibration.json`` beside this file is the default, with its provenance
-and out-of-sample numbers inside, and which knowledge feature (the better predictor of
-p_gold and task_p_gold on the fitted pools) supplies knowledge_weighted's values.
+and out-of-sample numbers inside, which knowledge feature (the better predictor of
+p_gold and scored_p_gold on the fitted pools) supplies knowledge_weighted's values, and
+the domain it was fitted on (``domain``: probe kinds, scored formats, items per probe,
+feature ranges), which ``domain_check`` compares a precheck against.
+
+The ``scored_*`` features are one family whatever the format: the same calibration reads
+a cloze pool's cloze knowledge and an options pool's lettered knowledge. Files written
+before they were named so (``task_*``) are read with the new names.
 """
 
 from __future__ import annotations
@@ -45,16 +53,18 @@ FEATURES: Dict[str, int] = {
     "accuracy": +1,
     "letter_p_gold": +1,
     "gold_logprob_per_token": +1,
-    "task_p_gold": +1,
-    "task_accuracy": +1,
-    "task_gap": -1,
+    "scored_p_gold": +1,
+    "scored_accuracy": +1,
+    "scored_gap": -1,
+    "scored_gold_logprob_per_token": +1,
     "relative_norm": -1,
     "relative_top_sv": -1,
     "pool_cosine": +1,
     "mean_sign_conflict": -1,
 }
 Features = Dict[str, Optional[float]]
-KNOWLEDGE_VALUES = ("p_gold", "task_p_gold")  # candidates for knowledge_weighted's knowledge: in [0, 1]
+RENAMED = {"task_p_gold": "scored_p_gold", "task_accuracy": "scored_accuracy", "task_gap": "scored_gap"}  # before schema 2.2
+KNOWLEDGE_VALUES = ("p_gold", "scored_p_gold")  # candidates for knowledge_weighted's knowledge: in [0, 1]
 PRECHECK_FIELDS = ("path", "role", "knowledge", "weights")
 # How a reason names each feature's value; the relative_* features are log ratios to the pool median
 SAY = {
@@ -63,9 +73,10 @@ SAY = {
     "accuracy": "accuracy {:.2f}",
     "letter_p_gold": "p(gold letter) {:.2f}",
     "gold_logprob_per_token": "log p(gold)/token {:.2f}",
-    "task_p_gold": "p(gold) as the task asks {:.2f}",
-    "task_accuracy": "accuracy as the task asks {:.2f}",
-    "task_gap": "gap as the task asks {:.2f}",
+    "scored_p_gold": "p(gold) as the task asks {:.2f}",
+    "scored_accuracy": "accuracy as the task asks {:.2f}",
+    "scored_gap": "gap as the task asks {:.2f}",
+    "scored_gold_logprob_per_token": "log p(gold)/token as the task asks {:.2f}",
     "relative_norm": "size {:.2g}× median",
     "relative_top_sv": "σ_max {:.2g}× median",
     "pool_cosine": "cos(rest) {:+.2f}",
@@ -91,15 +102,21 @@ def features(models: Sequence[Mapping[str, Any]]) -> Dict[str, Features]:
             "accuracy": k.get("accuracy"),
             "letter_p_gold": k.get("mean_letter_p_gold"),
             "gold_logprob_per_token": k.get("mean_gold_logprob_per_token"),
-            "task_p_gold": k.get("task_mean_p_gold"),
-            "task_accuracy": k.get("task_accuracy"),
-            "task_gap": k.get("task_mean_gap"),
+            "scored_p_gold": _scored(k, "mean_p_gold"),
+            "scored_accuracy": _scored(k, "accuracy"),
+            "scored_gap": _scored(k, "mean_gap"),
+            "scored_gold_logprob_per_token": _scored(k, "mean_gold_logprob_per_token"),
             "relative_norm": _log_ratio(w.get("update_norm"), medians["update_norm"]),
             "relative_top_sv": _log_ratio(w.get("top_singular_value"), medians["top_singular_value"]),
             "pool_cosine": w.get("pool_cosine"),
             "mean_sign_conflict": w.get("mean_sign_conflict"),
         }
     return table
+
+
+def _scored(knowledge: Mapping[str, Any], key: str) -> Optional[float]:
+    """A knowledge value as the task is scored (``task_*`` in reports before schema 2.2)."""
+    return knowledge.get(f"scored_{key}", knowledge.get(f"task_{key}"))
 
 
 def _median(values) -> Optional[float]:
@@ -120,13 +137,16 @@ class Calibration:
     @property
     def knowledge_feature(self) -> str:
         """Which knowledge feature knowledge_weighted's ``knowledge`` values come from."""
-        return self.document.get("knowledge_feature", "p_gold")
+        feature = self.document.get("knowledge_feature", "p_gold")
+        return RENAMED.get(feature, feature)
 
     @classmethod
     def load(cls, path: Optional[Path] = None) -> "Calibration":
         path = Path(path or DEFAULT)
         try:
             document = json.loads(path.read_text())
+            for feature in document["model"]["features"]:
+                feature["name"] = RENAMED.get(feature["name"], feature["name"])
             return cls(fitting.Linear.from_dict(document["model"]), document, path)
         except FileNotFoundError:
             raise UserError(f"--calibration {path}: no such file; write one with `mergekit-mergeability calibrate`") from None
@@ -162,6 +182,62 @@ def measured_pool(precheck_path: Path, mergeability_path: Path, target: str = "m
     return common, x, np.array([outcome[m] for m in common], dtype=float), measured
 
 
+def probe_domain(models: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """Per expert of a precheck report: how its probe is scored and how many lines it has
+    (a single fact has one or two phrasings; a task-level probe dozens)."""
+    described = []
+    for model in models:
+        if model["role"] != "expert":
+            continue
+        k = model.get("knowledge") or {}
+        described.append({"path": model["path"], "format": k.get("scored_format", "cloze") if k else None, "lines": k.get("instances")})
+    return described
+
+
+def domain(precheck_paths: Sequence[Path], x: np.ndarray, names: Sequence[str]) -> Dict[str, Any]:
+    """What a calibration was fitted on: scored formats, probe lines per model, feature ranges."""
+    probes = [d for path in precheck_paths for d in probe_domain(read_report(path, "precheck", PRECHECK_FIELDS)["models"])]
+    lines = [d["lines"] for d in probes if d["lines"]]
+    ranges = {}
+    for j, name in enumerate(names):
+        column = x[:, j][~np.isnan(x[:, j])]
+        if column.size:
+            ranges[name] = [float(column.min()), float(column.max())]
+    return {
+        "formats": sorted({d["format"] for d in probes if d["format"]}),
+        "probe_lines": [min(lines), max(lines)] if lines else None,
+        "features": ranges,
+    }
+
+
+# How far past the fitted range a feature may lie, as a share of that range, before it is named
+RANGE_SLACK = 0.25
+# Probes this many times longer (or shorter) than any fitted on are another granularity
+LINES_FACTOR = 4
+
+
+def domain_check(calibration: "Calibration", models: Sequence[Mapping[str, Any]], table: Mapping[str, Features]) -> Dict[str, List[str]]:
+    """Per expert, where its probe or features lie outside what the calibration was fitted
+    on (empty lists: inside; no entry at all: the calibration records no domain)."""
+    fitted = calibration.document.get("domain")
+    if not fitted:
+        return {}
+    checked = {}
+    for probe in probe_domain(models):
+        outside = []
+        if probe["format"] and fitted["formats"] and probe["format"] not in fitted["formats"]:
+            outside.append(f"probe scored as {probe['format']}; fitted on {', '.join(fitted['formats'])} probes only")
+        low, high = fitted.get("probe_lines") or (None, None)
+        if probe["lines"] and low and (probe["lines"] > LINES_FACTOR * high or probe["lines"] * LINES_FACTOR < low):
+            outside.append(f"{probe['lines']} probe lines; fitted on probes of {low}–{high} lines (another granularity)")
+        for feature, (least, most) in fitted.get("features", {}).items():
+            value, slack = table.get(probe["path"], {}).get(feature), RANGE_SLACK * (most - least)
+            if value is not None and not least - slack <= value <= most + slack:
+                outside.append(f"{feature} {value:.2f} outside the fitted {least:.2f}–{most:.2f}")
+        checked[probe["path"]] = outside
+    return checked
+
+
 def calibrate(pairs: Sequence[Tuple[Path, Path]], target: str = "mergeability", permutations: int = 500, seed: int = 0) -> Dict[str, Any]:
     """Fit on every pool, and judge the fit out of sample (leave one model out, leave one
     pool out) against each feature alone and a permutation null of the whole procedure."""
@@ -192,6 +268,7 @@ def calibrate(pairs: Sequence[Tuple[Path, Path]], target: str = "mergeability", 
         "pools": pools,
         "models": len(y),
         "single_features": singles,
+        "domain": domain([p for p, _ in pairs], x, names),
         "out_of_sample": held_out,
         "beats_best_single_feature": all(r["beats_best_single_feature"] for r in held_out.values()),
     }

@@ -18,6 +18,7 @@ VERDICT_COLOURS = {
     "merge_as_configured": "#2e7d32",
     "knowledge_weighted": "#ef6c00",
     "layer_selective": "#1565c0",
+    "leave_out": "#8d6e63",
     "sign_election": "#6a1b9a",
     "do_not_merge": "#c62828",
 }
@@ -73,7 +74,7 @@ def render(report: Dict[str, Any]) -> str:
 <style>body{{font-family:system-ui,sans-serif;max-width:1220px;margin:1.5em auto;padding:0 1em;color:#222}}
 table{{border-collapse:collapse;font-size:13px;width:100%}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}}
 th{{background:#f3f3f3;cursor:pointer;white-space:nowrap}}th[data-order=up]::after{{content:" ▲"}}th[data-order=down]::after{{content:" ▼"}}
-td.num{{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}}td.name{{white-space:nowrap;max-width:13em;overflow:hidden;text-overflow:ellipsis}}td.why{{min-width:15em}}li.info{{color:#777}}li.error b{{color:#b00}}li.warning b{{color:#a60}}
+td.num{{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}}td.name{{white-space:nowrap;max-width:13em;overflow:hidden;text-overflow:ellipsis}}td.why{{min-width:15em}}span.ood{{color:#a60;font-size:small}}li.info{{color:#777}}li.error b{{color:#b00}}li.warning b{{color:#a60}}
 .verdict{{color:white;background:{VERDICT_COLOURS.get(rec['verdict'], '#555')};padding:.2em .7em;border-radius:4px}}
 img{{max-width:100%}}code{{word-break:break-all}}small{{color:#555}}</style></head><body>
 <h1>Mergeability precheck</h1>
@@ -119,7 +120,10 @@ def _model_row(model: Dict[str, Any], report: Dict[str, Any]) -> str:
         (model["predicted_mergeability"], 2),
     ):
         cells.append(f'<td class="num" data-value="{"" if value is None else value}">{number(value, digits)}</td>')
-    cells.append(f"<td class=\"why\">{esc('; '.join(model['reasons']))}</td>")
+    outside = model.get("out_of_domain") or []
+    if outside:  # beside the prediction: outside what the calibration was fitted on
+        cells[-1] = cells[-1].replace("</td>", f' <span class="ood" title="{esc("; ".join(outside))}">outside domain</span></td>')
+    cells.append(f"<td class=\"why\">{esc('; '.join(model['reasons'] + [f'outside the calibration domain: {o}' for o in outside]))}</td>")
     return "<tr>" + "".join(cells) + "</tr>"
 
 
@@ -146,12 +150,14 @@ def _cka_plot(report, names) -> Optional[str]:
 
     def draw(fig, ax):
         _lines(ax, _pair_curves(pairs, names, "cka_unbiased"), "pairs")
-        ax.axhline(layers["cka_threshold"], color="grey", linestyle="--", label="threshold")
+        level = layers.get("cka_effective_threshold") or layers["cka_threshold"]
+        drop = f" (shared level − {layers['cka_relative_drop']:g})" if level > layers["cka_threshold"] else ""
+        ax.axhline(level, color="grey", linestyle="--", label=f"threshold {level:.2f}{drop}")
         if layers["cutoff"] is not None:
             ax.axvline(layers["cutoff"] + 0.5, color="red", linestyle=":", label=f"cut-off {layers['cutoff']}")
         _layer_axis(ax, "layer (0 = embeddings, i = output of block i−1)")
         ax.set_ylabel("unbiased CKA (answer span)")
-        lowest = min([layers["cka_threshold"], *(v for p in pairs for v in p["cka_unbiased"] if v is not None)])
+        lowest = min([level, *(v for p in pairs for v in p["cka_unbiased"] if v is not None)])
         ax.set_ylim(max(lowest - 0.05, -0.05), 1.01)
         ax.legend(fontsize="small")
 

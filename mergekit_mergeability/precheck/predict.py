@@ -17,14 +17,20 @@ Verdict, first match wins:
 1. ``do_not_merge``: an error finding (incompatible models, NaN/Inf), a cancelling
    pair, or representations that diverge from the first block (nothing shared).
 2. ``layer_selective``: the unbiased CKA between the fine-tunes (median over pairs) falls
-   and stays below the threshold before the last layer: merge the blocks below, and for
-   each expert a model with its own blocks above (paper 3's layer patch). Opt-in
-   (``cutoff_signal``): the Jaccard overlap of their group-specific neurons (LAPE) read
-   the same way, or the lower of the two cut-offs; the reasons name the signal.
+   and stays below the threshold before the last layer, or drops by RELATIVE_DROP below
+   the level of the shared lower blocks (the median of the lowest third compared),
+   whichever is higher: merge the blocks below, and for each expert a model with its own
+   blocks above (paper 3's layer patch). Opt-in (``cutoff_signal``): the Jaccard overlap
+   of their group-specific neurons (LAPE) against its threshold, or the lower of the two
+   cut-offs; the reasons name the signal.
 3. ``knowledge_weighted``: some model is predicted below 0.5 and the base's p(gold)
-   spreads by ≥ 0.2 across models: weight the weakly-known ones up.
-4. ``sign_election``: a conflicting pair: mergekit's ``ties``.
-5. ``merge_as_configured``.
+   spreads by ≥ 0.2 across models: weight the weakly-known ones up (on the measured
+   families it lifted the weakest-known third most: README).
+4. ``leave_out``: some model is predicted to keep under LOST (0.3) of its task, the
+   prediction rests on measured knowledge, and nothing above protects it: merge the
+   others, keep it apart (one config gives it back as it is).
+5. ``sign_election``: a conflicting pair: mergekit's ``ties``.
+6. ``merge_as_configured``.
 """
 
 from __future__ import annotations
@@ -32,24 +38,30 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from mergekit_mergeability.maths.cka import shared_depth
 
 LOW_PREDICTION = 0.5
+LOST = 0.3  # predicted below this, a model's task is lost in the merge: never "nothing the precheck can predict"
+# A fall this far below the shared lower blocks' CKA marks a divergence even above the
+# absolute threshold (two fine-tunes at 1.0 below and 0.82 above have parted). Set before
+# any pool was measured with it, not fitted.
+RELATIVE_DROP = 0.15
 KNOWLEDGE_SPREAD = 0.2
 CANCEL_COSINE = -0.9
 CONFLICT_COSINE = -0.3
 KEPT_CAP = 0.75
 
-MERGE_AS_CONFIGURED, KNOWLEDGE_WEIGHTED, LAYER_SELECTIVE, SIGN_ELECTION, DO_NOT_MERGE = (
+MERGE_AS_CONFIGURED, KNOWLEDGE_WEIGHTED, LAYER_SELECTIVE, LEAVE_OUT, SIGN_ELECTION, DO_NOT_MERGE = (
     "merge_as_configured",
     "knowledge_weighted",
     "layer_selective",
+    "leave_out",
     "sign_election",
     "do_not_merge",
 )
-VERDICTS = (MERGE_AS_CONFIGURED, KNOWLEDGE_WEIGHTED, LAYER_SELECTIVE, SIGN_ELECTION, DO_NOT_MERGE)
+VERDICTS = (MERGE_AS_CONFIGURED, KNOWLEDGE_WEIGHTED, LAYER_SELECTIVE, LEAVE_OUT, SIGN_ELECTION, DO_NOT_MERGE)
 Pair = Tuple[str, str]
 SHARED = {  # what a cut-off signal says is shared, in reasons
     "cka": "representations",
@@ -72,6 +84,7 @@ class Recommendation:
     knowledge: Dict[str, float] = field(default_factory=dict)
     reasons: List[str] = field(default_factory=list)
     pairs: List[Pair] = field(default_factory=list)  # the pairs the verdict is about (cancel, conflict)
+    left_out: List[str] = field(default_factory=list)  # the models kept apart (leave_out)
 
 
 def kept_shares(weights: Mapping[str, float], norms: Mapping[str, float], cosines: Mapping[Pair, float]) -> Dict[str, float]:
@@ -123,20 +136,32 @@ def _median_of_measured(values: Sequence[float]) -> float:
     return statistics.median(measured) if measured else math.nan
 
 
-def cutoff_from_curve(curve: Sequence[Optional[float]], threshold: float, offset: int = 1) -> Optional[int]:
+def effective_threshold(curve: Sequence[Optional[float]], threshold: float, relative_drop: Optional[float] = RELATIVE_DROP) -> float:
+    """The level below which a curve counts as diverged: ``threshold``, or ``relative_drop``
+    below the shared lower blocks (the median of the lowest third of the measured values),
+    whichever is higher."""
+    measured = [v for v in curve if v is not None and v == v]
+    if relative_drop is None or not measured:
+        return threshold
+    reference = statistics.median(measured[: max(1, len(measured) // 3)])
+    return max(threshold, reference - relative_drop)
+
+
+def cutoff_from_curve(curve: Sequence[Optional[float]], threshold: float, offset: int = 1, relative_drop: Optional[float] = None) -> Optional[int]:
     """Blocks whose outputs are still shared; None when nothing diverges.
 
     Index i of a CKA curve is the output of block i − 1 (0: embeddings): if the
-    curve settles below the threshold from index i, block i − 1 is where the
-    models part, blocks 0 … i − 2 are merged, so the cut-off is i − ``offset``
-    (1). A per-block curve (selectivity's overlap, index i = block i) takes
-    ``offset`` 0. Layers not compared (``--layers``, no specific neurons) are
-    None or NaN; indices stay the model's own.
+    curve settles below the effective threshold (``effective_threshold``) from index
+    i, block i − 1 is where the models part, blocks 0 … i − 2 are merged, so the
+    cut-off is i − ``offset`` (1). A per-block curve (selectivity's overlap, index
+    i = block i) takes ``offset`` 0. The precheck reads CKA with ``relative_drop``
+    RELATIVE_DROP, the overlap without. Layers not compared
+    (``--layers``, no specific neurons) are None or NaN; indices stay the model's own.
     """
     measured = [i for i, v in enumerate(curve) if v is not None and v == v]
     if not measured:
         return None
-    first = shared_depth([curve[i] for i in measured], threshold)
+    first = shared_depth([curve[i] for i in measured], effective_threshold(curve, threshold, relative_drop))
     return None if first >= len(measured) else max(measured[first] - offset, 0)
 
 
@@ -159,9 +184,12 @@ def recommend(
     errors: Sequence[str],
     label: Callable[[str], str] = str,
     decided_by: str = "cka",
+    grounded: Optional[Set[str]] = None,
 ) -> Recommendation:
     """``knowledge``: the base's p(gold) per model, as the calibration reads it (None without
-    probes); ``label`` names a model in reasons; ``decided_by`` the signal that set the cut-off."""
+    probes); ``label`` names a model in reasons; ``decided_by`` the signal that set the cut-off;
+    ``grounded``: the models whose prediction may leave them out (None: those whose knowledge
+    was measured)."""
     shared = SHARED[decided_by]
     if errors:
         return Recommendation(DO_NOT_MERGE, None, reasons=list(errors))
@@ -182,6 +210,15 @@ def recommend(
     if weak and spread >= KNOWLEDGE_SPREAD and len(known) == len(knowledge):
         reason = f"{len(weak)} model(s) predicted below {LOW_PREDICTION} and the base's p(gold) spreads by {spread:.2f}: weight the weakly-known ones up"
         return Recommendation(KNOWLEDGE_WEIGHTED, "knowledge_weighted", knowledge=known, reasons=[reason])
+    grounded = set(known) if grounded is None else grounded
+    lost = sorted((m for m, p in predictions.items() if m in grounded and p.value is not None and p.value < LOST), key=lambda m: predictions[m].value)
+    if lost:
+        kept = [m for m in predictions if m not in lost]
+        named = ", ".join(f"{label(m)} ({predictions[m].value:.2f})" for m in lost[:3]) + (f" and {len(lost) - 3} more" if len(lost) > 3 else "")
+        if not kept:
+            return Recommendation(DO_NOT_MERGE, None, reasons=[f"every model is predicted to keep under {LOST} of its task: {named}; serve them apart"], left_out=lost)
+        reason = f"{named} predicted to keep under {LOST} of its task in this merge, and the base's knowledge does not spread enough to weight it up: merge the others, serve it apart"
+        return Recommendation(LEAVE_OUT, method, reasons=[reason], left_out=lost)
     if conflicting and method not in ("ties", "dare_ties"):
         a, b = conflicting[0]
         reason = f"{label(a)} and {label(b)} pull against each other (task-vector cosine {cosines[a, b]:+.2f}): elect signs per entry (TIES)"

@@ -17,14 +17,16 @@ from mergekit_mergeability.maths.selectivity import ACTIVATION_QUANTILE, ENTROPY
 from mergekit_mergeability.names import short_names
 from mergekit_mergeability.precheck import Measurements
 from mergekit_mergeability.precheck.advice import MAIN, PER_EXPERT, Advice, advise, configured_update, configured_weights
-from mergekit_mergeability.precheck.calibration import Calibration, features
+from mergekit_mergeability.precheck.calibration import FEATURES as FEATURE_NAMES, Calibration, domain_check, features
 from mergekit_mergeability.precheck.config import model_entries
 from mergekit_mergeability.precheck.predict import (
     KNOWLEDGE_WEIGHTED,
+    RELATIVE_DROP,
     Prediction,
     cutoff_from_curve,
     decide_cutoff,
     divergence_curve,
+    effective_threshold,
     kept_shares,
     predict,
     recommend,
@@ -67,10 +69,12 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
     norms = {m["path"]: (m["weights"] or {}).get("update_norm") for m in models if m["role"] == "expert"}
     kept = kept_shares(configured_weights(spec.document), norms, cosines)
     predictions = predict(calibrated, kept)
+    outside = domain_check(calibration, models, table)
     for record in models:
         if record["role"] == "expert":
             prediction = predictions[record["path"]]
             record.update(features=table[record["path"]], kept_share=kept.get(record["path"]), predicted_mergeability=prediction.value, reasons=prediction.reasons)
+            record["out_of_domain"] = outside.get(record["path"])
 
     curves = {pair: layers["cka_unbiased"] for pair, layers in _per_layer(results, "representations").items()}
     curve = divergence_curve(curves, spec.base_model)
@@ -79,7 +83,7 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
     overlap_threshold = options.get("overlap_threshold", DEFAULT_OVERLAP_THRESHOLD)
     signal = options.get("cutoff_signal", "cka")
     selectivity_cutoff = cutoff_from_curve(overlap, overlap_threshold, offset=0)
-    cutoff, decided_by = decide_cutoff(signal, cutoff_from_curve(curve, threshold), selectivity_cutoff)
+    cutoff, decided_by = decide_cutoff(signal, cutoff_from_curve(curve, threshold, relative_drop=RELATIVE_DROP), selectivity_cutoff)
     known = {name: values[calibration.knowledge_feature] for name, values in table.items()}
     recommendation = recommend(spec.merge_method, predictions, known, cosines, cutoff, measured.errors(), label=names.get, decided_by=decided_by or "cka")
     rec = {
@@ -90,6 +94,7 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
         "knowledge": recommendation.knowledge or None,
         "reasons": recommendation.reasons,
         "pairs": [list(p) for p in recommendation.pairs],
+        "left_out": recommendation.left_out,
         "configured_update": configured_update(spec.document),
     }
     predicted = {m["path"]: m["predicted_mergeability"] for m in models}
@@ -106,6 +111,8 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
         "layers": {
             "cka_estimator": "unbiased",
             "cka_threshold": threshold,
+            "cka_relative_drop": RELATIVE_DROP,
+            "cka_effective_threshold": effective_threshold(curve, threshold, RELATIVE_DROP) if curve else None,
             "divergence": curve,
             "cutoff": cutoff,
             "cutoff_signal": signal,
@@ -114,12 +121,27 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
         },
         "calibration": _calibration_summary(calibration),
         "recommendation": rec,
-        "findings": [{"diagnostic": name, "severity": f.severity, "message": f.message} for name, f in measured.findings()],
+        "findings": [{"diagnostic": name, "severity": f.severity, "message": f.message} for name, f in measured.findings()] + _domain_findings(outside, names),
         "skipped_diagnostics": measured.skipped,
         "failed_diagnostics": measured.failed,
         "diagnostics": {name: _raw(result) for name, result in results.items()},
     }
     return _json_safe(report)
+
+
+def _domain_findings(outside: Dict[str, List[str]], names: Dict[str, str]) -> List[Dict[str, str]]:
+    """One warning per distinct reason a prediction lies outside the calibration's domain."""
+    by_reason: Dict[str, List[str]] = {}
+    for model, reasons in outside.items():
+        for reason in reasons:
+            kind = reason.split(" ")[0] if " outside the fitted " in reason else reason
+            by_reason.setdefault(kind, []).append(names.get(model, model))
+    findings = []
+    for kind, models in by_reason.items():
+        who = ", ".join(models[:3]) + (f" and {len(models) - 3} more" if len(models) > 3 else "")
+        what = f"{kind} beyond the fitted range" if kind in FEATURE_NAMES else kind
+        findings.append({"diagnostic": "calibration", "severity": "warning", "message": f"prediction outside the calibration's domain ({what}) for {who}: read it as a rough guide"})
+    return findings
 
 
 def _metrics(results, diagnostic: str, model: str) -> Optional[Dict[str, float]]:
@@ -144,6 +166,7 @@ def _model(path, names, role, probe=None, knowledge=None, weights=None, layer_no
         "features": None,
         "kept_share": None,
         "predicted_mergeability": None,
+        "out_of_domain": None,
         "reasons": [],
     }
 
@@ -207,6 +230,7 @@ def _calibration_summary(calibration: Calibration) -> Dict[str, Any]:
         "method": document.get("method"),
         "partners": document.get("partners"),
         "fitted_on_models": document.get("models"),
+        "domain": document.get("domain"),
         "knowledge_feature": calibration.knowledge_feature,
         "leave_one_out_spearman": held_out.get("spearman"),
         "provenance": document.get("provenance"),

@@ -1,0 +1,239 @@
+"""Knowledge asked in the format the task is scored in (issue 19): probe formats, their
+log-probs against hand-built prompts, a calibration that transfers across formats, the
+domain check, and advice that acts on its own prediction."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from mergekit_mergeability import probes
+from mergekit_mergeability.errors import UserError
+from mergekit_mergeability.maths import calibration as fitting
+from mergekit_mergeability.maths.stats import spearman
+from mergekit_mergeability.precheck import predict
+from mergekit_mergeability.precheck.calibration import FEATURES, Calibration, calibrate, domain_check, features
+
+QUESTION, CHOICES = "Which animal says moo?", ["Cow", "Cat", "Duck", "Dog"]
+
+
+def _lines(path, *rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _neutral(k):
+    return [json.loads(line) for line in probes._neutral().read_text().splitlines()[:k]]
+
+
+def _hand_built_options(k):
+    """The options prompt written out by hand: k solved neutral examples, then the question."""
+
+    def block(row):
+        options = "\n".join(f"{'ABCD'[i]}. {c}" for i, c in enumerate(row["choices"]))
+        return f"Question: {row['question']}\n{options}\nAnswer:"
+
+    shots = [f"{block(r)} {r['choices'][r['label']]}" for r in _neutral(k) if r["question"] != QUESTION]
+    return "\n\n".join([*shots[:k], block({"question": QUESTION, "choices": CHOICES})])
+
+
+def _logprob(model, tokenizer, prompt, continuation):
+    """log p(continuation | prompt), summed over its tokens, from one plain forward pass."""
+    context = tokenizer(prompt)["input_ids"]
+    ids = tokenizer(prompt + continuation)["input_ids"]
+    assert ids[: len(context)] == context
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].double().log_softmax(-1)
+    return float(sum(logits[t - 1, ids[t]] for t in range(len(context), len(ids))))
+
+
+def test_cloze_and_options_give_each_formats_log_probs_exactly(tmp_path, llama):
+    from mergekit_mergeability.checkpoints import load_causal_lm
+    from mergekit_mergeability.diagnostics.activations import choice_logprobs
+
+    row = {"question": QUESTION, "choices": CHOICES, "label": 0}
+    cloze = probes.load(str(_lines(tmp_path / "cloze.jsonl", row)))
+    options = probes.load(str(_lines(tmp_path / "options.jsonl", {**row, "format": "options", "shots": 2})))
+    assert cloze[0].prompt == f"{QUESTION}\nAnswer:" and (cloze[0].format, cloze[0].declared) == ("cloze", False)
+    assert options[0].prompt == _hand_built_options(2) and (options[0].format, options[0].shots) == ("options", 2)
+    model, tokenizer = load_causal_lm(llama["base"])
+    for (instance,) in (cloze, options):
+        (scored, _), = choice_logprobs(model, tokenizer, [instance])
+        by_hand = [_logprob(model, tokenizer, instance.prompt, f" {c}") for c in CHOICES]
+        assert np.allclose(scored.double().numpy(), by_hand, atol=1e-4)
+    assert not torch.allclose(*(next(choice_logprobs(model, tokenizer, i))[0] for i in (cloze, options)))
+
+
+def test_the_lm_eval_task_scores_the_prompt_the_precheck_asked(tmp_path, llama):
+    """evaluate and mergeability score an options probe in its own format, not as cloze."""
+    from mergekit_mergeability.checkpoints import load_causal_lm
+    from mergekit_mergeability.diagnostics.activations import choice_logprobs
+    from mergekit_mergeability.evaluation import harness
+    from mergekit_mergeability.evaluation.tasks import _scored_docs, resolve
+
+    rows = [{"question": f"{QUESTION} ({i})", "choices": CHOICES, "label": i % 4, "format": "options", "shots": 1} for i in range(6)]
+    path = _lines(tmp_path / "options.jsonl", *rows)
+    task = resolve(str(path))
+    asked = probes.load(str(path))
+    docs = _scored_docs(str(path), None)
+    assert [d["prompt"] for d in docs] == [i.prompt for i in asked]
+    assert all(d["prompt"].count("Question:") == 2 for d in docs)  # one shot, then the question
+    model, tokenizer = load_causal_lm(llama["base"])
+    right = [int(torch.argmax(s)) == i.label for (s, _), i in zip(choice_logprobs(model, tokenizer, asked), asked)]
+    assert harness.score(model, tokenizer, task)["score"] == pytest.approx(sum(right) / len(right))
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [({"format": "lettered"}, "format must be one of cloze, options"), ({"shots": 2}, "shots apply to"), ({"format": "options", "shots": -1}, "shots must be")],
+)
+def test_a_bad_format_is_one_line_naming_the_line(tmp_path, extra, message):
+    path = _lines(tmp_path / "p.jsonl", {"question": "q", "choices": ["a", "b"], "label": 0}, {"question": "q2", "choices": ["a", "b"], "label": 0, **extra})
+    with pytest.raises(UserError, match=f"{path}:2: {message}"):
+        probes.load(str(path))
+
+
+def test_a_limit_never_changes_a_prompt(tmp_path):
+    rows = [{"question": f"q{i}", "choices": ["a", "b"], "label": 0, "format": "options", "shots": 3} for i in range(8)]
+    path = _lines(tmp_path / "p.jsonl", *rows)
+    assert [i.prompt for i in probes.load(str(path), limit=2)] == [i.prompt for i in probes.load(str(path))[:2]]
+
+
+def _pool(tmp_path, name, rng, n, matters):
+    """A synthetic measured pool where S follows the base's knowledge in one format: the
+    scored_* values are that format's (the probe said so), the lettered ones another's."""
+    scored, other = rng.uniform(0, 1, n), rng.uniform(0, 1, n)
+    target = np.clip(scored + rng.normal(0, 0.1, n), 0, 1)
+    models = [{"path": f"{name}/{i}", "role": "expert", "weights": None, "knowledge": {
+        "scored_format": matters, "instances": 2,
+        "scored_mean_p_gold": s, "scored_accuracy": float(s > 0.5), "scored_mean_gap": 1 - s,
+        # the paper's lettered prompt: the scored knowledge itself where the task lists its options
+        "mean_p_gold": s if matters == "options" else o, "accuracy": float((s if matters == "options" else o) > 0.5),
+    }} for i, (s, o) in enumerate(zip(scored, other))]
+    precheck, measured = tmp_path / f"{name}_precheck.json", tmp_path / f"{name}_mergeability.json"
+    precheck.write_text(json.dumps({"models": models}))
+    measured.write_text(json.dumps({"method": "task_arithmetic", "partners": 8, "models": [{"path": m["path"], "mergeability": t} for m, t in zip(models, target)]}))
+    return precheck, measured, models, target
+
+
+def test_a_calibration_fitted_on_one_format_family_predicts_the_other(tmp_path):
+    """Cloze matters in one family, the listed options in the other: fitted on either, the
+    scored-format features carry the right knowledge to the other."""
+    rng = np.random.default_rng(0)
+    cloze = _pool(tmp_path, "cloze", rng, 80, "cloze")
+    options = _pool(tmp_path, "options", rng, 80, "options")
+    for fitted, held in ((cloze, options), (options, cloze)):
+        report = calibrate([fitted[:2]], permutations=20)
+        model = fitting.Linear.from_dict(report["model"])
+        table = features(held[2])
+        x = np.array([[np.nan if table[m["path"]][f] is None else table[m["path"]][f] for f in report["single_features"]] for m in held[2]])
+        assert list(model.names) == list(report["single_features"])
+        assert spearman(model.predict(x), held[3]) > 0.8
+        weights = dict(zip(model.names, model.weights))
+        assert weights["scored_p_gold"] + weights["scored_accuracy"] + weights["scored_gap"] > 0
+    # the families disagree on which format matters: the lettered p(gold) predicts one and not the other
+    lettered = {name: [features(pool[2])[m["path"]]["p_gold"] for m in pool[2]] for name, pool in (("cloze", cloze), ("options", options))}
+    assert spearman(lettered["options"], options[3]) > 0.8 and abs(spearman(lettered["cloze"], cloze[3])) < 0.4
+
+
+def test_reports_written_before_the_rename_are_read_as_scored(tmp_path):
+    old = {"path": "m", "role": "expert", "weights": None, "knowledge": {"task_mean_p_gold": 0.7, "task_accuracy": 1.0, "task_mean_gap": 0.0}}
+    assert {k: v for k, v in features([old])["m"].items() if k.startswith("scored_") and v is not None} == {"scored_p_gold": 0.7, "scored_accuracy": 1.0, "scored_gap": 0.0}
+    shipped = Calibration.load()
+    assert set(shipped.model.names) <= set(FEATURES) and shipped.knowledge_feature in FEATURES
+
+
+def test_the_domain_check_names_format_granularity_and_range(tmp_path):
+    rng = np.random.default_rng(1)
+    precheck, measured, _, _ = _pool(tmp_path, "cloze", rng, 30, "cloze")
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(calibrate([(precheck, measured)], permutations=20)))
+    calibration = Calibration.load(path)
+    assert calibration.document["domain"]["formats"] == ["cloze"] and calibration.document["domain"]["probe_lines"] == [2, 2]
+    inside = {"path": "in", "role": "expert", "weights": None, "knowledge": {"scored_format": "cloze", "instances": 2, "scored_mean_p_gold": 0.5}}
+    options = {"path": "opt", "role": "expert", "weights": None, "knowledge": {"scored_format": "options", "instances": 2, "scored_mean_p_gold": 0.5}}
+    task = {"path": "task", "role": "expert", "weights": None, "knowledge": {"scored_format": "cloze", "instances": 48, "scored_mean_p_gold": 0.5}}
+    far = {"path": "far", "role": "expert", "weights": None, "knowledge": {"scored_format": "cloze", "instances": 2, "scored_mean_p_gold": 0.5, "scored_mean_gap": 5.0}}
+    models = [inside, options, task, far]
+    checked = domain_check(calibration, models, features(models))
+    assert checked["in"] == []
+    assert checked["opt"] == ["probe scored as options; fitted on cloze probes only"]
+    assert checked["task"] == ["48 probe lines; fitted on probes of 2–2 lines (another granularity)"]
+    assert len(checked["far"]) == 1 and checked["far"][0].startswith("scored_gap 5.00 outside the fitted")
+
+
+def test_a_relative_drop_below_the_shared_blocks_sets_the_cutoff():
+    """1.0 below, 0.82 above: above the absolute 0.8, still a parting of the ways."""
+    curve = [1.0, 1.0, 0.99, 0.99, 0.82, 0.82, 0.82]
+    assert predict.cutoff_from_curve(curve, 0.8) is None
+    assert predict.cutoff_from_curve(curve, 0.8, relative_drop=predict.RELATIVE_DROP) == 3
+    assert predict.effective_threshold(curve, 0.8) == pytest.approx(0.85)
+    assert predict.cutoff_from_curve([0.9, 0.9, 0.88, 0.87, 0.86], 0.8, relative_drop=predict.RELATIVE_DROP) is None  # no drop
+
+
+def _recommend(values, knowledge, grounded=None):
+    predictions = {m: predict.Prediction(v) for m, v in values.items()}
+    return predict.recommend("task_arithmetic", predictions, knowledge, {}, None, [], grounded=grounded)
+
+
+def test_a_model_predicted_to_lose_its_task_is_never_merged_blind():
+    kept = _recommend({"a": 0.9, "b": 0.05, "c": 0.8}, {"a": 0.5, "b": 0.45, "c": 0.5})
+    assert (kept.verdict, kept.left_out) == ("leave_out", ["b"]) and "b (0.05)" in kept.reasons[0]
+    spread = _recommend({"a": 0.9, "b": 0.05}, {"a": 0.9, "b": 0.1})  # the base's knowledge spreads: weight b up
+    assert spread.verdict == "knowledge_weighted"
+    assert _recommend({"a": 0.9, "b": 0.05}, {"a": None, "b": None}).verdict == "merge_as_configured"  # no knowledge: no grounds
+    assert _recommend({"a": 0.9, "b": 0.05}, {"a": 0.5, "b": 0.5}, grounded={"a"}).verdict == "merge_as_configured"
+    assert _recommend({"a": 0.1, "b": 0.05}, {"a": 0.5, "b": 0.5}).verdict == "do_not_merge"
+
+
+def test_leave_out_advice_is_the_config_without_the_lost_models():
+    from mergekit_mergeability.precheck.advice import advise
+
+    document = {"merge_method": "task_arithmetic", "base_model": "base", "models": [{"model": m, "parameters": {"weight": 0.5}} for m in ("a", "b", "c")]}
+    rec = {"verdict": "leave_out", "left_out": ["b"], "knowledge": None, "weights": None, "cutoff": None}
+    merged, alone = advise(rec, document, {"a": "a", "b": "b", "c": "c"}, {"a": 0.9, "b": 0.05, "c": 0.8})
+    assert [m["model"] for m in merged.config["models"]] == ["a", "c"] and [m["model"] for m in document["models"]] == ["a", "b", "c"]
+    assert merged.drops.startswith("b (predicted 0.05 in the merge): kept apart")
+    assert (alone.file, alone.config["merge_method"], alone.config["models"]) == ("recommended/b.yml", "linear", [{"model": "b", "parameters": {"weight": 1.0}}])
+
+
+def test_an_expert_whose_upper_blocks_were_rewritten_keeps_them_in_some_recommended_model(tmp_path, llama):
+    """Issue 19's two-expert case: ft1's upper blocks rewritten, ft1 predicted to lose its task.
+    Whatever the verdict, some recommended config keeps ft1's upper blocks and none is the base."""
+    import yaml
+    from click.testing import CliRunner
+
+    from conftest import noise, ranked_probes
+    from mergekit_mergeability.cli import main
+    from mergekit_mergeability.tiny import CORPUS, derive, state_dict
+
+    base = llama["base"]
+    probe = ranked_probes(tmp_path / "probe.jsonl", base, [f"{s} Question {i}?" for i in range(3) for s in CORPUS], ["Paris", "water", "fox", "dog"], 0)
+    ft0 = derive(base, tmp_path / "ft0", noise(1, 0.01))
+    ft1 = derive(base, tmp_path / "ft1", noise(5, 0.1, lambda name: ".layers.2." in name or ".layers.3." in name))
+    models = [{"model": str(m), "probe": str(probe), "parameters": {"weight": 1.0}} for m in (ft0, ft1)]
+    config = tmp_path / "config.yml"
+    config.write_text(yaml.safe_dump({"merge_method": "task_arithmetic", "base_model": str(base), "models": models, "dtype": "float32"}))
+    result = CliRunner().invoke(main, ["precheck", str(config), "--out", str(tmp_path / "out"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "precheck.json").read_text())
+    predicted = {m["path"]: m["predicted_mergeability"] for m in report["models"] if m["role"] == "expert"}
+    assert predicted[str(ft1)] < predict.LOST and report["recommendation"]["verdict"] != "merge_as_configured"
+    base_weights, own = state_dict(base), state_dict(ft1)
+    upper = [n for n in own if ".layers.2." in n or ".layers.3." in n]
+    kept_upper = []
+    for advice in report["recommendation"]["models"]:
+        merged = state_dict(_merge(tmp_path / "out" / advice["file"], tmp_path / "merged" / advice["file"]))
+        assert not all(torch.equal(t, base_weights[n]) for n, t in merged.items()), advice["file"]
+        kept_upper.append(all(torch.allclose(merged[n], own[n], atol=1e-6) for n in upper))
+    assert any(kept_upper)
+
+
+def _merge(config, out):
+    import yaml
+    from mergekit.config import MergeConfiguration
+    from mergekit.merge import MergeOptions, run_merge
+
+    run_merge(MergeConfiguration.model_validate(yaml.safe_load(config.read_text())), str(out), MergeOptions(quiet=True, write_model_card=False))
+    return out
