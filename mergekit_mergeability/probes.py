@@ -125,9 +125,14 @@ def join(prompt: str, continuation: str, delimiter: str = " ") -> str:
 
 def existing_file(spec: str, relative_to: Optional[Path] = None) -> Optional[Path]:
     """``spec`` as a file: as given (against the working directory), then against ``relative_to``."""
+    if not spec.strip():
+        return None  # Path("") is the working directory
     for candidate in (Path(spec), *([relative_to / spec] if relative_to else [])):
-        if candidate.is_file():
-            return candidate.resolve()
+        try:
+            if candidate.is_file():
+                return candidate.resolve()
+        except OSError:  # a name too long for the file system: no such file
+            continue
     return None
 
 

@@ -6,6 +6,7 @@ predict (per model) → recommend (per merge) → report (``report.build``, ``re
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -52,16 +53,17 @@ def load_inputs(spec: MergeSpec, specs: Mapping[str, str], limit: Optional[int])
     sources = spec.sources()
     base = ModelInput(spec.base_model, sources[spec.base_model]) if spec.base_model else None
     neutral = probes.shots_from(None)
-    models = tuple(
-        ModelInput(
-            name,
-            sources[name],
-            probes.load(specs[name], limit, folder) if name in specs else None,
-            probes.shots_from(spec.fewshot[name], folder) + neutral if name in spec.fewshot else neutral,
-        )
-        for name in spec.models
-    )
-    return base, models
+    models = []
+    for name in spec.models:
+        probe, shots = None, neutral
+        if name in specs:
+            with spec.naming(f"{spec.entries[name]}.probe") if specs[name] == spec.probes.get(name) else nullcontext():  # --probe names itself
+                probe = probes.load(specs[name], limit, folder)
+        if name in spec.fewshot:
+            with spec.naming(f"{spec.entries[name]}.fewshot"):
+                shots = probes.shots_from(spec.fewshot[name], folder) + neutral
+        models.append(ModelInput(name, sources[name], probe, shots))
+    return base, tuple(models)
 
 
 def measure(spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping[str, Any] = {}) -> Measurements:
