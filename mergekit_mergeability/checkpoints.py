@@ -357,16 +357,41 @@ def check_model(model: Source) -> Path:
     return folder
 
 
+LOADABLE_DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def load_dtype(requested: str, model: Source, configured: Optional[str] = None) -> str:
+    """The dtype to load ``model`` in: ``requested``, unless it is ``auto``: then ``configured``
+    (a merge config's ``dtype:``, what mergekit will compute in), else the checkpoint's own
+    (config.json's ``dtype``, ``torch_dtype`` before transformers 5), else float32. An adapter's
+    is its base's."""
+    if requested != "auto":
+        return requested
+
+    def candidates():
+        yield configured
+        config = _config_json(_base_of(model))[1]
+        yield config.get("dtype")
+        yield config.get("torch_dtype")
+
+    for candidate in candidates():
+        name = candidate.removeprefix("torch.") if isinstance(candidate, str) else None
+        if name in LOADABLE_DTYPES:
+            return name
+    return "float32"
+
+
 def load_causal_lm(folder: Source, device: str = "cpu", dtype: str = "float32", tokenizer_from: Optional[Source] = None):
-    """(model, tokenizer) in eval mode; the tokenizer falls back to ``tokenizer_from``
-    (mergekit output folders written with --no-copy-tokenizer have none). An adapter is
-    loaded as its base with the update added in place."""
+    """(model, tokenizer) in eval mode, in ``dtype`` (``auto``: see ``load_dtype``); the tokenizer
+    falls back to ``tokenizer_from`` (mergekit output folders written with --no-copy-tokenizer have
+    none). An adapter is loaded as its base with the update added in place."""
     import torch
     import transformers
     from safetensors import SafetensorError
 
     from mergekit_mergeability import lora
 
+    dtype = load_dtype(dtype, folder)
     if isinstance(folder, lora.AdapterModel):
         model, tokenizer = load_causal_lm(folder.base, device, dtype, tokenizer_from)
         state = model.state_dict()

@@ -14,7 +14,7 @@ from mergekit_mergeability.errors import UserError
 
 # Every JSON this package writes (precheck, evaluation, mergeability, validation,
 # calibration) carries it: minor versions only add fields, a major one renames or removes.
-SCHEMA_VERSION = "2.1"
+SCHEMA_VERSION = "2.2"
 
 
 def _umask() -> int:

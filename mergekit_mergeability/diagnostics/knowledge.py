@@ -47,7 +47,7 @@ def base_knowledge(inputs: DiagnosticInputs) -> DiagnosticResult:
     asked = {m.name: probes.with_shots(m.probes, shots, m.shots or ()) for m in inputs.models if m.probes}
     if not asked:
         return result
-    model, tokenizer = load_causal_lm(inputs.base.path, options.get("device", "cpu"), options.get("dtype", "float32"))
+    model, tokenizer = load_causal_lm(inputs.base.path, options.get("device", "cpu"), inputs.base.load_dtype(options))
     sequences = sum(len(i.continuations) + len(i.letters) for instances in asked.values() for i in instances)
     own = {m.name: m.probes for m in inputs.models if m.probes}
     sequences += sum(len(i.continuations) for name, instances in own.items() for i, a in zip(instances, asked[name]) if a is not i)

@@ -48,10 +48,15 @@ def probe_specs(spec: MergeSpec, overrides: Mapping[str, str]) -> Dict[str, str]
     return chosen
 
 
-def load_inputs(spec: MergeSpec, specs: Mapping[str, str], limit: Optional[int]) -> Tuple[Optional[ModelInput], Tuple[ModelInput, ...]]:
+def load_inputs(spec: MergeSpec, specs: Mapping[str, str], limit: Optional[int], dtype: str = "auto") -> Tuple[Optional[ModelInput], Tuple[ModelInput, ...]]:
+    """The config's models with their probes, few-shot examples and the dtype each is loaded
+    in (``--dtype auto``: the config's ``dtype:``, else each checkpoint's own; ``load_dtype``)."""
+    from mergekit_mergeability.checkpoints import load_dtype
+
     folder = spec.folder
     sources = spec.sources()
-    base = ModelInput(spec.base_model, sources[spec.base_model]) if spec.base_model else None
+    dtypes = {name: load_dtype(dtype, source, spec.document.get("dtype")) for name, source in sources.items()}
+    base = ModelInput(spec.base_model, sources[spec.base_model], dtype=dtypes[spec.base_model]) if spec.base_model else None
     neutral = probes.shots_from(None)
     models = []
     for name in spec.models:
@@ -62,7 +67,7 @@ def load_inputs(spec: MergeSpec, specs: Mapping[str, str], limit: Optional[int])
         if name in spec.fewshot:
             with spec.naming(f"{spec.entries[name]}.fewshot"):
                 shots = probes.shots_from(spec.fewshot[name], folder) + neutral
-        models.append(ModelInput(name, sources[name], probe, shots))
+        models.append(ModelInput(name, sources[name], probe, shots, dtypes[name]))
     return base, tuple(models)
 
 
@@ -79,7 +84,7 @@ def measure(spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping
     from mergekit_mergeability.precheck.config import tokenizer_source
 
     specs = probe_specs(spec, overrides)
-    base, models = load_inputs(spec, specs, options.get("limit"))
+    base, models = load_inputs(spec, specs, options.get("limit"), options.get("dtype", "auto"))
     measured = Measurements(spec, base, models, specs)
     inputs = DiagnosticInputs(base, models, {"tokenizer_source": tokenizer_source(spec.document), **options})
     skip = set(options.get("skip") or ())

@@ -92,6 +92,13 @@ def validate(document: Any, source: Path) -> None:
         merge_methods.get(document["merge_method"])
     except RuntimeError:
         raise UserError(f"{source}: merge_method {document['merge_method']!r} is not an installed mergekit method; `mergekit-mergeability methods` lists them") from None
+    from mergekit.common import dtype_from_name
+
+    for key in ("dtype", "out_dtype"):
+        try:
+            dtype_from_name(document.get(key))
+        except RuntimeError:  # mergekit would stop there, after planning
+            raise UserError(f"{source}: {key}: {document[key]!r} is not a dtype mergekit knows; use bfloat16, float16 or float32") from None
 
 
 def from_document(document: Any, source: Path) -> MergeSpec:

@@ -57,8 +57,10 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
         if knowledge is not None:
             record["knowledge"]["per_instance"] = instances.get(m.name, [])
         models.append(record)
+    loaded_in = {m.name: m.dtype for m in ([measured.base] if measured.base else []) + list(measured.models)}
     for record in models:
         record["specific_neurons"] = specific.get(record["path"])
+        record["dtype"] = loaded_in[record["path"]]
 
     calibration = Calibration.load(options.get("calibration"))
     table = features(models)
