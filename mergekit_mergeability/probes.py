@@ -24,7 +24,7 @@ import json
 import random
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from mergekit_mergeability.errors import UserError
 
@@ -195,8 +195,20 @@ def task_name(path: Path) -> str:
     return name
 
 
+# (task name, fingerprint, limit) -> its instances. lm-eval builds a task, dataset included, on every
+# load; models that share a probe share its instances (frozen, so sharing is safe).
+_built: Dict[Tuple[str, str, Optional[int]], Tuple[Instance, ...]] = {}
+
+
 def _from_lm_eval(task, limit: Optional[int]) -> List[Instance]:
-    from mergekit_mergeability.evaluation.harness import quiet_harness
+    key = (task.name, task.fingerprint, limit)
+    if key not in _built:
+        _built[key] = tuple(_build_lm_eval(task, limit))
+    return list(_built[key])
+
+
+def _build_lm_eval(task, limit: Optional[int]) -> List[Instance]:
+    from mergekit_mergeability.evaluation.harness import compiled_templates, quiet_harness
 
     manager, entry = task.load()
     with quiet_harness():
@@ -207,7 +219,8 @@ def _from_lm_eval(task, limit: Optional[int]) -> List[Instance]:
     task.set_fewshot_seed(seed=1234)  # lm-eval's default fewshot seed
     docs = task.eval_docs
     count = len(docs) if limit is None else min(limit, len(docs))
-    return [_task_instance(task, docs[i]) for i in range(count)]
+    with compiled_templates():
+        return [_task_instance(task, docs[i]) for i in range(count)]
 
 
 def _task_instance(task, doc) -> Instance:
