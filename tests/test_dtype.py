@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from mergekit_mergeability.checkpoints import load_causal_lm, load_dtype
 from mergekit_mergeability.cli import main
 
-from test_fuzz_config import PROBE
+PROBE = [{"question": f"Item {i}: which one?", "choices": ["Paris", "water"], "label": i % 2} for i in range(6)]
 
 
 def _saved_in(source: Path, folder: Path, dtype: torch.dtype) -> Path:
@@ -31,7 +31,7 @@ def bf16(llama, tmp_path_factory):
     root = tmp_path_factory.mktemp("bf16")
     family = {name: _saved_in(llama[name], root / name, torch.bfloat16) for name in ("base", "expert0", "expert1")}
     family["probe"] = root / "probe.jsonl"
-    family["probe"].write_text("".join(json.dumps(r) + "\n" for r in PROBE * 2))
+    family["probe"].write_text("".join(json.dumps(r) + "\n" for r in PROBE))
     return family
 
 

@@ -7,6 +7,7 @@ or in one line naming what to fix (exit 2), never in a traceback or a failed mea
 import copy
 import json
 import random
+import traceback
 
 import pytest
 import yaml
@@ -95,7 +96,7 @@ def test_a_mutated_config_ends_in_a_verdict_or_one_line(world, tmp_path, seed):
     arguments = ["precheck", str(config), "--out", str(out), "--quiet", "--limit", "3", "--skip", "representations", "--skip", "selectivity"]
     result = CliRunner().invoke(main, arguments, env={"HF_HUB_OFFLINE": "1", "COLUMNS": "1000"})
     context = f"seed {seed}: {edits}\n{result.output}"
-    assert result.exception is None or isinstance(result.exception, SystemExit), context + "".join(__import__("traceback").format_exception(result.exception))
+    assert result.exception is None or isinstance(result.exception, SystemExit), context + "".join(traceback.format_exception(result.exception))
     assert result.exit_code in (0, 1, 2), context
     assert "Traceback" not in result.output, context
     if result.exit_code == 2:
