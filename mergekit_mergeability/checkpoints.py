@@ -113,7 +113,7 @@ def resolve(reference: str, relative_to: Optional[Path] = None, base: Optional[S
     """
     from mergekit_mergeability import lora
 
-    folder = _local(reference, relative_to)
+    folder = local_folder(reference, relative_to)
     if folder is not None and not lora.is_adapter(folder):
         return folder
     if folder is None and "+" in reference:
@@ -124,7 +124,7 @@ def resolve(reference: str, relative_to: Optional[Path] = None, base: Optional[S
                 "Merge the adapter first (peft's merge_and_unload(), or mergekit-yaml with merge_method: passthrough) "
                 "and name the merged folder instead"
             )
-        folder = _local(adapter, relative_to)
+        folder = local_folder(adapter, relative_to)
         if folder is None or not lora.is_adapter(folder):
             raise UserError(f"model {reference}: {adapter} is not a peft adapter folder (adapter_config.json + adapter_model.safetensors)")
         found = lora.AdapterModel(resolve(model, relative_to, adapters=False), folder)
@@ -136,8 +136,8 @@ def resolve(reference: str, relative_to: Optional[Path] = None, base: Optional[S
             raise UserError(f"adapter {reference}: its {lora.CONFIG} names no base_model_name_or_path; write it as BASE+{reference}")
         found = lora.AdapterModel(resolve(str(named), relative_to, adapters=False), folder)
     else:
-        if reference.startswith((".", "/", "~")) or reference.count("/") != 1:
-            raise UserError(f"model {reference}: no such folder (relative paths resolve against the working directory)")
+        if not is_hub_id(reference):
+            raise UserError(f"model {reference}: no such folder, nor a hub id (namespace/name); relative paths resolve against the working directory")
         return HubModel(reference)
     if base is not None and not same_model(found.base, base):
         raise UserError(
@@ -148,11 +148,30 @@ def resolve(reference: str, relative_to: Optional[Path] = None, base: Optional[S
     return found
 
 
-def _local(reference: str, relative_to: Optional[Path]) -> Optional[Path]:
-    for candidate in (Path(reference).expanduser(), *([relative_to / reference] if relative_to else [])):
-        if candidate.is_dir():
-            return candidate.resolve()
+def local_folder(reference: str, relative_to: Optional[Path]) -> Optional[Path]:
+    if not reference.strip():
+        return None  # Path("") is the working directory, never what an empty field meant
+    for candidate in (Path(reference), *([relative_to / reference] if relative_to else [])):
+        try:
+            if candidate.expanduser().is_dir():
+                return candidate.expanduser().resolve()
+        except (OSError, RuntimeError):  # a name too long for the file system, ~nobody: no such folder
+            continue
     return None
+
+
+def is_hub_id(reference: str) -> bool:
+    """Whether ``reference`` could name a hub model: ``namespace/name`` (an ``@revision`` aside)
+    by the hub's own rules; a path (``./``, ``/``, ``~``) never does."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if reference.startswith((".", "/", "~")) or reference.count("/") != 1:
+        return False
+    try:
+        validate_repo_id(reference.split("@", 1)[0])
+    except HFValidationError:
+        return False
+    return True
 
 
 def same_model(a: Source, b: Source) -> bool:
@@ -173,13 +192,43 @@ def small_file(model: Source, name: str) -> Optional[Path]:
 
 
 def model_config(model: Source) -> dict:
+    """A model's config.json; one without an ``architectures`` list gets the class transformers
+    loads it as (see ``inferred_architecture``), so models compare by what they are."""
+    path, config = _config_json(model)
+    if not config.get("architectures"):
+        config["architectures"] = [_causal_lm_class(path, config)]
+    return config
+
+
+def inferred_architecture(model: Source) -> Optional[str]:
+    """For a config.json without ``architectures`` (transformers then loads the model by its
+    ``model_type``): the class it loads, which mergekit needs named (``override_architecture``);
+    None when the file names it."""
+    path, config = _config_json(model)
+    return None if config.get("architectures") else _causal_lm_class(path, config)
+
+
+def _causal_lm_class(path: Path, config: dict) -> str:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = config.get("model_type")
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type) if isinstance(model_type, str) else None
+    if name is None:
+        raise UserError(f'{path}: no "architectures" list, and model_type {model_type!r} is no causal LM transformers knows; add "architectures": ["<its model class>"]')
+    return name
+
+
+def _config_json(model: Source) -> Tuple[Path, dict]:
     path = small_file(model, "config.json")
     if path is None:
         raise UserError(f"model {model}: no config.json; every model folder needs one (is it a model folder?)")
     try:
-        return json.loads(path.read_text())
+        config = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise UserError(f"{path}: not JSON; a model's config.json must be") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path}: not a JSON object; a model's config.json must be one")
+    return path, config
 
 
 def read_header(file: Path) -> dict:
@@ -308,16 +357,41 @@ def check_model(model: Source) -> Path:
     return folder
 
 
+LOADABLE_DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def load_dtype(requested: str, model: Source, configured: Optional[str] = None) -> str:
+    """The dtype to load ``model`` in: ``requested``, unless it is ``auto``: then ``configured``
+    (a merge config's ``dtype:``, what mergekit will compute in), else the checkpoint's own
+    (config.json's ``dtype``, ``torch_dtype`` before transformers 5), else float32. An adapter's
+    is its base's."""
+    if requested != "auto":
+        return requested
+
+    def candidates():
+        yield configured
+        config = _config_json(_base_of(model))[1]
+        yield config.get("dtype")
+        yield config.get("torch_dtype")
+
+    for candidate in candidates():
+        name = candidate.removeprefix("torch.") if isinstance(candidate, str) else None
+        if name in LOADABLE_DTYPES:
+            return name
+    return "float32"
+
+
 def load_causal_lm(folder: Source, device: str = "cpu", dtype: str = "float32", tokenizer_from: Optional[Source] = None):
-    """(model, tokenizer) in eval mode; the tokenizer falls back to ``tokenizer_from``
-    (mergekit output folders written with --no-copy-tokenizer have none). An adapter is
-    loaded as its base with the update added in place."""
+    """(model, tokenizer) in eval mode, in ``dtype`` (``auto``: see ``load_dtype``); the tokenizer
+    falls back to ``tokenizer_from`` (mergekit output folders written with --no-copy-tokenizer have
+    none). An adapter is loaded as its base with the update added in place."""
     import torch
     import transformers
     from safetensors import SafetensorError
 
     from mergekit_mergeability import lora
 
+    dtype = load_dtype(dtype, folder)
     if isinstance(folder, lora.AdapterModel):
         model, tokenizer = load_causal_lm(folder.base, device, dtype, tokenizer_from)
         state = model.state_dict()

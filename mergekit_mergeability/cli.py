@@ -146,15 +146,19 @@ def _probe_pairs(values) -> dict:
     return pairs
 
 
-def model_options(default_limit: int | None):
-    """The options every command that runs models shares (lm-eval's names where it has them)."""
+def model_options(default_limit: int | None, default_dtype: str = "float32"):
+    """The options every command that runs models shares (lm-eval's names where it has them).
+    ``default_dtype="auto"`` offers auto: the config's ``dtype:``, else each checkpoint's own."""
+    dtypes = ["float32", "bfloat16", "float16"]
+    if default_dtype == "auto":
+        dtypes.insert(0, "auto")
 
     def decorate(command):
         for option in reversed(
             [
                 click.option("--limit", type=click.IntRange(min=1), default=default_limit, show_default=True, help="Instances per task or probe set."),
                 click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:1, mps… (auto: cuda if available)."),
-                click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True),
+                click.option("--dtype", type=click.Choice(dtypes), default=default_dtype, show_default=True, help="What the models are loaded in" + (" (auto: the config's dtype:, else each checkpoint's own torch_dtype, else float32; statistics stay float32)." if default_dtype == "auto" else ".")),
                 click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True),
                 click.option("--quiet", "-q", is_flag=True, help="No progress bars."),
             ]
@@ -239,7 +243,7 @@ def default_cache_dir() -> Path:
 @click.option("--overlap-threshold", type=click.FloatRange(0, 1), default=None, help="Specific-neuron overlap (Jaccard) below this, from some block on, marks where the fine-tunes' neurons part (default 0.5; read with --cutoff-signal selectivity or both).")
 @click.option("--skip", multiple=True, metavar="DIAGNOSTIC", help="Do not run this diagnostic (e.g. representations or selectivity on a large pool). Repeatable.")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), help="Keep each model's pass results here: a killed precheck (or a lost Ray worker) restarts where it stopped. Off unless given.")
-@model_options(default_limit=64)
+@model_options(default_limit=64, default_dtype="auto")
 @user_errors
 @ray_option
 def precheck(config_file: Optional[Path], pool: Optional[Path], out: Path, probes, fewshot, calibration, layers, cka_threshold, cka_batch_size, selectivity_span, lape_entropy_quantile, lape_activation_quantile, cutoff_signal, overlap_threshold, skip, cache_dir, **model):

@@ -30,7 +30,7 @@ import json
 import random
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from mergekit_mergeability.errors import UserError
 
@@ -162,9 +162,14 @@ def join(prompt: str, continuation: str, delimiter: str = " ") -> str:
 
 def existing_file(spec: str, relative_to: Optional[Path] = None) -> Optional[Path]:
     """``spec`` as a file: as given (against the working directory), then against ``relative_to``."""
+    if not spec.strip():
+        return None  # Path("") is the working directory
     for candidate in (Path(spec), *([relative_to / spec] if relative_to else [])):
-        if candidate.is_file():
-            return candidate.resolve()
+        try:
+            if candidate.is_file():
+                return candidate.resolve()
+        except OSError:  # a name too long for the file system: no such file
+            continue
     return None
 
 
@@ -239,8 +244,20 @@ def task_name(path: Path) -> str:
     return name
 
 
+# (task name, fingerprint, limit) -> its instances. lm-eval builds a task, dataset included, on every
+# load; models that share a probe share its instances (frozen, so sharing is safe).
+_built: Dict[Tuple[str, str, Optional[int]], Tuple[Instance, ...]] = {}
+
+
 def _from_lm_eval(task, limit: Optional[int]) -> List[Instance]:
-    from mergekit_mergeability.evaluation.harness import quiet_harness
+    key = (task.name, task.fingerprint, limit)
+    if key not in _built:
+        _built[key] = tuple(_build_lm_eval(task, limit))
+    return list(_built[key])
+
+
+def _build_lm_eval(task, limit: Optional[int]) -> List[Instance]:
+    from mergekit_mergeability.evaluation.harness import compiled_templates, quiet_harness
 
     manager, entry = task.load()
     with quiet_harness():
@@ -251,7 +268,8 @@ def _from_lm_eval(task, limit: Optional[int]) -> List[Instance]:
     task.set_fewshot_seed(seed=1234)  # lm-eval's default fewshot seed
     docs = task.eval_docs
     count = len(docs) if limit is None else min(limit, len(docs))
-    return [_task_instance(task, docs[i]) for i in range(count)]
+    with compiled_templates():
+        return [_task_instance(task, docs[i]) for i in range(count)]
 
 
 def _task_instance(task, doc) -> Instance:

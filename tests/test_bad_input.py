@@ -48,6 +48,9 @@ def world(llama, tmp_path_factory):
         lora=f"{llama['expert0']}+{root / 'adapter'}",
         other_base=make_adapter(llama["base"], root / "other_base", ["model.layers.0.mlp.up_proj.weight"], base_name=llama["expert0"]),
         absent=root / "absent",
+        too_long=root / ("x" * 300),  # longer than a file name may be: the OS refuses to even look
+        too_long_relative="y" * 300,
+        empty="",
     )
     files = {
         "probe.jsonl": "".join(json.dumps(r) + "\n" for r in GOOD_PROBE),
@@ -82,7 +85,15 @@ def world(llama, tmp_path_factory):
         method_typo=w.config("method_typo", ["e0", "e1"], merge_method="task_arithmetc"),
         no_knowledge=w.config("no_knowledge", ["e0", "e1"], merge_method="knowledge_weighted"),
         cutoff_beyond=w.config("cutoff_beyond", ["e0", "e1"], merge_method="layer_selective", parameters={"cutoff": 99}),
+        pool_too_long=w.config("pool_too_long", ["too_long", "e1"]),
+        pool_too_long_relative=w.config("pool_too_long_relative", ["e0", "too_long_relative"]),
+        empty_base=w.config("empty_base", ["e0", "e1"], base="empty"),
+        empty_model=w.config("empty_model", ["e0", "empty"]),
     )
+    document = yaml.safe_load(w["pool"].read_text())
+    document["models"][1]["probe"] = True
+    (root / "probe_not_a_name.yml").write_text(yaml.safe_dump(document))
+    w["probe_not_a_name"] = root / "probe_not_a_name.yml"
     document = yaml.safe_load(w["pool"].read_text())
     del document["base_model"]
     (root / "no_base.yml").write_text(yaml.safe_dump(document))
@@ -102,13 +113,18 @@ CASES = {
     "precheck: YAML not a mapping": ("precheck", ["{list}"], ["{list}: expected a mergekit config (a YAML mapping)"]),
     "precheck: invalid mergekit field": ("precheck", ["{field}"], ["{field}: not a valid mergekit config", "merge_method"]),
     "precheck: missing model folder": ("precheck", ["{pool_absent}"], ["model {absent}: no such folder"]),
+    "precheck: a model path too long to exist": ("precheck", ["{pool_too_long}"], ["{pool_too_long}: models[0].model: model {too_long}: no such folder"]),
+    "precheck: a relative model path too long to exist": ("precheck", ["{pool_too_long_relative}"], ["{pool_too_long_relative}: models[1].model: model {too_long_relative}: no such folder, nor a hub id"]),
+    "precheck: empty base_model": ("precheck", ["{empty_base}"], ["{empty_base}: base_model is empty; name a model folder or hub id"]),
+    "precheck: empty model": ("precheck", ["{empty_model}"], ["{empty_model}: models[1].model is empty"]),
+    "precheck: probe not a file or task name": ("precheck", ["{probe_not_a_name}"], ["{probe_not_a_name}: models[1].probe is True; name a .jsonl file"]),
     "precheck: model folder without config.json": ("precheck", ["{pool_no_config}"], ["model {no_config}: no config.json"]),
     "precheck: model folder without weights": ("precheck", ["{pool_no_weights}"], ["{no_weights}: no weights"]),
     "precheck: truncated safetensors": ("precheck", ["{pool_truncated}"], ["{truncated}/model.safetensors: truncated or corrupted (7 bytes short"]),
     "precheck: corrupted safetensors header": ("precheck", ["{pool_garbled}"], ["{garbled}/model.safetensors: not a safetensors file"]),
     "precheck: model+adapter, no adapter there": ("precheck", ["{pool_lora}"], ["model {lora}:", "{root}/adapter is not a peft adapter folder"]),
     "precheck: adapter of another base": ("precheck", ["{pool_other_base}"], ["adapter {other_base}: trained on {e0}", "the config's base_model is {base}"]),
-    "precheck: missing probe file": ("precheck", ["{probe_missing}"], ["probe {root}/absent.jsonl: no such file"]),
+    "precheck: missing probe file": ("precheck", ["{probe_missing}"], ["{probe_missing}: models[0].probe: probe {root}/absent.jsonl: no such file"]),
     "precheck: probe line not JSON": ("precheck", ["{probe_not_json}"], ["{not_json}:2: not JSON"]),
     "precheck: probe label out of range": ("precheck", ["{probe_label}"], ["{label}:1: label must index one of at least 2 choices, got 5"]),
     "precheck: probe with wrong keys": ("precheck", ["{probe_keys}"], ["{keys}:1: expected", "['a', 'q']"]),
@@ -140,7 +156,8 @@ CASES = {
     "validate: fewer than 3 shared models": ("validate", ["{precheck_json}", "{measured_json}"], ["share 2 models", "need at least 3"]),
     "merge: non-empty output folder": ("merge", ["{pool}", "{tmp}/merged"], ["{tmp}/merged: output folder exists and is not empty"]),
     "merge: truncated safetensors": ("merge", ["{pool_truncated}", "{tmp}/merged"], ["{truncated}/model.safetensors: truncated or corrupted"]),
-    "merge: missing model folder": ("merge", ["{pool_absent}", "{tmp}/merged"], ["{pool_absent}: model {absent}: no such folder"]),
+    "merge: a model path too long to exist": ("merge", ["{pool_too_long}", "{tmp}/merged"], ["{pool_too_long}: models[0].model: model {too_long}: no such folder"]),
+    "merge: missing model folder": ("merge", ["{pool_absent}", "{tmp}/merged"], ["{pool_absent}: models[1].model: model {absent}: no such folder"]),
     "merge: config not YAML": ("merge", ["{not_yaml}", "{tmp}/merged"], ["{not_yaml}: not valid YAML"]),
 }
 

@@ -115,3 +115,29 @@ def test_a_bin_only_folder_has_weights_and_a_folder_without_any_is_refused(llama
         checkpoints.weight_files(folder)
     (folder / "pytorch_model.bin").write_bytes(b"weights")
     assert checkpoints.weight_files(folder) == [folder / "pytorch_model.bin"]
+
+
+@pytest.mark.parametrize(
+    "written, architectures, inferred",
+    [
+        ({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}, ["LlamaForCausalLM"], None),
+        ({"model_type": "qwen2"}, ["Qwen2ForCausalLM"], "Qwen2ForCausalLM"),  # transformers loads it by model_type
+        ({"model_type": "gpt2", "architectures": []}, ["GPT2LMHeadModel"], "GPT2LMHeadModel"),
+    ],
+)
+def test_a_config_without_architectures_gets_the_class_transformers_loads(tmp_path, written, architectures, inferred):
+    (tmp_path / "config.json").write_text(json.dumps(written))
+    assert checkpoints.model_config(tmp_path)["architectures"] == architectures
+    assert checkpoints.inferred_architecture(tmp_path) == inferred
+
+
+def test_a_config_naming_no_class_and_no_known_model_type_says_what_to_add(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "no_such_type"}))
+    with pytest.raises(UserError, match=r'config.json: no "architectures" list, and model_type .no_such_type. is no causal LM transformers knows; add "architectures"'):
+        checkpoints.model_config(tmp_path)
+
+
+@pytest.mark.parametrize("reference", ["x" * 300, "/tmp/" + "y" * 300, "~nobody-at-all/model", "org/", "a/b/c", "org/na me", ""])
+def test_a_reference_that_is_neither_a_folder_nor_a_hub_id_is_one_line(reference):
+    with pytest.raises(UserError, match="no such folder, nor a hub id"):
+        resolve(reference)

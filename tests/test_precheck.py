@@ -180,6 +180,31 @@ def test_missing_model_folder_is_named(tmp_path, pool):
     assert result.exit_code == 2 and f"model {tmp_path / 'gone'}: no such folder" in result.output
 
 
+def _without_architectures(source: Path, folder: Path) -> Path:
+    """A copy whose config.json has no ``architectures``: transformers loads it by ``model_type``."""
+    import shutil
+
+    shutil.copytree(source, folder)
+    config = json.loads((folder / "config.json").read_text())
+    del config["architectures"]
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_models_without_architectures_are_measured_and_the_recommendation_names_their_class(tmp_path, pool):
+    plain = {name: _without_architectures(pool[name], tmp_path / name) for name in ("base", "known", "unknown")}
+    config = _config(tmp_path, {**pool, **plain}, ["known", "unknown"], ["probe_known", "probe_unknown"])
+    result = CliRunner().invoke(main, ["precheck", str(config), "--out", str(tmp_path / "out"), "--quiet", "--skip", "selectivity"], env={"COLUMNS": "1000"})
+    assert result.exit_code == 0, result.output
+    assert 'unknown: its config.json has no "architectures" list; measured as LlamaForCausalLM' in result.output
+    recommended = yaml.safe_load((tmp_path / "out" / "recommended.yml").read_text())
+    assert recommended["base_model"] == {"model": str(plain["base"]), "override_architecture": "LlamaForCausalLM"}
+    assert [m["model"]["override_architecture"] for m in recommended["models"]] == ["LlamaForCausalLM"] * 2
+    merged = CliRunner().invoke(main, ["merge", str(tmp_path / "out" / "recommended.yml"), str(tmp_path / "merged")])
+    assert merged.exit_code == 0, merged.output  # the stock mergekit takes it as written
+    assert json.loads((tmp_path / "merged" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+
+
 class _Plugin:
     """A third-party plugin: one diagnostic and a gate on the finished report."""
 

@@ -75,3 +75,30 @@ metric_list:
     assert len(instances) == 4
     assert instances[1].prompt == "Q: Fact 1?\nA:"
     assert instances[1].continuations == (" yes", " no", " maybe") and instances[1].label == 1
+
+
+def _task_yaml(folder, name="probe_shared_test", items=6):
+    data = _jsonl(folder / "shared.jsonl", [{"q": f"Fact {i}?", "options": ["yes", "no"], "gold": i % 2} for i in range(items)])
+    task = folder / "shared.yaml"
+    task.write_text(
+        f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
+        'output_type: multiple_choice\ndoc_to_text: "Q: {{q}}\\nA:"\ndoc_to_choice: options\ndoc_to_target: gold\nmetric_list:\n  - metric: acc\n'
+    )
+    return task
+
+
+def test_models_sharing_an_lm_eval_probe_build_it_once(tmp_path, monkeypatch):
+    from lm_eval import utils
+    from lm_eval.tasks import TaskManager
+
+    builds = []
+    original = TaskManager.load
+    monkeypatch.setattr(TaskManager, "load", lambda self, entry: builds.append(entry) or original(self, entry))
+    task = _task_yaml(tmp_path)
+    first, second = load(str(task), limit=4), load(str(task), limit=4)
+    assert len(builds) == 1 and first == second and first is not second  # one build, each model its own list
+    assert [i.prompt for i in first] == [f"Q: Fact {i}?\nA:" for i in range(4)]
+    assert len(load(str(task), limit=6)) == 6 and len(builds) == 2  # another limit is another probe
+    _task_yaml(tmp_path, items=3)  # the task's data changed: built again
+    assert len(load(str(task), limit=6)) == 3 and len(builds) == 3
+    assert utils.apply_template.__module__ == "lm_eval.utils"  # lm-eval's own template function is back in place

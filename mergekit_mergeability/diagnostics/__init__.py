@@ -34,6 +34,10 @@ class ModelInput:
     path: Union[Path, "HubModel"]
     probes: Optional[Any] = None  # the model's probe set, when PROBES is needed
     shots: Optional[Any] = None  # solved examples for few-shot prompts (its fewshot: file, else a neutral set)
+    dtype: Optional[str] = None  # what a pass loads it in (the precheck resolves --dtype auto per model); None: options' dtype
+
+    def load_dtype(self, options: Mapping[str, Any]) -> str:
+        return self.dtype or options.get("dtype", "float32")
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import math
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from mergekit_mergeability import vocabulary
-from mergekit_mergeability.checkpoints import Source, model_config, tensor_index
+from mergekit_mergeability.checkpoints import Source, inferred_architecture, model_config, tensor_index
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
 from mergekit_mergeability.errors import UserError
 
@@ -44,9 +44,11 @@ class Compatibility:
         reference, *others = [m for m in (inputs.base, *inputs.models) if m is not None]
         ref = _Facts(reference)
         result.per_model[reference.name] = ref.summary()
+        result.findings.extend(_unnamed_architecture(ref))
         for model in others:
             facts = _Facts(model)
             result.per_model[model.name] = facts.summary()
+            result.findings.extend(_unnamed_architecture(facts))
             result.findings.extend(_compare(ref, facts))
             result.findings.extend(_compare_vocabularies(ref, facts, source, self.align))
         return result
@@ -79,6 +81,18 @@ class _Facts:
     def summary(self) -> Dict[str, float]:
         parameters = sum(math.prod(shape) for shape in self.shapes.values())
         return {"num_layers": self.config.get("num_hidden_layers", self.config.get("n_layer", 0)), "parameters": parameters}
+
+
+def _unnamed_architecture(facts: _Facts) -> Iterator[Finding]:
+    from mergekit_mergeability import lora
+
+    inferred = None if isinstance(facts.source, lora.AdapterModel) else inferred_architecture(facts.source)
+    if inferred:
+        yield Finding(
+            "warning",
+            f'{facts.name}: its config.json has no "architectures" list; measured as {inferred} (its model_type), and '
+            f'recommended.yml names it so (override_architecture); add "architectures": ["{inferred}"] to the file for mergekit-yaml to take your own config',
+        )
 
 
 def _compare(ref: _Facts, model: _Facts) -> Iterator[Finding]:

@@ -51,7 +51,7 @@ def base_knowledge(inputs: DiagnosticInputs) -> DiagnosticResult:
     if not scored:
         return result
     lettered = {m.name: probes.with_shots(m.probes, shots, m.shots or ()) for m in inputs.models if m.probes}
-    model, tokenizer = load_causal_lm(inputs.base.path, options.get("device", "cpu"), options.get("dtype", "float32"))
+    model, tokenizer = load_causal_lm(inputs.base.path, options.get("device", "cpu"), inputs.base.load_dtype(options))
     sequences = sum(len(i.continuations) + len(i.letters) for instances in lettered.values() for i in instances)
     sequences += sum(len(i.continuations) for name in scored for i, a in zip(scored[name], lettered[name]) if not _same_request(i, a))
     with task("knowledge: base model on probes", sequences, options.get("quiet", False)) as advance:

@@ -70,14 +70,14 @@ def pooled_states(member: ModelInput, rows, inputs: DiagnosticInputs, loaded: Op
     def compute():
         answers: List[torch.Tensor] = []
         prompts: List[torch.Tensor] = []
-        with (loaded or _Loaded(inputs, set())).model(member.path) as (model, tokenizer):
+        with (loaded or _Loaded(inputs, set())).model(member.path, member.load_dtype(options)) as (model, tokenizer):
             with task(f"representations: {member.name}", len(rows), options.get("quiet", False)) as advance:
                 for scored in score(model, tokenizer, rows, options.get("batch_size", 16), hidden_states=True, progress=advance):
                     answers.append(scored.continuation_pool)
                     prompts.append(scored.prompt_pool)
         return {"answers": torch.stack(answers, dim=1), "prompts": torch.stack(prompts, dim=1)}
 
-    settings = (rows, options.get("dtype", "float32"), options.get("batch_size", 16))
+    settings = (rows, member.load_dtype(options), options.get("batch_size", 16))
     pooled = stored.kept(options.get("cache_dir"), "representations", member.path, settings, compute)
     return pooled["answers"], pooled["prompts"]
 
@@ -92,24 +92,24 @@ class _Loaded:
         self.shared = shared  # str() of the sources to keep loaded
         self.kept: Dict[str, tuple] = {}
 
-    def _load(self, source):
-        return load_causal_lm(source, self.options.get("device", "cpu"), self.options.get("dtype", "float32"), self.tokenizer_from)
+    def _load(self, source, dtype: str):
+        return load_causal_lm(source, self.options.get("device", "cpu"), dtype, self.tokenizer_from)
 
-    def _kept(self, source):
-        if str(source) not in self.kept:
-            self.kept[str(source)] = self._load(source)
-        return self.kept[str(source)]
+    def _kept(self, source, dtype: str):
+        if (str(source), dtype) not in self.kept:
+            self.kept[str(source), dtype] = self._load(source, dtype)
+        return self.kept[str(source), dtype]
 
     @contextlib.contextmanager
-    def model(self, source):
+    def model(self, source, dtype: str):
         if isinstance(source, AdapterModel):
-            model, tokenizer = self._kept(source.base)
+            model, tokenizer = self._kept(source.base, dtype)
             with patched(model, source.merged(model.state_dict())):
                 yield model, tokenizer
         elif str(source) in self.shared:
-            yield self._kept(source)
+            yield self._kept(source, dtype)
         else:
-            yield self._load(source)
+            yield self._load(source, dtype)
 
 
 def _only(curve: List[float], selected: Optional[Set[int]]) -> List[float]:

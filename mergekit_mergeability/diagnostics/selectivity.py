@@ -89,12 +89,12 @@ def member_probabilities(member: ModelInput, rows, labels, groups: int, inputs: 
     span = options.get("selectivity_span", "answer")
 
     def compute():
-        model, tokenizer = load_causal_lm(member.path, options.get("device", "cpu"), options.get("dtype", "float32"), base_path)
+        model, tokenizer = load_causal_lm(member.path, options.get("device", "cpu"), member.load_dtype(options), base_path)
         with task(f"selectivity: {member.name}", len(rows), options.get("quiet", False)) as advance:
             p = activation_probabilities(model, tokenizer, rows, labels, groups, span, options.get("batch_size", 16), advance)
         return {} if p is None else {"probabilities": torch.from_numpy(p)}
 
-    settings = (rows, list(labels), groups, span, options.get("dtype", "float32"), options.get("batch_size", 16))
+    settings = (rows, list(labels), groups, span, member.load_dtype(options), options.get("batch_size", 16))
     found = stored.kept(options.get("cache_dir"), "selectivity", member.path, settings, compute)
     return found["probabilities"].numpy() if "probabilities" in found else None
 

@@ -77,7 +77,7 @@ def score(model, tokenizer, task: Task, limit: Optional[int] = None, batch_size:
     manager, entry = task.load()
     for noisy in ("lm_eval", "lm-eval"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
-    with quiet_harness():
+    with quiet_harness(), compiled_templates():
         lm = HFLM(pretrained=model, tokenizer=tokenizer, device=device, batch_size=batch_size)
         out = simple_evaluate(model=lm, tasks=[entry], task_manager=manager, limit=limit, log_samples=True, verbosity="ERROR")
     # a group (Task.check made sure it has one) is scored by lm-eval's aggregate over its tasks
@@ -109,6 +109,27 @@ def quiet_harness():
             sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
+
+
+@contextlib.contextmanager
+def compiled_templates():
+    """Compile each of a task's Jinja templates once: lm-eval compiles its template again for every
+    document it formats (``lm_eval.utils.apply_template``), most of the time a probe takes to build.
+    The same Environment renders it, so the text is the same."""
+    from lm_eval import utils
+
+    original, compiled = utils.apply_template, {}
+
+    def apply_template(template: str, doc: dict) -> str:
+        if template not in compiled:
+            compiled[template] = utils.env.from_string(template)
+        return compiled[template].render(**doc)
+
+    utils.apply_template = apply_template
+    try:
+        yield
+    finally:
+        utils.apply_template = original
 
 
 def _text(value) -> str:

@@ -6,6 +6,7 @@ predict (per model) → recommend (per merge) → report (``report.build``, ``re
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -47,21 +48,27 @@ def probe_specs(spec: MergeSpec, overrides: Mapping[str, str]) -> Dict[str, str]
     return chosen
 
 
-def load_inputs(spec: MergeSpec, specs: Mapping[str, str], limit: Optional[int]) -> Tuple[Optional[ModelInput], Tuple[ModelInput, ...]]:
+def load_inputs(spec: MergeSpec, specs: Mapping[str, str], limit: Optional[int], dtype: str = "auto") -> Tuple[Optional[ModelInput], Tuple[ModelInput, ...]]:
+    """The config's models with their probes, few-shot examples and the dtype each is loaded
+    in (``--dtype auto``: the config's ``dtype:``, else each checkpoint's own; ``load_dtype``)."""
+    from mergekit_mergeability.checkpoints import load_dtype
+
     folder = spec.folder
     sources = spec.sources()
-    base = ModelInput(spec.base_model, sources[spec.base_model]) if spec.base_model else None
+    dtypes = {name: load_dtype(dtype, source, spec.document.get("dtype")) for name, source in sources.items()}
+    base = ModelInput(spec.base_model, sources[spec.base_model], dtype=dtypes[spec.base_model]) if spec.base_model else None
     neutral = probes.shots_from(None)
-    models = tuple(
-        ModelInput(
-            name,
-            sources[name],
-            probes.load(specs[name], limit, folder) if name in specs else None,
-            probes.shots_from(spec.fewshot[name], folder) + neutral if name in spec.fewshot else neutral,
-        )
-        for name in spec.models
-    )
-    return base, models
+    models = []
+    for name in spec.models:
+        probe, shots = None, neutral
+        if name in specs:
+            with spec.naming(f"{spec.entries[name]}.probe") if specs[name] == spec.probes.get(name) else nullcontext():  # --probe names itself
+                probe = probes.load(specs[name], limit, folder)
+        if name in spec.fewshot:
+            with spec.naming(f"{spec.entries[name]}.fewshot"):
+                shots = probes.shots_from(spec.fewshot[name], folder) + neutral
+        models.append(ModelInput(name, sources[name], probe, shots, dtypes[name]))
+    return base, tuple(models)
 
 
 def measure(spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping[str, Any] = {}) -> Measurements:
@@ -77,7 +84,7 @@ def measure(spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping
     from mergekit_mergeability.precheck.config import tokenizer_source
 
     specs = probe_specs(spec, overrides)
-    base, models = load_inputs(spec, specs, options.get("limit"))
+    base, models = load_inputs(spec, specs, options.get("limit"), options.get("dtype", "auto"))
     measured = Measurements(spec, base, models, specs)
     inputs = DiagnosticInputs(base, models, {"tokenizer_source": tokenizer_source(spec.document), **options})
     skip = set(options.get("skip") or ())

@@ -7,9 +7,10 @@ file still runs with the stock ``mergekit-yaml``.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from mergekit_mergeability.errors import UserError
 
@@ -26,6 +27,8 @@ class MergeSpec:
     models: List[str]  # the non-base models, as written, in config order
     probes: Dict[str, str] = field(default_factory=dict)  # model -> probe spec
     fewshot: Dict[str, str] = field(default_factory=dict)  # model -> few-shot examples file
+    fields: Dict[str, str] = field(default_factory=dict)  # model -> the first field naming it (models[0].model)
+    entries: Dict[str, str] = field(default_factory=dict)  # model -> the entry holding its probe: or fewshot: key (models[0])
 
     @property
     def folder(self) -> Path:
@@ -34,12 +37,25 @@ class MergeSpec:
     def sources(self) -> Dict[str, Any]:
         """Each model as written -> its folder, hub model or adapter (``checkpoints.resolve``), the
         base first; an adapter must be one of the base (an adapter cannot be the base)."""
+        base = self._resolve(self.base_model, adapters=False) if self.base_model else None
+        found = {self.base_model: base} if base is not None else {}
+        found.update({name: self._resolve(name, base=base) for name in self.models})
+        return found
+
+    def _resolve(self, name: str, **options) -> Any:
         from mergekit_mergeability.checkpoints import resolve
 
-        base = resolve(self.base_model, self.folder, adapters=False) if self.base_model else None
-        found = {self.base_model: base} if base is not None else {}
-        found.update({name: resolve(name, self.folder, base=base) for name in self.models})
-        return found
+        with self.naming(self.fields.get(name, "model")):
+            return resolve(name, self.folder, **options)
+
+    @contextmanager
+    def naming(self, where: str) -> Iterator[None]:
+        """A UserError raised inside also says where in the config the bad value sits."""
+        try:
+            yield
+        except UserError as error:
+            file = f"{self.source}: " if self.source.is_file() else ""
+            raise UserError(f"{file}{where}: {error}") from None
 
 
 def read(path: Path) -> MergeSpec:
@@ -76,25 +92,60 @@ def validate(document: Any, source: Path) -> None:
         merge_methods.get(document["merge_method"])
     except RuntimeError:
         raise UserError(f"{source}: merge_method {document['merge_method']!r} is not an installed mergekit method; `mergekit-mergeability methods` lists them") from None
+    from mergekit.common import dtype_from_name
+
+    for key in ("dtype", "out_dtype"):
+        try:
+            dtype_from_name(document.get(key))
+        except RuntimeError:  # mergekit would stop there, after planning
+            raise UserError(f"{source}: {key}: {document[key]!r} is not a dtype mergekit knows; use bfloat16, float16 or float32") from None
 
 
 def from_document(document: Any, source: Path) -> MergeSpec:
     validate(document, source)
-    base = document.get("base_model")
+    fields = reference_fields(document, source)
+    base = None if document.get("base_model") is None else reference(document["base_model"])
     names: List[str] = []
     probes: Dict[str, str] = {}
     fewshot: Dict[str, str] = {}
-    for entry in model_entries(document):
-        name = str(entry["model"])
+    entries: Dict[str, str] = {}
+    for where, entry in model_fields(document):
+        name = reference(entry["model"])
         if name not in names and name != base:
             names.append(name)
-        if PROBE_KEY in entry:
-            probes[name] = str(entry[PROBE_KEY])
-        if FEWSHOT_KEY in entry:
-            fewshot[name] = str(entry[FEWSHOT_KEY])
+        for key, found, what in ((PROBE_KEY, probes, "a .jsonl file, an lm-eval task YAML or task name"), (FEWSHOT_KEY, fewshot, "a .jsonl file")):
+            if key in entry:
+                if not isinstance(entry[key], str) or not entry[key].strip():
+                    raise UserError(f"{source}: {where}.{key} is {entry[key]!r}; name {what}")
+                found[name] = entry[key]
+                entries[name] = where
     if not names:
         raise UserError(f"{source}: no models to merge besides the base")
-    return MergeSpec(document, source, str(document["merge_method"]), base and str(base), names, probes, fewshot)
+    return MergeSpec(document, source, str(document["merge_method"]), base, names, probes, fewshot, fields, entries)
+
+
+def reference_fields(document: Dict[str, Any], source: Path) -> Dict[str, str]:
+    """Every model reference of a (valid) config -> the first field naming it (``base_model``,
+    ``models[0].model``...); an empty one is refused, naming its field."""
+    named = [("base_model", document["base_model"])] if document.get("base_model") is not None else []
+    named += [(f"{where}.model", entry["model"]) for where, entry in model_fields(document)]
+    fields: Dict[str, str] = {}
+    for where, value in named:
+        name = reference(value)
+        if not name.strip():  # mergekit would look for a hub repo named ''
+            raise UserError(f"{source}: {where} is empty; name a model folder or hub id (namespace/name)")
+        fields.setdefault(name, where)
+    return fields
+
+
+def reference(value: Any) -> str:
+    """A model reference as written (``path``, ``path+adapter``, or mergekit's mapping form
+    ``{model: ..., lora: ..., override_architecture: ...}``) as one string: ``path[+adapter]``."""
+    if isinstance(value, str):
+        return value
+    from mergekit.common import ModelReference
+
+    return str(ModelReference.model_validate(value))
 
 
 def from_pool(folder: Path) -> MergeSpec:
@@ -130,28 +181,33 @@ def tokenizer_source(document: Dict[str, Any]) -> Optional[str]:
 def check_local_weights(path: Path) -> None:
     """Before mergekit reads a tensor: name any damaged weight file of the config's local
     models in one line (mergekit's own error is a traceback from deep inside safetensors)."""
-    from mergekit_mergeability.checkpoints import weight_files
+    from mergekit_mergeability.checkpoints import local_folder, weight_files
 
-    document = load(path)
-    references = [document.get("base_model"), *(entry["model"] for entry in model_entries(document))]
-    for reference in {str(r) for r in references if r}:
-        for model in (reference, reference.split("+")[0]):  # mergekit applies model+adapter itself
-            folder = Path(model).expanduser()
-            if folder.is_dir():
+    for name, where in reference_fields(load(path), path).items():
+        for model in (name, name.split("+")[0]):  # mergekit applies model+adapter itself
+            folder = local_folder(model, None)
+            if folder is not None:
                 weight_files(folder)
                 break
         else:
-            if reference.startswith(("/", ".", "~")):  # a path, never a hub id: transformers' error would be a traceback
-                raise UserError(f"{path}: model {reference}: no such folder")
+            if name.startswith(("/", ".", "~")):  # a path, never a hub id: transformers' error would be a traceback
+                raise UserError(f"{path}: {where}: model {name}: no such folder")
 
 
 def model_entries(document: Dict[str, Any]) -> Iterator[Dict[str, Any]]:
     """Every ``{model: ...}`` mapping of a config: ``models:``, ``slices:`` sources and ``modules:``."""
-    scopes = [document, *(document.get("modules") or {}).values()]
-    for scope in scopes:
-        yield from scope.get("models") or ()
-        for output_slice in scope.get("slices") or ():
-            yield from output_slice.get("sources") or ()
+    return (entry for _, entry in model_fields(document))
+
+
+def model_fields(document: Dict[str, Any]) -> Iterator[Tuple[str, Dict[str, Any]]]:
+    """``model_entries`` with where each sits: ``models[0]``, ``slices[1].sources[0]``, ``modules.text.models[0]``."""
+    scopes = [("", document), *((f"modules.{name}.", module) for name, module in (document.get("modules") or {}).items())]
+    for prefix, scope in scopes:
+        for i, entry in enumerate(scope.get("models") or ()):
+            yield f"{prefix}models[{i}]", entry
+        for i, output_slice in enumerate(scope.get("slices") or ()):
+            for j, entry in enumerate(output_slice.get("sources") or ()):
+                yield f"{prefix}slices[{i}].sources[{j}]", entry
 
 
 def _first_line(error: Exception) -> str:

@@ -59,8 +59,10 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
         if knowledge is not None:
             record["knowledge"]["per_instance"] = instances.get(m.name, [])
         models.append(record)
+    loaded_in = {m.name: m.dtype for m in ([measured.base] if measured.base else []) + list(measured.models)}
     for record in models:
         record["specific_neurons"] = specific.get(record["path"])
+        record["dtype"] = loaded_in[record["path"]]
 
     calibration = Calibration.load(options.get("calibration"))
     table = features(models)
@@ -257,13 +259,26 @@ def _json_safe(value):
 
 
 def absolute(config: Dict[str, Any], resolved: Dict[str, Path]) -> Dict[str, Any]:
-    """A config with every local model reference replaced by its absolute folder."""
+    """A config with every model reference written as a string replaced by its absolute folder;
+    a model whose config.json names no architecture is written in mergekit's mapping form with
+    the class transformers loads it as (``override_architecture``), which mergekit needs."""
     config = copy.deepcopy(config)
     for entry in model_entries(config):
-        entry["model"] = str(resolved.get(str(entry["model"]), entry["model"]))
-    if config.get("base_model") in resolved:
-        config["base_model"] = str(resolved[config["base_model"]])
+        entry["model"] = _written(entry["model"], resolved)
+    if "base_model" in config:
+        config["base_model"] = _written(config["base_model"], resolved)
     return config
+
+
+def _written(value: Any, resolved: Dict[str, Any]) -> Any:
+    from mergekit_mergeability.checkpoints import inferred_architecture
+    from mergekit_mergeability.lora import AdapterModel
+
+    if not isinstance(value, str) or value not in resolved:  # the mapping form: the user's, as written
+        return value
+    source = resolved[value]
+    architecture = None if isinstance(source, AdapterModel) else inferred_architecture(source)
+    return {"model": str(source), "override_architecture": architecture} if architecture else str(source)
 
 
 def remove_recommended(out: Path) -> None:
