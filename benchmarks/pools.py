@@ -74,9 +74,9 @@ def precheck(demo: Demo, config: Path, fewshot: int) -> dict:
     saved = out / "precheck.json"
     if saved.is_file():
         return json.loads(saved.read_text())
-    options = {"limit": 64, "device": "cpu", "dtype": "float32", "batch_size": 16, "quiet": demo.quiet, "skip": ["representations"]}
+    options = {"limit": 64, "device": "cpu", "dtype": "float32", "batch_size": 16, "quiet": demo.quiet, "skip": ["representations", "selectivity"]}
     if fewshot is not None:  # only the knowledge differs between these
-        options.update(fewshot=fewshot, skip=["representations", "weights"])
+        options.update(fewshot=fewshot, skip=["representations", "selectivity", "weights"])
     return run(merge_config.read(config), {}, options, out)
 
 
