@@ -2,7 +2,7 @@
 the README's "How the prediction was fitted", from the pools ``benchmarks/pools.py`` measures.
 
     python benchmarks/prediction.py fewshot              # K shots: base p(gold) vs S on the fit pool
-    python benchmarks/prediction.py calibrate [--install] # fit on the fit pool; --install ships it
+    python benchmarks/prediction.py calibrate [--install] # fit on every measured family; --install ships it
     python benchmarks/prediction.py validate heldout     # precheck (shipped calibration) vs S
     python benchmarks/prediction.py methods fit          # own-task S by thirds of base knowledge
     python benchmarks/prediction.py families             # leave one family out: the README's headline
@@ -59,7 +59,15 @@ def _run(*command: str) -> None:
 
 
 def calibrate(args) -> None:
-    pairs = [str(OUT / "fit" / "precheck" / "precheck.json"), str(OUT / "fit" / "mergeability" / "mean" / "mergeability.json")]
+    """Fit the calibration on every measured family (or those named); --install ships it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from pools import FAMILIES
+
+    pairs = []
+    for family in args.families or FAMILIES:
+        precheck, measured = OUT / family / "precheck" / "precheck.json", OUT / family / "mergeability" / "mean" / "mergeability.json"
+        if precheck.is_file() and measured.is_file():
+            pairs += [str(precheck), str(measured)]
     target = OUT / "calibration.json"
     _run(sys.executable, "-m", "mergekit_mergeability", "calibrate", *pairs, "--out", str(target), "--permutations", str(args.permutations))
     if args.install:
@@ -160,6 +168,7 @@ def main():
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("fewshot").set_defaults(run=fewshot)
     fit = commands.add_parser("calibrate")
+    fit.add_argument("families", nargs="*", help="the families to fit on (default: every one measured)")
     fit.add_argument("--install", action="store_true", help="copy the fit into the package as its default calibration")
     fit.add_argument("--permutations", type=int, default=500)
     fit.set_defaults(run=calibrate)
