@@ -215,6 +215,60 @@ def test_third_party_diagnostics_and_report_hooks(tmp_path, pool):
     assert report["stop"] == ["policy: merge_as_configured needs a review"]
 
 
+class _Shadow:
+    """A third-party diagnostic that takes a built-in one's name."""
+
+    name = "weights"
+    needs = frozenset()
+
+    def run(self, inputs):
+        raise AssertionError("a refused diagnostic ran")
+
+    @hookimpl
+    def mergeability_diagnostics(self):
+        return [self]
+
+
+def test_a_diagnostic_name_two_plugins_contribute_is_refused_before_any_work(tmp_path, pool):
+    manager = plugin_manager()
+    manager.register(_Shadow(), name="shadow")
+    try:
+        result = _precheck(_config(tmp_path, pool, ["known", "unknown"], [None, None]), tmp_path / "out")
+    finally:
+        manager.unregister(name="shadow")
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == (
+        "Error: two plugins contribute a diagnostic named 'weights': 'shadow' (test_precheck) and "
+        "'builtin' (mergekit-mergeability); uninstall one of them"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+class _CrashingGate:
+    @hookimpl
+    def mergeability_precheck_report(self, report, config_path):
+        raise KeyError("verdicts")
+
+
+def test_a_report_hook_that_raises_is_a_warning_and_the_precheck_goes_on(tmp_path, pool):
+    manager = plugin_manager()
+    manager.register(_CrashingGate(), name="crashing_gate")
+    manager.register(_Plugin(), name="third_party")  # the other plugins still answer
+    try:
+        result = _precheck(_config(tmp_path, pool, ["known", "unknown"], [None, None]), tmp_path / "out")
+    finally:
+        manager.unregister(name="crashing_gate")
+        manager.unregister(name="third_party")
+    message = "plugin 'crashing_gate' failed in mergeability_precheck_report and is skipped: KeyError: 'verdicts'"
+    assert result.exit_code == 1, result.output  # the third party's reason to stop, not the crash
+    assert message in " ".join(result.output.split())
+    report = json.loads((tmp_path / "out" / "precheck.json").read_text())
+    jsonschema.validate(report, json.loads(SCHEMA.read_text()))
+    assert {"diagnostic": "mergeability_precheck_report", "severity": "warning", "message": message} in report["findings"]
+    assert report["stop"] == ["policy: merge_as_configured needs a review"]
+    assert message in (tmp_path / "out" / "report.html").read_text().replace("&#x27;", "'")
+
+
 def test_the_opt_in_gate_stops_stock_mergekit_yaml(tmp_path, pool):
     broken = derive(pool["base"], tmp_path / "broken", lambda k, v: torch.full_like(v, float("inf")) if "layers.0.mlp" in k else 0 * v)
     config = _config(tmp_path, {**pool, "broken": broken}, ["known", "broken"], [None, None])
