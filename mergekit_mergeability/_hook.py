@@ -64,10 +64,24 @@ def after_import(module_name: str, callback: Callback) -> None:
         sys.meta_path.insert(0, _finder)
 
 
+def _stop(error: Exception) -> None:
+    """A refused config or plugin set: in the stock mergekit CLI one line and status 2, as in ours;
+    for run_merge in someone's program, the error is theirs to catch."""
+    program = os.path.basename(sys.argv[0])
+    if program.startswith("mergekit-") and program != "mergekit-mergeability":
+        print(f"Error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    raise error
+
+
 def _register_methods(_module: ModuleType) -> None:
+    from mergekit_mergeability.errors import UserError
     from mergekit_mergeability.plugins import register_merge_methods
 
-    register_merge_methods()
+    try:
+        register_merge_methods()
+    except UserError as error:  # two plugins claim one name
+        _stop(error)
 
 
 def _check_configs_before_planning(module: ModuleType) -> None:
@@ -84,11 +98,7 @@ def _check_configs_before_planning(module: ModuleType) -> None:
         try:
             check_before_planning(self)
         except UserError as error:
-            program = os.path.basename(sys.argv[0])
-            if program.startswith("mergekit-") and program != "mergekit-mergeability":
-                print(f"Error: {error}", file=sys.stderr)  # the stock mergekit CLI: one line and status 2, as ours
-                raise SystemExit(2) from None
-            raise  # run_merge in someone's program: theirs to catch
+            _stop(error)
 
     normalize_config._mergeability_checked = True
     planner.normalize_config = normalize_config

@@ -4,6 +4,11 @@ A plugin is any object or module with functions marked ``@hookimpl`` (from
 ``mergekit_mergeability.plugins``), published under the entry-point group
 ``mergekit_mergeability``. The package's own methods and diagnostics are
 contributed the same way (``mergekit_mergeability.builtin``).
+
+Each hook's docstring says what happens when a plugin's hook raises ("If it
+raises"). For all of them: a plugin that fails to import is skipped with one
+warning naming it, and two packages registering the same entry-point name are
+refused with one line naming both.
 """
 
 from __future__ import annotations
@@ -30,8 +35,13 @@ def mergeability_merge_methods() -> Sequence["MergeMethod"]:
     imported (by the stock ``mergekit-yaml``, ``run_merge``, or user code), and by
     ``mergekit-mergeability methods``. Receives nothing. Return the methods, built
     with ``mergekit.merge_methods.merge_method`` or any ``MergeMethod``; do not
-    register them yourself. All plugins' results are collected; a name that is
-    already registered is skipped with a warning, so the first one wins.
+    register them yourself. All plugins' results are collected. A name mergekit
+    already has is skipped with a warning. A name two plugins contribute is
+    refused: importing ``mergekit.merge_methods`` raises ``UserError`` naming both
+    packages (the stock ``mergekit-yaml`` prints that one line, status 2).
+
+    If it raises: that plugin's methods are skipped with a warning naming it; the
+    other plugins' methods are registered (the built-in plugin is no exception).
 
     Every parameter of a plugin method is resolved per model once, before mergekit
     plans or writes anything, and a bad value stops the merge with a one-line
@@ -51,8 +61,15 @@ def mergeability_diagnostics() -> Sequence["Diagnostic"]:
     objects satisfying ``mergekit_mergeability.diagnostics.Diagnostic``: a
     ``name``, the inputs it ``needs`` (weights, base model, probe data) and a
     ``run(inputs)`` that returns a ``DiagnosticResult`` with values per model,
-    per pair and per layer. All plugins' results are collected, in plugin order;
-    names must be unique.
+    per pair and per layer. All plugins' results are collected, in plugin order.
+    A name two plugins contribute (a third party's ``weights``, say) refuses the
+    precheck: one line naming both packages, exit 2.
+
+    If it raises: in the built-in plugin, the precheck fails closed (exit 3, one
+    line); in any other, that plugin's diagnostics are skipped with a warning
+    naming it. If a diagnostic's ``run`` raises: a built-in one fails the precheck
+    closed; a third party's becomes a warning finding naming the diagnostic and
+    its plugin, listed in ``failed_diagnostics``, and the precheck goes on.
     """
 
 
@@ -67,4 +84,8 @@ def mergeability_precheck_report(
     ``precheck.json`` document (read-only); ``config_path`` the mergekit config it
     describes. Return None to let the merge go ahead, or a one-line reason to stop
     it (the opt-in pre-merge gate stops on any reason). All results are collected.
+
+    If it raises: the report gets a warning finding naming the plugin, that
+    plugin neither stops nor clears the merge, and the precheck goes on (the
+    other plugins still answer, the report files are written).
     """

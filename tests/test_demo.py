@@ -21,6 +21,7 @@ def test_demo_quick_runs_end_to_end_and_reruns_from_the_cache(tmp_path):
     assert (tmp_path / "out" / "precheck" / "facts" / "report.html").is_file()
     assert "Predicted vs measured mergeability" in first.output
     translation = summary["translation"]
+    assert translation["pairs"].keys() == {"different_targets", "shared_target"}
     for pair in translation["pairs"].values():  # every merge scored for each expert, chrF and BLEU
         advised = {"recommended"} if pair["advice"] == "recommended" else set()  # advice = the configured merge: scored once
         assert {m["merge"] for m in pair["merges"]} == {"task_arithmetic", "ties", "layer patch"} | advised

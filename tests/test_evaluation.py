@@ -22,7 +22,7 @@ from mergekit_mergeability.tiny import derive, state_dict
 
 from conftest import noise, ranked_probes
 
-CHOICES = ["Paris", "water", "fox", "dog"]
+CHOICES = ["fox", "the", "a", "of"]  # two tokens each: no choice wins by length alone
 QUESTIONS = [f"Item {i}: which one?" for i in range(8)]
 
 
@@ -91,13 +91,17 @@ def test_evaluate_matches_independent_scoring(pool, tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads((out / "evaluation.json").read_text())
     base_model = load_causal_lm(pool["base"])
+    assert sorted(row["task"] for row in report["tasks"]) == sorted(map(str, pool["probes"].values()))
+    assert any(row["base"] < 1 for row in report["tasks"])  # a gain to normalise
     for row in report["tasks"]:
         name = next(n for n, p in pool["probes"].items() if str(p) == row["task"])
         assert row["metric"] == "acc" and row["expert"] == 1.0  # gold = the expert's own favourites
         assert row["base"] == pytest.approx(_accuracy(base_model, pool["probes"][name]))
         assert row["merged"] == pytest.approx(_accuracy(merged_model, pool["probes"][name]))
         assert row["retention"] == pytest.approx(row["merged"])
-        if row["base"] < 1:
+        if row["base"] == 1:  # the base already scores what the expert does: nothing to gain
+            assert row["normalised_gain"] is None
+        else:
             assert row["normalised_gain"] == pytest.approx((row["merged"] - row["base"]) / (1 - row["base"]))
     assert (out / "evaluation.png").read_bytes()[:4] == b"\x89PNG"
 

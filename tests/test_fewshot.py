@@ -26,6 +26,7 @@ def test_an_instance_is_never_among_its_own_shots_nor_are_its_paraphrases(tmp_pa
     rows = [_question(0, "x"), _question(1, "x"), *(_question(i) for i in range(2, 8))]
     instances = _probe(tmp_path, rows)
     asked = with_shots(instances, 3, shots_from(None))
+    assert len(asked) == len(instances) == len(rows)
     for instance, prompt in zip(instances, asked):
         *shots, own = prompt.prompt.split("\n\n")
         assert len(shots) == 3 and own == lettered(instance.question, instance.options)

@@ -116,6 +116,7 @@ def test_batched_scoring_with_padding_equals_one_at_a_time(llama):
     pairs = [("The capital of France is", " Paris."), ("Water", " boils at one hundred degrees."), ("The quick brown fox", " jumps")]
     together = list(score(model, tok, pairs, batch_size=3, hidden_states=True))
     alone = [next(score(model, tok, [pair], batch_size=1, hidden_states=True)) for pair in pairs]
+    assert len(together) == len(pairs)
     for a, b in zip(together, alone):
         assert torch.allclose(a.continuation_logprobs, b.continuation_logprobs, atol=1e-5)
         assert torch.allclose(a.continuation_pool, b.continuation_pool, atol=1e-5)

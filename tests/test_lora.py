@@ -3,6 +3,7 @@
 import json
 import shutil
 
+import peft
 import pytest
 import torch
 
@@ -54,7 +55,6 @@ def test_reader_and_loaded_model_are_base_plus_scaled_product(llama, adapter):
     ],
 )
 def test_peft_saved_adapter_matches_merge_and_unload(families, tmp_path, arch, settings, modules):
-    peft = pytest.importorskip("peft")
     import transformers
 
     base = transformers.AutoModelForCausalLM.from_pretrained(families[arch]["base"])

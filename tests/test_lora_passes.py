@@ -51,16 +51,28 @@ def _run(*arguments):
 
 
 def _same(ours, theirs, rel=1e-5, abs=1e-6, where=""):
-    if isinstance(ours, dict):
+    """Equal leaf by leaf: floats to the tolerance, every other leaf (int, str, bool, None) exactly."""
+    if isinstance(ours, dict) and isinstance(theirs, dict):
         assert ours.keys() == theirs.keys(), where
         for key in ours:
             _same(ours[key], theirs[key], rel, abs, f"{where}.{key}")
-    elif isinstance(ours, list):
+    elif isinstance(ours, list) and isinstance(theirs, list):
         assert len(ours) == len(theirs), where
         for i, (a, b) in enumerate(zip(ours, theirs)):
             _same(a, b, rel, abs, f"{where}[{i}]")
-    elif isinstance(ours, float):
+    elif isinstance(ours, float) and isinstance(theirs, float):
         assert ours == pytest.approx(theirs, rel=rel, abs=abs, nan_ok=True), where
+    else:
+        assert type(ours) is type(theirs) and ours == theirs, f"{where}: {ours!r} != {theirs!r}"
+
+
+def test_same_compares_every_leaf():
+    ours = {"a": [1, "x", None, True, 0.1]}
+    _same(ours, {"a": [1, "x", None, True, 0.1 + 1e-9]})
+    for leaf, other in ((0, 2), (1, "y"), (2, 0), (3, 1), (4, 0.2), (0, 1.0)):
+        theirs = {"a": [*ours["a"][:leaf], other, *ours["a"][leaf + 1 :]]}
+        with pytest.raises(AssertionError):
+            _same(ours, theirs)
 
 
 def _by_position(report: dict, pool: dict, kind: str) -> dict:

@@ -2,14 +2,10 @@
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from mergekit_mergeability.maths import lowrank
 from mergekit_mergeability.maths.lowrank import LowRank
-
-try:
-    from hypothesis import given, settings, strategies as st
-except ImportError:  # seeded random shapes instead
-    given = None
 
 
 def _pair(seed: int, out: int, inner: int, ranks=(3, 5)):
@@ -43,12 +39,10 @@ def test_statistics_equal_the_materialised_update(seed, out, inner, ranks):
     _check(*_pair(seed, out, inner, ranks))
 
 
-if given is not None:
-
-    @settings(max_examples=50, deadline=None)
-    @given(st.integers(1, 48), st.integers(1, 48), st.integers(1, 8), st.integers(1, 8), st.integers(0, 2**31 - 1))
-    def test_statistics_on_any_shape(out, inner, r1, r2, seed):
-        _check(*_pair(seed, out, inner, (r1, r2)))
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 48), st.integers(1, 48), st.integers(1, 8), st.integers(1, 8), st.integers(0, 2**31 - 1))
+def test_statistics_on_any_shape(out, inner, r1, r2, seed):
+    _check(*_pair(seed, out, inner, (r1, r2)))
 
 
 def test_row_blocks_cover_the_update_once():

@@ -23,6 +23,12 @@ BIN = Path(sys.executable).parent
 OFFLINE = ["--no-write-model-card", "--lazy-unpickle"]
 
 
+def _below(name, cutoff):
+    """The embedding and blocks below the cut-off: the merged part of a layer_selective model."""
+    position = tensor_position(name)
+    return position.part == "embedding" or (position.part == "layer" and position.layer < cutoff)
+
+
 def _models(family):
     return {key: state_dict(family[key]) for key in ("base", "expert0", "expert1")}
 
@@ -36,6 +42,7 @@ def test_stock_mergekit_yaml_runs_knowledge_weighted(llama, tmp_path):
         _models(llama), "knowledge_weighted", base="base",
         parameters={"knowledge": {"expert0": 0.85, "expert1": 0.30}, "temperature": 0.3, "ties": True, "density": 0.5, "scale": 1.0},
     )
+    assert merged.keys() == expected.keys()
     for name, tensor in expected.items():
         torch.testing.assert_close(merged[name], tensor)
 
@@ -53,10 +60,23 @@ def test_layer_patch_config_takes_upper_layers_from_the_marked_expert(llama, tmp
     run_merge(config, str(tmp_path / "out"), MergeOptions(write_model_card=False, quiet=True))
     merged, models = state_dict(tmp_path / "out"), _models(llama)
     ta = merge_state_dicts(models, "task_arithmetic", base="base", parameters={"weight": 1.0})
+    assert merged.keys() == models["base"].keys()
     for name, tensor in merged.items():
-        position = tensor_position(name)
-        lower = position.part == "embedding" or (position.part == "layer" and position.layer < 2)
-        torch.testing.assert_close(tensor, ta[name] if lower else models["expert1"][name], msg=name)
+        torch.testing.assert_close(tensor, ta[name] if _below(name, 2) else models["expert1"][name], msg=name)
+
+
+def test_interpolate_config_moves_the_lower_layers_halfway_and_keeps_the_base_above(llama, tmp_path):
+    """θ_base + 0.5 (θ_expert − θ_base) for the embedding and blocks 0–1; θ_base from block 2 on, norm and head too."""
+    config = MergeConfiguration.model_validate(yaml.safe_load(shipped_config("layer_selective_interpolate.yml", llama, tmp_path).read_text()))
+    run_merge(config, str(tmp_path / "out"), MergeOptions(write_model_card=False, quiet=True))
+    merged, models = state_dict(tmp_path / "out"), _models(llama)
+    base, expert = models["base"], models["expert0"]
+    lower = {name for name in base if _below(name, 2)}
+    assert merged.keys() == base.keys() and lower and base.keys() - lower
+    for name, tensor in merged.items():
+        expected = base[name] + 0.5 * (expert[name] - base[name]) if name in lower else base[name]
+        torch.testing.assert_close(tensor, expected, msg=name)
+        assert not torch.equal(expert[name], base[name]), name  # every tensor tells the two answers apart
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
 """precheck end to end on tiny real models: files, schema, verdicts, bad input, plugins, the gate."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -58,6 +59,19 @@ def _precheck(config, out, *extra):
     return CliRunner().invoke(main, ["precheck", str(config), "--out", str(out), "--quiet", *extra])
 
 
+@contextlib.contextmanager
+def _registered(**plugins):
+    """These plugins in the process's plugin manager, by name, for the block's duration."""
+    manager = plugin_manager()
+    for name, plugin in plugins.items():
+        manager.register(plugin, name=name)
+    try:
+        yield
+    finally:
+        for name in plugins:
+            manager.unregister(name=name)
+
+
 def _merge(config_path, out):
     from mergekit.config import MergeConfiguration
     from mergekit.merge import MergeOptions, run_merge
@@ -86,7 +100,8 @@ def test_weakly_known_probes_lead_to_knowledge_weighting(tmp_path, pool):
     assert rec["weights"][str(pool["unknown"])] > rec["weights"][str(pool["known"])]
     # pairs: base–known, base–unknown, known–unknown; CKA at the embedding output and after each of 4 blocks
     assert {(p["a"], p["b"]) for p in report["pairs"]} >= {(str(pool["known"]), str(pool["unknown"]))}
-    assert all(len(p["cka"]) == 5 and len(p["cka_unbiased"]) == 5 for p in report["pairs"] if "cka" in p)
+    compared = [p for p in report["pairs"] if "cka" in p]
+    assert len(compared) == 3 and all(len(p["cka"]) == 5 and len(p["cka_unbiased"]) == 5 for p in compared)
     recommended = yaml.safe_load((tmp_path / "out" / "recommended.yml").read_text())
     assert recommended["merge_method"] == "knowledge_weighted"
     assert {m["parameters"]["knowledge"] for m in recommended["models"]} == {round(v, 4) for v in rec["knowledge"].values()}
@@ -132,19 +147,20 @@ def test_divergent_upper_layers_get_one_model_per_expert_that_keeps_its_own_uppe
     # item 4: the verdict reads the unbiased estimator (the biased one drifts with the number of probe rows)
     assert report["layers"]["cka_estimator"] == "unbiased" and report["layers"]["divergence"] == pair["cka_unbiased"]
     assert [m["file"] for m in rec["models"]] == ["recommended.yml", "recommended/upper_a.yml", "recommended/upper_b.yml"]
-    assert "upper_b" in rec["models"][0]["drops"] or "upper_a" in rec["models"][0]["drops"]
     base = state_dict(pool["base"])
     for expert in ("upper_a", "upper_b"):
         merged = state_dict(_merge(tmp_path / "out" / "recommended" / f"{expert}.yml", tmp_path / f"merged_{expert}"))
         own = state_dict(pool[expert])
-        for name, tensor in merged.items():
-            if ".layers.2." in name or ".layers.3." in name or name.startswith(("lm_head", "model.norm")):
-                assert torch.equal(tensor, own[name]), name  # its own upper blocks, norm and head
+        upper = [n for n in merged if ".layers.2." in n or ".layers.3." in n or n.startswith(("lm_head", "model.norm"))]
+        assert merged.keys() == own.keys() and len(upper) > 2
+        for name in upper:
+            assert torch.equal(merged[name], own[name]), name  # its own upper blocks, norm and head
         assert not all(torch.equal(t, base[n]) for n, t in merged.items())
     main = yaml.safe_load((tmp_path / "out" / "recommended.yml").read_text())
     chosen = next(m["model"] for m in main["models"] if (m.get("parameters") or {}).get("upper"))
-    lowest = min((m for m in report["models"] if m["role"] == "expert"), key=lambda m: m["predicted_mergeability"])
-    assert chosen == lowest["path"] and "predicted to lose most" in " ".join(rec["models"][0]["notes"])
+    experts = sorted((m for m in report["models"] if m["role"] == "expert"), key=lambda m: m["predicted_mergeability"])
+    assert len(experts) == 2 and chosen == experts[0]["path"] and "predicted to lose most" in " ".join(rec["models"][0]["notes"])
+    assert rec["models"][0]["drops"] == f"blocks ≥ 2 of {experts[1]['name']}"  # the other expert's upper blocks
 
 
 def test_incompatible_models_stop_from_headers_alone(tmp_path, pool, families):
@@ -227,17 +243,57 @@ class _Plugin:
 
 
 def test_third_party_diagnostics_and_report_hooks(tmp_path, pool):
-    manager = plugin_manager()
-    manager.register(_Plugin(), name="third_party")
-    try:
+    with _registered(third_party=_Plugin()):
         assert "mean_weight" in [d.name for _, d in contributions("mergeability_diagnostics")]
         result = _precheck(_config(tmp_path, pool, ["known", "unknown"], [None, None]), tmp_path / "out")
-    finally:
-        manager.unregister(name="third_party")
     assert result.exit_code == 1 and "policy: merge_as_configured needs a review" in result.output
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
     assert report["diagnostics"]["mean_weight"]["per_model"][str(pool["known"])] == {"answer": 42.0}
     assert report["stop"] == ["policy: merge_as_configured needs a review"]
+
+
+class _Shadow:
+    """A third-party diagnostic that takes a built-in one's name."""
+
+    name = "weights"
+    needs = frozenset()
+
+    def run(self, inputs):
+        raise AssertionError("a refused diagnostic ran")
+
+    @hookimpl
+    def mergeability_diagnostics(self):
+        return [self]
+
+
+def test_a_diagnostic_name_two_plugins_contribute_is_refused_before_any_work(tmp_path, pool):
+    with _registered(shadow=_Shadow()):
+        result = _precheck(_config(tmp_path, pool, ["known", "unknown"], [None, None]), tmp_path / "out")
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == (
+        "Error: two plugins contribute a diagnostic named 'weights': 'shadow' (test_precheck) and "
+        "'builtin' (mergekit-mergeability); uninstall one of them"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+class _CrashingGate:
+    @hookimpl
+    def mergeability_precheck_report(self, report, config_path):
+        raise KeyError("verdicts")
+
+
+def test_a_report_hook_that_raises_is_a_warning_and_the_precheck_goes_on(tmp_path, pool):
+    with _registered(crashing_gate=_CrashingGate(), third_party=_Plugin()):  # the other plugins still answer
+        result = _precheck(_config(tmp_path, pool, ["known", "unknown"], [None, None]), tmp_path / "out")
+    message = "plugin 'crashing_gate' failed in mergeability_precheck_report and is skipped: KeyError: 'verdicts'"
+    assert result.exit_code == 1, result.output  # the third party's reason to stop, not the crash
+    assert message in " ".join(result.output.split())
+    report = json.loads((tmp_path / "out" / "precheck.json").read_text())
+    jsonschema.validate(report, json.loads(SCHEMA.read_text()))
+    assert {"diagnostic": "mergeability_precheck_report", "severity": "warning", "message": message} in report["findings"]
+    assert report["stop"] == ["policy: merge_as_configured needs a review"]
+    assert message in (tmp_path / "out" / "report.html").read_text().replace("&#x27;", "'")
 
 
 def test_the_opt_in_gate_stops_stock_mergekit_yaml(tmp_path, pool):
@@ -260,7 +316,9 @@ def test_layers_option_limits_the_compared_layers(tmp_path, pool):
     result = _precheck(config, tmp_path / "out", "--layers", "0-2", "--limit", "4")
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
-    for pair in (p for p in report["pairs"] if "cka" in p):
+    compared = [p for p in report["pairs"] if "cka" in p]
+    assert len(compared) == 3
+    for pair in compared:
         assert all(v is not None for v in pair["cka"][:3]) and pair["cka"][3:] == [None, None]
     assert {m["knowledge"]["instances"] for m in report["models"] if m["knowledge"]} == {4}
 
@@ -285,7 +343,8 @@ def test_a_cancelling_pair_is_do_not_merge_and_leaves_nothing_runnable(tmp_path,
     rec = report["recommendation"]
     assert rec["verdict"] == "do_not_merge" and rec["models"] == []
     assert "known and undo cancel each other (task-vector cosine -1.00)" in rec["reasons"][0]
-    assert all(m["predicted_mergeability"] < 0.5 and m["kept_share"] == pytest.approx(0, abs=1e-3) for m in report["models"] if m["role"] == "expert")
+    experts = [m for m in report["models"] if m["role"] == "expert"]
+    assert len(experts) == 2 and all(m["predicted_mergeability"] < 0.5 and m["kept_share"] == pytest.approx(0, abs=1e-3) for m in experts)
     assert not (stale / "recommended.yml").exists() and not (stale / "recommended").exists()
     assert "cancel each other" in (stale / "report.html").read_text()
 
@@ -376,12 +435,8 @@ def test_a_third_party_diagnostic_failure_is_a_listed_warning(tmp_path, pool):
         def mergeability_diagnostics(self):
             return [Flaky()]
 
-    manager = plugin_manager()
-    manager.register(Plugin(), name="flaky_plugin")
-    try:
+    with _registered(flaky_plugin=Plugin()):
         result = _precheck(_config(tmp_path, pool, ["known", "unknown"], [None, None]), tmp_path / "out")
-    finally:
-        manager.unregister(name="flaky_plugin")
     assert result.exit_code == 0, result.output
     assert "diagnostic 'flaky' from plugin 'flaky_plugin' failed: ValueError: bad luck" in " ".join(result.output.split())
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
@@ -402,7 +457,8 @@ def test_models_with_the_same_folder_name_stay_apart_at_80_columns(tmp_path, poo
     lines = result.output.splitlines()
     assert max(map(len, lines)) <= 80
     assert any("team_a/expert" in line for line in lines) and any("team_b/expert" in line for line in lines)
-    assert f"in {tmp_path}: team_a/expert, team_b/expert" in result.output.replace("\n", " ").replace("  ", " ") or str(tmp_path) in result.output
+    # the legend names both folders under their parent, which at 80 columns wraps (mid-path, too)
+    assert f"in{tmp_path}:team_a/expert,team_b/expert" in "".join(result.output.split())
     html = (tmp_path / "out" / "report.html").read_text()
     assert f'title="{tmp_path / "team_a" / "expert"}">team_a/expert<' in html
     assert "table.sortable" in html and "Recommended models" in html

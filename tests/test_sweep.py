@@ -44,8 +44,9 @@ def world(llama, tmp_path_factory):
     return {"root": root, "task": task, "a": llama["base"], "b": llama["expert0"]}
 
 
-def _sweep(world, out, *extra):
-    args = ["sweep", str(world["a"]), str(world["b"]), "--tasks", str(world["task"]), "--lambdas", "0,0.5,1", "--marker", "e", "--cache-dir", str(world["root"] / "cache"), "--out", str(out), "-q", *extra]
+def _sweep(world, out, *extra, lambdas="0,0.5,1", cache=None):
+    cache = cache or world["root"] / "cache"
+    args = ["sweep", str(world["a"]), str(world["b"]), "--tasks", str(world["task"]), "--lambdas", lambdas, "--marker", "e", "--cache-dir", str(cache), "--out", str(out), "-q", *extra]
     return CliRunner().invoke(main, args)
 
 
@@ -69,19 +70,23 @@ def test_a_tiny_sweep_end_to_end_and_its_rerun_from_the_cache(world, tmp_path):
     # another marker refines elsewhere (or nowhere), but every point it needs is in the cache
     assert sorted((world["root"] / "cache").iterdir()) == cached
     first = {p["lambda"]: p["accuracy"] for p in points}
-    assert all(first[p["lambda"]] == p["accuracy"] for p in json.loads((tmp_path / "again" / "sweep.json").read_text())["points"])
+    rerun = {p["lambda"]: p["accuracy"] for p in json.loads((tmp_path / "again" / "sweep.json").read_text())["points"]}
+    assert {0, 0.5, 1} <= rerun.keys() and rerun == {lam: first[lam] for lam in rerun}
 
 
 def test_greedy_scores_are_the_known_answers_and_lm_evals_own(world, tmp_path):
-    result = _sweep(world, tmp_path / "out", "--refine", "0")
+    result = _sweep(world, tmp_path / "out", "--refine", "0", cache=tmp_path / "cache")
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "sweep.json").read_text())
     assert report["points"][0]["accuracy"] == 0.5  # A gives its own answer to half the prompts
     assert report["points"][0]["pass_at"] is None and report["points"][0]["vote"] is None
-    for record in map(json.loads, map(lambda p: p.read_text(), (world["root"] / "cache").iterdir())):
-        if len(record["problems"][0]["responses"]) == 1:  # greedy: lm-eval scored the same single answer
-            ours = sum(p["scores"][0] for p in record["problems"]) / len(record["problems"])
-            assert ours == pytest.approx(record["lm_eval"]["exact_match,strip"])
+    accuracy = {p["lambda"]: p["accuracy"] for p in report["points"]}
+    records = [json.loads(p.read_text()) for p in (tmp_path / "cache").iterdir()]
+    assert sorted(r["lambda"] for r in records) == [0, 0.5, 1]
+    for record in records:  # greedy: lm-eval scored the same single answer
+        assert [len(p["responses"]) for p in record["problems"]] == [1] * len(PROMPTS)
+        ours = sum(p["scores"][0] for p in record["problems"]) / len(record["problems"])
+        assert ours == pytest.approx(record["lm_eval"]["exact_match,strip"]) == accuracy[record["lambda"]]
 
 
 def test_layers_and_modules_restrict_which_tensors_are_interpolated(world):
@@ -130,7 +135,8 @@ def test_task_vectors_of_a_base(world, tmp_path):
 def test_chosen_yml_runs_with_the_stock_mergekit_yaml_and_builds_the_swept_model(world, tmp_path):
     from mergekit.scripts.run_yaml import main as mergekit_yaml
 
-    result = _sweep(world, tmp_path / "out", "--layers", "1-2", "--modules", "mlp", "--budget", "1000", "--refine", "0", "--save-chosen")
+    # λ = 0 would be A itself, which no mistake in the interpolation could change: the grid leaves it out
+    result = _sweep(world, tmp_path / "out", "--layers", "1-2", "--modules", "mlp", "--budget", "1000", "--refine", "0", "--save-chosen", lambdas="0.5,1")
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "sweep.json").read_text())
     lam = report["sweet_spot"]["lambda"]
@@ -146,7 +152,7 @@ def test_chosen_yml_runs_with_the_stock_mergekit_yaml_and_builds_the_swept_model
     for name, tensor in out.items():
         assert torch.allclose(tensor, swept.get(name, a[name]), atol=1e-6), name
         assert torch.allclose(saved[name], tensor, atol=1e-6), name
-    assert any(not torch.allclose(swept[n], a[n]) for n in swept) or lam == 0
+    assert lam in (0.5, 1) and all(not torch.allclose(swept[n], a[n]) for n in swept)
 
 
 def test_the_demo_sweep_step_on_tiny_models(tmp_path):

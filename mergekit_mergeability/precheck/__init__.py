@@ -17,6 +17,7 @@ from mergekit_mergeability.errors import MeasurementError, UserError
 from mergekit_mergeability.precheck.config import MergeSpec
 
 BUILTIN = "builtin"  # the package's own plugin: if its signals cannot be measured, nothing is judged
+REPORT_HOOK = "mergeability_precheck_report"
 COMPATIBILITY = "compatibility"  # the header-only diagnostic that runs before mergekit plans the config
 
 
@@ -77,7 +78,7 @@ def measure(spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping
     Fails closed: when the built-in plugin or one of its diagnostics cannot run, raise
     ``MeasurementError`` rather than judge a merge on no evidence.
     """
-    from mergekit_mergeability.plugins import contributions, plugin_manager
+    from mergekit_mergeability.plugins import plugin_diagnostics, plugin_manager
 
     if not plugin_manager().has_plugin(BUILTIN):
         raise MeasurementError("the built-in diagnostics did not load (see the warning above); reinstall mergekit-mergeability")
@@ -88,7 +89,7 @@ def measure(spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping
     measured = Measurements(spec, base, models, specs)
     inputs = DiagnosticInputs(base, models, {"tokenizer_source": tokenizer_source(spec.document), **options})
     skip = set(options.get("skip") or ())
-    diagnostics = list(contributions("mergeability_diagnostics", strict=(BUILTIN,)))
+    diagnostics = plugin_diagnostics(strict=(BUILTIN,))
     unknown = skip - {d.name for _, d in diagnostics}
     if unknown:
         raise UserError(f"--skip {', '.join(sorted(unknown))}: no such diagnostic; the diagnostics are {', '.join(d.name for _, d in diagnostics)}")
@@ -143,7 +144,7 @@ def run(spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping[str
     """The whole precheck: measure, predict, recommend, ask plugins whether to stop, write ``out``."""
     from types import MappingProxyType
 
-    from mergekit_mergeability.plugins import plugin_manager
+    from mergekit_mergeability.plugins import results
     from mergekit_mergeability.precheck import report as reports
     from mergekit_mergeability.precheck.predict import DO_NOT_MERGE
 
@@ -154,7 +155,10 @@ def run(spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping[str
             reports.remove_recommended(Path(out))
         raise
     report = reports.build(measured, dict(options))
-    reasons = plugin_manager().hook.mergeability_precheck_report(report=MappingProxyType(report), config_path=str(spec.source))
+    failures: List[str] = []  # a plugin's bug must not cost the user the report: a warning, the others still answer
+    answers = results(REPORT_HOOK, failed=failures.append, report=MappingProxyType(report), config_path=str(spec.source))
+    report["findings"] += [{"diagnostic": REPORT_HOOK, "severity": "warning", "message": message} for message in failures]
+    reasons = [reason for _, reason in answers]
     if report["recommendation"]["verdict"] == DO_NOT_MERGE:
         reasons = ["; ".join(report["recommendation"]["reasons"]), *reasons]
     report["stop"] = [r for r in reasons if r]
