@@ -110,7 +110,7 @@ def families(args) -> None:
 
     from mergekit_mergeability.maths import calibration as fitting
     from mergekit_mergeability.maths.stats import correlate, difference
-    from mergekit_mergeability.precheck.calibration import FEATURES, measured_pool
+    from mergekit_mergeability.precheck.calibration import CALIBRATED as FEATURES, measured_pool
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from pools import FAMILIES

@@ -56,7 +56,7 @@ def test_missing_features_count_as_typical():
 def _pool_files(tmp_path, x, y, tag):
     names = [f"./{tag}{i}" for i in range(len(y))]
     models = [
-        {"path": n, "role": "expert", "knowledge": {"mean_p_gold": float(a)}, "weights": {"update_norm": float(np.exp(b)), "pool_cosine": float(c)}}
+        {"path": n, "role": "expert", "knowledge": {"scored_mean_p_gold": float(a)}, "weights": {"update_norm": float(np.exp(b)), "pool_cosine": float(c)}}
         for n, (a, b, c) in zip(names, x)
     ]
     (tmp_path / f"{tag}_precheck.json").write_text(json.dumps({"models": models}))
@@ -75,9 +75,9 @@ def test_calibrate_writes_a_fit_that_precheck_can_load(tmp_path):
     assert set(document["out_of_sample"]) == {"leave_one_model_out", "leave_one_pool_out"}
     assert document["provenance"]["command"].startswith("mergekit-mergeability calibrate")
     weights = {f["name"]: f["weight"] for f in document["model"]["features"]}
-    assert weights["p_gold"] > 0 and weights["relative_norm"] > 0
-    knows, doubts = calibration.predict({"p_gold": 2.0, "relative_norm": -1.0}), calibration.predict({"p_gold": -2.0, "relative_norm": 1.0})
-    assert knows[0] > doubts[0] and "↑ p(gold)" in knows[1][0]
+    assert weights["scored_p_gold"] > 0 and weights["relative_norm"] > 0 and "p_gold" not in weights  # the lettered view is reported, not fitted
+    knows, doubts = calibration.predict({"scored_p_gold": 2.0, "relative_norm": -1.0}), calibration.predict({"scored_p_gold": -2.0, "relative_norm": 1.0})
+    assert knows[0] > doubts[0] and "↑ p(gold) as the task asks" in knows[1][0]
 
 
 def test_calibrate_refuses_noise_and_writes_nothing(tmp_path):
