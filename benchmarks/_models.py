@@ -11,8 +11,13 @@ import transformers
 
 def build_models(root: Path, experts: int = 2, layers: int = 8) -> dict:
     config = transformers.LlamaConfig(
-        vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=layers,
-        num_attention_heads=12, num_key_value_heads=4, tie_word_embeddings=False,
+        vocab_size=32000,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=layers,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
     )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config)

@@ -32,7 +32,13 @@ from mergekit_mergeability.precheck.calibration import CALIBRATED as FEATURES, C
 
 OUT = Path("pools-out")
 NAMES, DIRECTIONS = list(FEATURES), list(FEATURES.values())
-PLAIN_FORMAT = ("p_gold", "gap", "accuracy", "letter_p_gold", "gold_logprob_per_token")  # probes not asked as the task asks
+PLAIN_FORMAT = (
+    "p_gold",
+    "gap",
+    "accuracy",
+    "letter_p_gold",
+    "gold_logprob_per_token",
+)  # probes not asked as the task asks
 MARGIN = 0.02  # the gain over the shipped fit a variant needs on both measures
 console = Console()
 
@@ -41,7 +47,9 @@ Train = Callable[[np.ndarray, np.ndarray], Predict]
 
 
 def pool(name: str, merge: str = "mean"):
-    return measured_pool(OUT / name / "precheck" / "precheck.json", OUT / name / "mergeability" / merge / "mergeability.json")
+    return measured_pool(
+        OUT / name / "precheck" / "precheck.json", OUT / name / "mergeability" / merge / "mergeability.json"
+    )
 
 
 def variant(ridge: float = RIDGE, inner_ridges: Sequence[float] = (), **changes) -> Train:
@@ -73,7 +81,9 @@ def variant(ridge: float = RIDGE, inner_ridges: Sequence[float] = (), **changes)
 
         def predict(xn: np.ndarray) -> np.ndarray:
             p = model.predict(transform(chosen(xn)))
-            if changes.get("rank_target"):  # back to S through the training S quantiles; the tiny slope keeps order where they are flat
+            if changes.get(
+                "rank_target"
+            ):  # back to S through the training S quantiles; the tiny slope keeps order where they are flat
                 p = np.interp(p, (np.arange(len(y)) + 0.5) / len(y), np.sort(y)) + 1e-6 * p
             return np.clip(p, 0.0, 1.0) if clipped else p
 
@@ -106,7 +116,14 @@ def leave_one_out(train: Train, x, y, train_y=None) -> np.ndarray:
 def repeated_kfold(train: Train, x, y, train_y=None, k: int = 5, repeats: int = 20, seed: int = 0) -> float:
     """Mean over repeats of the pooled out-of-fold Spearman; one seeded generator draws every split."""
     rng = np.random.default_rng(seed)
-    return float(np.mean([spearman(out_of_fold(train, x, y, np.array_split(rng.permutation(len(y)), k), train_y), y) for _ in range(repeats)]))
+    return float(
+        np.mean(
+            [
+                spearman(out_of_fold(train, x, y, np.array_split(rng.permutation(len(y)), k), train_y), y)
+                for _ in range(repeats)
+            ]
+        )
+    )
 
 
 def compare(x, y, ties_s) -> dict:
@@ -120,7 +137,10 @@ def compare(x, y, ties_s) -> dict:
         "scored_accuracy ties broken by scored_p_gold": (variant(tiebreak=True), None),
         "target fitted as ranks of S": (variant(rank_target=True), None),
         "rank features and rank target": (variant(rank_features=True, rank_target=True), None),
-        "task-format knowledge and weight features only": (variant(columns=[n for n in NAMES if n not in PLAIN_FORMAT]), None),
+        "task-format knowledge and weight features only": (
+            variant(columns=[n for n in NAMES if n not in PLAIN_FORMAT]),
+            None,
+        ),
         "target averaged over mean and TIES merging (scored against mean-merging S)": (variant(), (y + ties_s) / 2),
         "equal weights on the features NNLS keeps (a score, not clipped)": (variant(equal_weights=True), None),
     }
@@ -138,7 +158,12 @@ def report(x, y, results) -> list:
     # (derived): at least as high as the bar over one variant's own features.
     derived = x[:, NAMES.index("scored_accuracy")] + 0.01 * x[:, NAMES.index("scored_p_gold")]
     bar = max([*singles.values(), spearman(derived, y)])
-    table = Table("variant", "leave-one-out", "repeated 5-fold (20×)", title=f"Calibration variants, out of sample on the fit pool ({len(y)} experts, mean merging)")
+    table = Table(
+        "variant",
+        "leave-one-out",
+        "repeated 5-fold (20×)",
+        title=f"Calibration variants, out of sample on the fit pool ({len(y)} experts, mean merging)",
+    )
     for label, (*_, loo, rkf) in results.items():
         table.add_row(label, f"{loo:+.3f}", f"{rkf:+.3f}")
     top = best(singles)
@@ -150,13 +175,25 @@ def report(x, y, results) -> list:
     nearest = sorted(others, key=lambda label: -results[label][3])[:2]
     for label in nearest:
         gain, (low, high) = difference(results[label][2], shipped_predicted, y)
-        console.print(f"{label}: leave-one-out gain over the shipped fit {gain:+.3f}, paired bootstrap 95% [{low:+.3f}, {high:+.3f}]")
-    passing = [label for label in others if results[label][3] >= shipped_loo + MARGIN and results[label][4] >= shipped_rkf + MARGIN and results[label][3] > bar]
+        console.print(
+            f"{label}: leave-one-out gain over the shipped fit {gain:+.3f}, paired bootstrap 95% [{low:+.3f}, {high:+.3f}]"
+        )
+    passing = [
+        label
+        for label in others
+        if results[label][3] >= shipped_loo + MARGIN
+        and results[label][4] >= shipped_rkf + MARGIN
+        and results[label][3] > bar
+    ]
     if passing:
         chosen = max(passing, key=lambda label: results[label][4])
-        console.print(f"Passed the rule: {', '.join(passing)}. Highest repeated 5-fold: {chosen} (prefer a simpler one within 0.01 of it).")
+        console.print(
+            f"Passed the rule: {', '.join(passing)}. Highest repeated 5-fold: {chosen} (prefer a simpler one within 0.01 of it)."
+        )
     else:
-        console.print(f"Decision: no variant gains {MARGIN} over the shipped fit on both measures while beating the best single feature ({bar:+.3f}); the shipped calibration stays.")
+        console.print(
+            f"Decision: no variant gains {MARGIN} over the shipped fit on both measures while beating the best single feature ({bar:+.3f}); the shipped calibration stays."
+        )
     return nearest
 
 
@@ -172,26 +209,51 @@ def check(demo: Path, x, y, results, nearest) -> None:
     pools = {"held-out (mean)": pool("heldout")}
     for folder in sorted((demo / "mergeability").glob("*/mergeability.json")):
         pools[f"demo ({folder.parent.name})"] = measured_pool(demo / "precheck" / "facts" / "precheck.json", folder)
-    table = Table("pool", "predictor", "Spearman [95%]", "permutation p", "minus best single input [95%]", title="Checked once, after the decision (not for choosing)")
+    table = Table(
+        "pool",
+        "predictor",
+        "Spearman [95%]",
+        "permutation p",
+        "minus best single input [95%]",
+        title="Checked once, after the decision (not for choosing)",
+    )
     for name, (_, xp, yp, _) in pools.items():
         known = [j for j in range(len(NAMES)) if not np.isnan(xp[:, j]).any()]
         top = max(known, key=lambda j: spearman(DIRECTIONS[j] * xp[:, j], yp))
         single = DIRECTIONS[top] * xp[:, top]
         c = correlate(single, yp)
-        table.add_row(f"{name}, n = {len(yp)}", f"best single input: {NAMES[top]}", f"{c.spearman:+.3f} [{c.interval[0]:+.2f}, {c.interval[1]:+.2f}]", f"{c.p_permutation:.4f}", "")
+        table.add_row(
+            f"{name}, n = {len(yp)}",
+            f"best single input: {NAMES[top]}",
+            f"{c.spearman:+.3f} [{c.interval[0]:+.2f}, {c.interval[1]:+.2f}]",
+            f"{c.p_permutation:.4f}",
+            "",
+        )
         for label, predict in predictors.items():
             predicted = predict(xp)
             c = correlate(predicted, yp)
             gain, (low, high) = difference(predicted, single, yp)
-            table.add_row("", label, f"{c.spearman:+.3f} [{c.interval[0]:+.2f}, {c.interval[1]:+.2f}]", f"{c.p_permutation:.4f}", f"{gain:+.3f} [{low:+.2f}, {high:+.2f}]")
+            table.add_row(
+                "",
+                label,
+                f"{c.spearman:+.3f} [{c.interval[0]:+.2f}, {c.interval[1]:+.2f}]",
+                f"{c.p_permutation:.4f}",
+                f"{gain:+.3f} [{low:+.2f}, {high:+.2f}]",
+            )
         table.add_section()
     console.print(table)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    parser.add_argument("--check", action="store_true", help="after the decision, score the shipped fit and the two nearest variants on held-out and demo")
-    parser.add_argument("--demo", type=Path, default=Path("mergeability-demo"), help="the demo's output folder, read by --check")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="after the decision, score the shipped fit and the two nearest variants on held-out and demo",
+    )
+    parser.add_argument(
+        "--demo", type=Path, default=Path("mergeability-demo"), help="the demo's output folder, read by --check"
+    )
     args = parser.parse_args(argv)
     models, x, y, _ = pool("fit")
     ties_models, _, ties_s, _ = pool("fit", "ties_d0.5")

@@ -38,7 +38,9 @@ def merge_config(method: str, parameters: dict, paths: dict) -> dict:
     name = method.split("+")[0]
     per_model = PER_MODEL[name]
     return {
-        "merge_method": name, "base_model": str(paths["base"]), "dtype": "float32",
+        "merge_method": name,
+        "base_model": str(paths["base"]),
+        "dtype": "float32",
         "models": [{"model": str(paths[e]), "parameters": per_model} for e in ("expert0", "expert1")],
         "parameters": parameters,
     }
@@ -56,7 +58,9 @@ def run_once(config: dict, work: Path) -> tuple:
     )
     done = subprocess.run(
         [sys.executable, "-c", code, path, out, "--no-write-model-card", "--no-copy-tokenizer", "--quiet"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     seconds = time.perf_counter() - start
     subprocess.run(["rm", "-rf", out], check=True)
@@ -73,7 +77,10 @@ def main():
         results = {}
         for _ in range(args.repeats):
             for ours, (builtin, our_params, their_params) in PAIRS.items():
-                for label, method, params in ((ours, ours, our_params), (f"{builtin} (for {ours})", builtin, their_params)):
+                for label, method, params in (
+                    (ours, ours, our_params),
+                    (f"{builtin} (for {ours})", builtin, their_params),
+                ):
                     results.setdefault(label, []).append(run_once(merge_config(method, params, paths), work))
     print(f"\n{'method':34} {'time s':>8} {'peak MiB':>9}   ratios vs built-in (time, memory)")
     for ours, (builtin, _, _) in PAIRS.items():

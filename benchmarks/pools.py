@@ -39,8 +39,19 @@ ATTENTION_AND_MLP = ("self_attn.q_proj", "self_attn.v_proj", "self_attn.o_proj",
 POOLS = {
     "fit": Settings(facts=FIT, pool="fit", fact_layer=15, trials=5),
     "heldout": Settings(facts=HELDOUT, pool="heldout", fact_layer=10, trials=5),
-    "options": Settings(facts=HELDOUT, fact_count=64, pool="options", fact_layer=15, fact_format="options", fact_shots=3, trials=5),
-    "lora": Settings(facts=FIT, fact_count=64, pool="lora", fact_layers=tuple(range(10, 20)), fact_modules=ATTENTION_AND_MLP, fact_rank=8, fact_adapters=True, trials=5),
+    "options": Settings(
+        facts=HELDOUT, fact_count=64, pool="options", fact_layer=15, fact_format="options", fact_shots=3, trials=5
+    ),
+    "lora": Settings(
+        facts=FIT,
+        fact_count=64,
+        pool="lora",
+        fact_layers=tuple(range(10, 20)),
+        fact_modules=ATTENTION_AND_MLP,
+        fact_rank=8,
+        fact_adapters=True,
+        trials=5,
+    ),
 }
 # What each family is, in the words the README's tables use; pools of one family differ only in their facts.
 FAMILIES = {
@@ -63,7 +74,11 @@ def method(spec: str, partners: int):
         return f"kw_t{float(values[0]):g}", "knowledge_weighted", {"temperature": float(values[0])}
     if name == "kw-ties":
         temperature, density = float(values[0]), float(values[1])
-        return f"kw_ties_t{temperature:g}_d{density:g}", "knowledge_weighted", {"temperature": temperature, "ties": True, "density": density}
+        return (
+            f"kw_ties_t{temperature:g}_d{density:g}",
+            "knowledge_weighted",
+            {"temperature": temperature, "ties": True, "density": density},
+        )
     raise SystemExit(f"--methods: unknown method {spec!r}; use mean, ties[:D], kw:T or kw-ties:T:D")
 
 
@@ -74,7 +89,14 @@ def precheck(demo: Demo, config: Path, fewshot: int) -> dict:
     saved = out / "precheck.json"
     if saved.is_file():
         return json.loads(saved.read_text())
-    options = {"limit": 64, "device": "cpu", "dtype": "float32", "batch_size": 16, "quiet": demo.quiet, "skip": ["representations", "selectivity"]}
+    options = {
+        "limit": 64,
+        "device": "cpu",
+        "dtype": "float32",
+        "batch_size": 16,
+        "quiet": demo.quiet,
+        "skip": ["representations", "selectivity"],
+    }
     if fewshot is not None:  # only the knowledge differs between these
         options.update(fewshot=fewshot, skip=["representations", "selectivity", "weights"])
     return run(merge_config.read(config), {}, options, out)
@@ -84,8 +106,12 @@ def main():
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("pool", choices=sorted(POOLS))
     parser.add_argument("--methods", default="mean,ties", help="comma-separated: mean, ties[:D], kw:T, kw-ties:T:D")
-    parser.add_argument("--precheck", action="store_true", help="run the precheck (the features) even when no method needs it")
-    parser.add_argument("--fewshot", type=int, action="append", help="also run the precheck with this many shots (repeatable)")
+    parser.add_argument(
+        "--precheck", action="store_true", help="run the precheck (the features) even when no method needs it"
+    )
+    parser.add_argument(
+        "--fewshot", type=int, action="append", help="also run the precheck with this many shots (repeatable)"
+    )
     parser.add_argument("--cache-dir", type=Path, default=default_cache_dir() / "demo")
     parser.add_argument("--out", type=Path, default=Path("pools-out"))
     parser.add_argument("--quiet", "-q", action="store_true")
@@ -108,7 +134,9 @@ def main():
         begun = time.perf_counter()
         measured = demo.measure(config, name, parameters, knowledge, label=label)
         mean = sum(m["mergeability"] for m in measured["models"]) / len(measured["models"])
-        console.print(f"{label}: mean mergeability {mean:.3f} over {len(measured['models'])} experts ({time.perf_counter() - begun:.0f} s)")
+        console.print(
+            f"{label}: mean mergeability {mean:.3f} over {len(measured['models'])} experts ({time.perf_counter() - begun:.0f} s)"
+        )
     console.print(f"done in {time.perf_counter() - started:.0f} s; outputs under {demo.out}")
 
 

@@ -32,7 +32,10 @@ from mergekit_mergeability.diagnostics.activations import encode, pad, score
 from mergekit_mergeability.diagnostics.weights import WeightStatistics
 from mergekit_mergeability.tiny import train_tokenizer
 
-PROMPTS = [(f"Question {i}: what does the fine-tune number {i} know about merging models?", f" Answer {i}: quite a lot.") for i in range(64)]
+PROMPTS = [
+    (f"Question {i}: what does the fine-tune number {i} know about merging models?", f" Answer {i}: quite a lot.")
+    for i in range(64)
+]
 
 
 def rss_anon_mib() -> float:
@@ -137,27 +140,47 @@ def benchmark(work: Path, repeats: int) -> None:
     from mergekit_mergeability.tiny import make_family
 
     make_family(work / "tiny", "llama", experts=3)
-    done = subprocess.run([sys.executable, __file__, "--memory-of", str(work / "tiny")], capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, __file__, "--memory-of", str(work / "tiny")], capture_output=True, text=True, check=True
+    )
     print(f"   tiny models: peak memory growth {float(done.stdout.split()[-1]):.0f} MiB (the fixed cost)")
     for layers in (8, 16):
         paths = build_models(work / f"models{layers}", experts=3, layers=layers)
         size = sum(p.stat().st_size for p in paths["base"].glob("*.safetensors")) / 2**20
         largest = max(math.prod(i.shape) for i in TensorReader(paths["base"]).index.values()) * 4 / 2**20
         # a fresh process: the allocator keeps what earlier runs freed
-        done = subprocess.run([sys.executable, __file__, "--memory-of", str(work / f"models{layers}")], capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [sys.executable, __file__, "--memory-of", str(work / f"models{layers}")],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         growth = float(done.stdout.split()[-1])
-        print(f"   {layers} layers: model {size:.0f} MiB, largest tensor {largest:.0f} MiB, peak memory growth {growth:.0f} MiB = {growth / size:.2f}x one model")
+        print(
+            f"   {layers} layers: model {size:.0f} MiB, largest tensor {largest:.0f} MiB, peak memory growth {growth:.0f} MiB = {growth / size:.2f}x one model"
+        )
         if layers == 8:
-            t = alternate(repeats, files=lambda: read_files(paths), mapped=lambda: read_only(paths), weights=lambda: weight_pass(paths))
+            t = alternate(
+                repeats,
+                files=lambda: read_files(paths),
+                mapped=lambda: read_only(paths),
+                weights=lambda: weight_pass(paths),
+            )
             print(f"   weight statistics {t['weights']:.2f} s")
-            print(f"   vs reading the safetensors files' bytes {t['files']:.2f} s: {t['weights'] / t['files']:.2f}x (target <= 1.5x)")
-            print(f"   vs touching every memory-mapped block once {t['mapped']:.2f} s: {t['weights'] / t['mapped']:.2f}x (the memory-bandwidth floor)")
+            print(
+                f"   vs reading the safetensors files' bytes {t['files']:.2f} s: {t['weights'] / t['files']:.2f}x (target <= 1.5x)"
+            )
+            print(
+                f"   vs touching every memory-mapped block once {t['mapped']:.2f} s: {t['weights'] / t['mapped']:.2f}x (the memory-bandwidth floor)"
+            )
 
     print("2. activation pass (64 probe rows, batch 16)")
     train_tokenizer().save_pretrained(work / "models8" / "base")  # an offline tokenizer beside the weights
     model, tok = load_causal_lm(work / "models8" / "base")
     t = alternate(repeats, plain=lambda: plain_forward(model, tok), activations=lambda: activation_pass(model, tok))
-    print(f"   plain forward {t['plain']:.2f} s, activation pass {t['activations']:.2f} s: {t['activations'] / t['plain']:.2f}x (target <= 1.3x)")
+    print(
+        f"   plain forward {t['plain']:.2f} s, activation pass {t['activations']:.2f} s: {t['activations'] / t['plain']:.2f}x (target <= 1.3x)"
+    )
 
 
 if __name__ == "__main__":

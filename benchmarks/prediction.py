@@ -40,14 +40,27 @@ def fewshot(args) -> None:
     from mergekit_mergeability.precheck.calibration import features
 
     measured = _mean_s("fit")
-    table = Table("shots", "Spearman: base p(gold) vs S", "95% interval", "permutation p", "accuracy vs S", title=f"Few-shot knowledge on the fit pool ({len(measured)} experts, mean merging)")
-    for folder in sorted((OUT / "fit").glob("precheck_k*"), key=lambda p: int(p.name[len("precheck_k"):])):
+    table = Table(
+        "shots",
+        "Spearman: base p(gold) vs S",
+        "95% interval",
+        "permutation p",
+        "accuracy vs S",
+        title=f"Few-shot knowledge on the fit pool ({len(measured)} experts, mean merging)",
+    )
+    for folder in sorted((OUT / "fit").glob("precheck_k*"), key=lambda p: int(p.name[len("precheck_k") :])):
         found = features(json.loads((folder / "precheck.json").read_text())["models"])
         common = [m for m in found if m in measured]
         p_gold = correlate([found[m]["p_gold"] for m in common], [measured[m] for m in common])
         accuracy = correlate([found[m]["accuracy"] for m in common], [measured[m] for m in common])
         low, high = p_gold.interval
-        table.add_row(folder.name[len("precheck_k"):], f"{p_gold.spearman:+.2f}", f"{low:+.2f} – {high:+.2f}", f"{p_gold.p_permutation:.3f}", f"{accuracy.spearman:+.2f}")
+        table.add_row(
+            folder.name[len("precheck_k") :],
+            f"{p_gold.spearman:+.2f}",
+            f"{low:+.2f} – {high:+.2f}",
+            f"{p_gold.p_permutation:.3f}",
+            f"{accuracy.spearman:+.2f}",
+        )
     console.print(table)
 
 
@@ -65,11 +78,24 @@ def calibrate(args) -> None:
 
     pairs = []
     for family in args.families or FAMILIES:
-        precheck, measured = OUT / family / "precheck" / "precheck.json", OUT / family / "mergeability" / "mean" / "mergeability.json"
+        precheck, measured = (
+            OUT / family / "precheck" / "precheck.json",
+            OUT / family / "mergeability" / "mean" / "mergeability.json",
+        )
         if precheck.is_file() and measured.is_file():
             pairs += [str(precheck), str(measured)]
     target = OUT / "calibration.json"
-    _run(sys.executable, "-m", "mergekit_mergeability", "calibrate", *pairs, "--out", str(target), "--permutations", str(args.permutations))
+    _run(
+        sys.executable,
+        "-m",
+        "mergekit_mergeability",
+        "calibrate",
+        *pairs,
+        "--out",
+        str(target),
+        "--permutations",
+        str(args.permutations),
+    )
     if args.install:
         shutil.copyfile(target, PACKAGED)
         console.print(f"installed as {PACKAGED}")
@@ -79,8 +105,28 @@ def validate(args) -> None:
     """Precheck the pool afresh with the shipped calibration, then validate against S."""
     precheck = OUT / args.pool / "validate" / "precheck"
     shutil.rmtree(precheck, ignore_errors=True)
-    _run(sys.executable, "-m", "mergekit_mergeability", "precheck", str(OUT / args.pool / "configs" / "pool.yml"), "--out", str(precheck), "--skip", "representations", "--quiet")
-    _run(sys.executable, "-m", "mergekit_mergeability", "validate", str(precheck / "precheck.json"), str(OUT / args.pool / "mergeability" / "mean" / "mergeability.json"), "--out", str(precheck.parent))
+    _run(
+        sys.executable,
+        "-m",
+        "mergekit_mergeability",
+        "precheck",
+        str(OUT / args.pool / "configs" / "pool.yml"),
+        "--out",
+        str(precheck),
+        "--skip",
+        "representations",
+        "--quiet",
+    )
+    _run(
+        sys.executable,
+        "-m",
+        "mergekit_mergeability",
+        "validate",
+        str(precheck / "precheck.json"),
+        str(OUT / args.pool / "mergeability" / "mean" / "mergeability.json"),
+        "--out",
+        str(precheck.parent),
+    )
 
 
 def methods(args) -> None:
@@ -88,9 +134,17 @@ def methods(args) -> None:
     from mergekit_mergeability.demo.run import knowledge_groups
 
     thirds = knowledge_groups(json.loads((OUT / args.pool / "precheck" / "precheck.json").read_text()))
-    groups = {"weakest-known third": thirds["weakly known"], "middle": thirds["partly known"], "strongest-known third": thirds["well known"]}
+    groups = {
+        "weakest-known third": thirds["weakly known"],
+        "middle": thirds["partly known"],
+        "strongest-known third": thirds["well known"],
+    }
     groups["all"] = [m for members in groups.values() for m in members]
-    table = Table("merge", *(f"{g} ({len(m)})" for g, m in groups.items()), title=f"Own-fact accuracy after merging ({args.pool} pool, 8 partners × 5 trials)")
+    table = Table(
+        "merge",
+        *(f"{g} ({len(m)})" for g, m in groups.items()),
+        title=f"Own-fact accuracy after merging ({args.pool} pool, 8 partners × 5 trials)",
+    )
     table.columns[0].no_wrap = True
     labels = sorted(f.name for f in (OUT / args.pool / "mergeability").iterdir() if (f / "mergeability.json").is_file())
     means = {}
@@ -118,11 +172,16 @@ def families(args) -> None:
     names, directions = list(FEATURES), list(FEATURES.values())
     pools = {}
     for family in args.families or FAMILIES:
-        precheck, measured = OUT / family / "precheck" / "precheck.json", OUT / family / "mergeability" / "mean" / "mergeability.json"
+        precheck, measured = (
+            OUT / family / "precheck" / "precheck.json",
+            OUT / family / "mergeability" / "mean" / "mergeability.json",
+        )
         if precheck.is_file() and measured.is_file():
             pools[family] = measured_pool(precheck, measured)[1:3]
         else:
-            console.print(f"[yellow]{family}: not measured yet ({measured}); run `python benchmarks/pools.py {family} --precheck`[/yellow]")
+            console.print(
+                f"[yellow]{family}: not measured yet ({measured}); run `python benchmarks/pools.py {family} --precheck`[/yellow]"
+            )
     if len(pools) < 2:
         raise SystemExit("need at least two measured families")
     rows, report = [], {"families": {}, "features": names}
@@ -140,18 +199,51 @@ def families(args) -> None:
         known = ~np.isnan(column)
         gap, (low, high) = difference(predicted[known], column[known], y[known])
         report["families"][family] = {
-            "description": FAMILIES[family], "n": len(y), "spearman": result.spearman, "interval": result.interval, "p_permutation": result.p_permutation,
-            "best_single_feature": best, "best_single_spearman": singles[best], "difference": gap, "difference_interval": [low, high], "single_features": singles,
+            "description": FAMILIES[family],
+            "n": len(y),
+            "spearman": result.spearman,
+            "interval": result.interval,
+            "p_permutation": result.p_permutation,
+            "best_single_feature": best,
+            "best_single_spearman": singles[best],
+            "difference": gap,
+            "difference_interval": [low, high],
+            "single_features": singles,
         }
         rows.append((family, len(y), result, best, singles[best], gap, low, high))
     pooled = fitting.within_pools(predicted_all, y_all, groups)
     null = fitting.permutation_null(x_all, y_all, groups, names, directions, args.null, seed=0, by_group=True)
-    report["pooled"] = {"spearman": pooled, "n": len(y_all), "p_permutation": fitting.p_value(pooled, null), "null_95th_percentile": float(np.percentile(null, 95)), "permutations": args.null}
-    table = Table("held-out family", "n", "prediction", "95% interval", "p", "best single input there", "difference [95%]", title="Leave one family out: Spearman with measured S (mean merge, 8 partners × 5 trials)")
+    report["pooled"] = {
+        "spearman": pooled,
+        "n": len(y_all),
+        "p_permutation": fitting.p_value(pooled, null),
+        "null_95th_percentile": float(np.percentile(null, 95)),
+        "permutations": args.null,
+    }
+    table = Table(
+        "held-out family",
+        "n",
+        "prediction",
+        "95% interval",
+        "p",
+        "best single input there",
+        "difference [95%]",
+        title="Leave one family out: Spearman with measured S (mean merge, 8 partners × 5 trials)",
+    )
     for family, n, result, best, single, gap, low, high in rows:
-        table.add_row(family, str(n), f"{result.spearman:+.2f}", f"{result.interval[0]:+.2f} – {result.interval[1]:+.2f}", _p(result.p_permutation), f"{best} {single:+.2f}", f"{gap:+.2f} [{low:+.2f}, {high:+.2f}]")
+        table.add_row(
+            family,
+            str(n),
+            f"{result.spearman:+.2f}",
+            f"{result.interval[0]:+.2f} – {result.interval[1]:+.2f}",
+            _p(result.p_permutation),
+            f"{best} {single:+.2f}",
+            f"{gap:+.2f} [{low:+.2f}, {high:+.2f}]",
+        )
     console.print(table)
-    console.print(f"pooled (within-family Spearman, size-weighted): {pooled:+.2f}, n = {len(y_all)}, permutation p {_p(report['pooled']['p_permutation'])} ({args.null} refits on shuffled targets; 95th percentile {report['pooled']['null_95th_percentile']:+.2f})")
+    console.print(
+        f"pooled (within-family Spearman, size-weighted): {pooled:+.2f}, n = {len(y_all)}, permutation p {_p(report['pooled']['p_permutation'])} ({args.null} refits on shuffled targets; 95th percentile {report['pooled']['null_95th_percentile']:+.2f})"
+    )
     for family in pools:
         console.print(f"[dim]{family}: {FAMILIES[family]}[/dim]")
     out = OUT / "families.json"

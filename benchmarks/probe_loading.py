@@ -29,22 +29,42 @@ from mergekit_mergeability.tiny import make_family
 
 
 def write_probes(root: Path, items: int):
-    rows = [{"question": f"Fact {i}: which word comes first?", "choices": ["alpha", "beta", "gamma"], "label": i % 3} for i in range(items)]
+    rows = [
+        {"question": f"Fact {i}: which word comes first?", "choices": ["alpha", "beta", "gamma"], "label": i % 3}
+        for i in range(items)
+    ]
     jsonl = root / "facts.jsonl"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
     task = root / "tasks" / "facts.yaml"
     task.parent.mkdir(exist_ok=True)
-    task.write_text(yaml.safe_dump({
-        "task": "probe_loading_facts", "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(jsonl)}}, "test_split": "test",
-        "output_type": "multiple_choice", "doc_to_text": "{{question}}\nAnswer:", "doc_to_choice": "{{choices}}", "doc_to_target": "{{label}}",
-        "metric_list": [{"metric": "acc"}],
-    }, sort_keys=False))
+    task.write_text(
+        yaml.safe_dump(
+            {
+                "task": "probe_loading_facts",
+                "dataset_path": "json",
+                "dataset_kwargs": {"data_files": {"test": str(jsonl)}},
+                "test_split": "test",
+                "output_type": "multiple_choice",
+                "doc_to_text": "{{question}}\nAnswer:",
+                "doc_to_choice": "{{choices}}",
+                "doc_to_target": "{{label}}",
+                "metric_list": [{"metric": "acc"}],
+            },
+            sort_keys=False,
+        )
+    )
     return jsonl, task
 
 
 def spec_for(family: dict, probe: Path) -> config.MergeSpec:
-    models = [{"model": str(path), "probe": str(probe), "parameters": {"weight": 1.0}} for name, path in family.items() if name != "base"]
-    return config.from_document({"merge_method": "task_arithmetic", "base_model": str(family["base"]), "models": models}, Path.cwd())
+    models = [
+        {"model": str(path), "probe": str(probe), "parameters": {"weight": 1.0}}
+        for name, path in family.items()
+        if name != "base"
+    ]
+    return config.from_document(
+        {"merge_method": "task_arithmetic", "base_model": str(family["base"]), "models": models}, Path.cwd()
+    )
 
 
 def load(spec: config.MergeSpec, limit: int):
@@ -76,7 +96,9 @@ def main():
         median = {side: statistics.median(t) for side, t in times.items()}
         print(f"{args.experts} models, each probed with the same {args.items} items")
         for side, seconds in median.items():
-            print(f"  {side:8} probes: {seconds * 1000:8.1f} ms  (runs: {', '.join(f'{t * 1000:.1f}' for t in times[side])})")
+            print(
+                f"  {side:8} probes: {seconds * 1000:8.1f} ms  (runs: {', '.join(f'{t * 1000:.1f}' for t in times[side])})"
+            )
         print(f"ratio lm-eval / jsonl: {median['lm-eval'] / median['jsonl']:.1f}x")
 
 

@@ -29,14 +29,23 @@ from mergekit_mergeability.diagnostics.weights import WeightStatistics
 from mergekit_mergeability.probes import GENERATION, Instance
 from mergekit_mergeability.tiny import train_tokenizer
 
-ROWS = [Instance(f"Question {i}: what does fine-tune {i} know about merging?", (f" Answer {i}: quite a lot.",), 0, GENERATION) for i in range(64)]
+ROWS = [
+    Instance(
+        f"Question {i}: what does fine-tune {i} know about merging?", (f" Answer {i}: quite a lot.",), 0, GENERATION
+    )
+    for i in range(64)
+]
 
 
 def inputs_of(paths: dict) -> DiagnosticInputs:
     experts = [n for n in paths if n != "base"]
     per_expert = len(ROWS) // len(experts)
-    models = tuple(ModelInput(n, paths[n], tuple(ROWS[i * per_expert : (i + 1) * per_expert])) for i, n in enumerate(experts))
-    return DiagnosticInputs(ModelInput("base", paths["base"]), models, {"quiet": True, "device": "cpu", "batch_size": 16})
+    models = tuple(
+        ModelInput(n, paths[n], tuple(ROWS[i * per_expert : (i + 1) * per_expert])) for i, n in enumerate(experts)
+    )
+    return DiagnosticInputs(
+        ModelInput("base", paths["base"]), models, {"quiet": True, "device": "cpu", "batch_size": 16}
+    )
 
 
 def timed(function):
@@ -61,7 +70,9 @@ def main():
         inputs = inputs_of(paths)
         tensor_position("model.embed_tokens.weight")  # mergekit's architectures imported here (~3 s), not in a pass
         started, _ = timed(lambda: ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False))
-        print(f"local Ray cluster of {args.cpus} CPUs started in {started:.1f} s (once per run; not in the times below)")
+        print(
+            f"local Ray cluster of {args.cpus} CPUs started in {started:.1f} s (once per run; not in the times below)"
+        )
         passes = {"weights": WeightStatistics(), "representations": Representations()}
         with distributed.cluster(None):  # the workers import torch, transformers and mergekit once per run
             warm, _ = timed(lambda: [diagnostic.run(inputs) for diagnostic in passes.values()])
@@ -74,10 +85,16 @@ def main():
                 with distributed.cluster(None):
                     seconds, there = timed(lambda: diagnostic.run(inputs))
                 times[name, "ray"].append(seconds)
-                assert (here.per_model, here.per_pair, here.per_layer) == (there.per_model, there.per_pair, there.per_layer), f"{name}: Ray's numbers differ"
+                assert (here.per_model, here.per_pair, here.per_layer) == (
+                    there.per_model,
+                    there.per_pair,
+                    there.per_layer,
+                ), f"{name}: Ray's numbers differ"
         ray.shutdown()
     median = {key: statistics.median(values) for key, values in times.items()}
-    print(f"{'pass':<16} {'one process':>12} {'local Ray':>10} {'ratio':>6}   (median of {args.repeats}; numbers equal)")
+    print(
+        f"{'pass':<16} {'one process':>12} {'local Ray':>10} {'ratio':>6}   (median of {args.repeats}; numbers equal)"
+    )
     for name in passes:
         process, on_ray = median[name, "process"], median[name, "ray"]
         print(f"{name:<16} {process:>10.2f} s {on_ray:>8.2f} s {on_ray / process:>5.2f}x")

@@ -44,13 +44,18 @@ def rows(count: int):
         if i % 2:
             made.append((f"Count on from {n}:", " " + ", ".join(str(n + k) for k in range(1, 9))))
         else:
-            made.append((f"Describe {TOPICS[i % len(TOPICS)]} in one sentence:", f" It was there on day {n}, as it always had been, and nobody asked why."))
+            made.append(
+                (
+                    f"Describe {TOPICS[i % len(TOPICS)]} in one sentence:",
+                    f" It was there on day {n}, as it always had been, and nobody asked why.",
+                )
+            )
         labels.append(i % 2)
     return made, labels
 
 
 def model_folder(given, work: Path) -> Path:
-    for folder in ([given] if given else CACHED):
+    for folder in [given] if given else CACHED:
         if folder and (Path(folder) / "config.json").is_file():
             return Path(folder)
     from _models import build_models
@@ -92,7 +97,9 @@ def main():
         return
 
     layers, width = model.config.num_hidden_layers, model.config.intermediate_size
-    print(f"model {folder} ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, {layers} blocks x {width} MLP neurons), torch threads {torch.get_num_threads()}")
+    print(
+        f"model {folder} ({sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, {layers} blocks x {width} MLP neurons), torch threads {torch.get_num_threads()}"
+    )
     probes, labels = rows(args.rows)
     print(f"1. time ({args.rows} probe rows, 2 groups, batch {args.batch_size}, median of {args.repeats})")
     t = alternate(
@@ -101,18 +108,40 @@ def main():
         plain_no_logits=lambda: plain_forward(model, tok, probes, args.batch_size, logits_to_keep=1),
         selectivity=lambda: activation_probabilities(model, tok, probes, labels, 2, "answer", args.batch_size),
     )
-    print(f"   plain forward {t['plain']:.2f} s, selectivity pass {t['selectivity']:.2f} s: {t['selectivity'] / t['plain']:.2f}x (target <= 1.2x)")
-    print(f"   vs a plain forward without logits {t['plain_no_logits']:.2f} s: {t['selectivity'] / t['plain_no_logits']:.2f}x (the hooks' own cost)")
+    print(
+        f"   plain forward {t['plain']:.2f} s, selectivity pass {t['selectivity']:.2f} s: {t['selectivity'] / t['plain']:.2f}x (target <= 1.2x)"
+    )
+    print(
+        f"   vs a plain forward without logits {t['plain_no_logits']:.2f} s: {t['selectivity'] / t['plain_no_logits']:.2f}x (the hooks' own cost)"
+    )
     print("2. peak memory above the loaded model (fresh process each)")
     for count in (args.rows, 4 * args.rows):
         growth = {}
         for name, extra in (("selectivity", []), ("plain", ["--plain"])):
-            command = [sys.executable, __file__, "--memory-of", str(count), "--model", str(folder), "--batch-size", str(args.batch_size), *extra]
+            command = [
+                sys.executable,
+                __file__,
+                "--memory-of",
+                str(count),
+                "--model",
+                str(folder),
+                "--batch-size",
+                str(args.batch_size),
+                *extra,
+            ]
             # a fixed mmap threshold: freed batch tensors go back to the system at once instead of
             # staying in glibc's heap, so RssAnon follows what is alive
-            done = subprocess.run(command, capture_output=True, text=True, check=True, env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
+            done = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                check=True,
+                env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"},
+            )
             growth[name] = float(done.stdout.split()[-1])
-        print(f"   {count} probe rows: selectivity pass {growth['selectivity']:.0f} MiB, plain forward {growth['plain']:.0f} MiB")
+        print(
+            f"   {count} probe rows: selectivity pass {growth['selectivity']:.0f} MiB, plain forward {growth['plain']:.0f} MiB"
+        )
 
 
 if __name__ == "__main__":

@@ -44,7 +44,18 @@ def timed(work) -> float:
 
 def plain_cli(folder: Path) -> None:
     arguments = f"pretrained={folder},dtype=float32"
-    command = [sys.executable, "-m", "lm_eval", "run", "--model", "hf", "--model_args", arguments, "--tasks", reasoning.TASK]
+    command = [
+        sys.executable,
+        "-m",
+        "lm_eval",
+        "run",
+        "--model",
+        "hf",
+        "--model_args",
+        arguments,
+        "--tasks",
+        reasoning.TASK,
+    ]
     command += ["--include_path", str(shipped_tasks()), "--device", "cpu", "--batch_size", "16"]
     subprocess.run(command, check=True, capture_output=True)
 
@@ -55,7 +66,14 @@ def plain_in_process(folder: Path) -> None:
 
     manager = TaskManager(include_path=str(shipped_tasks()), include_defaults=False)
     with quiet_harness():
-        simple_evaluate(model="hf", model_args={"pretrained": str(folder), "dtype": "float32"}, tasks=[reasoning.TASK], task_manager=manager, device="cpu", batch_size=16)
+        simple_evaluate(
+            model="hf",
+            model_args={"pretrained": str(folder), "dtype": "float32"},
+            tasks=[reasoning.TASK],
+            task_manager=manager,
+            device="cpu",
+            batch_size=16,
+        )
 
 
 def main() -> None:
@@ -87,11 +105,20 @@ def main() -> None:
     print(f"A {a}\nB {b}\ntask {reasoning.TASK}: 64 problems, greedy; {len(sweep.interpolated)} tensors interpolated")
     for what, seconds in setup.items():
         print(f"sweep set-up, once: {what}: {seconds:.2f} s")
-    print("sweep, per λ point (median of repeats): " + ", ".join(f"λ = {lam:g} {statistics.median(t):.2f} s" for lam, t in per_point.items()))
-    print(f"plain `lm_eval run` on the λ = {middle:g} folder: {fresh:.2f} s; the sweep's λ = {middle:g} point: {same / fresh:.2f}x, its median point: {point / fresh:.2f}x")
-    print(f"plain simple_evaluate in this process:   {warm:.2f} s; the sweep's λ = {middle:g} point: {same / warm:.2f}x, its median point: {point / warm:.2f}x")
+    print(
+        "sweep, per λ point (median of repeats): "
+        + ", ".join(f"λ = {lam:g} {statistics.median(t):.2f} s" for lam, t in per_point.items())
+    )
+    print(
+        f"plain `lm_eval run` on the λ = {middle:g} folder: {fresh:.2f} s; the sweep's λ = {middle:g} point: {same / fresh:.2f}x, its median point: {point / fresh:.2f}x"
+    )
+    print(
+        f"plain simple_evaluate in this process:   {warm:.2f} s; the sweep's λ = {middle:g} point: {same / warm:.2f}x, its median point: {point / warm:.2f}x"
+    )
     total = sum(setup.values()) + sum(statistics.median(t) for t in per_point.values())
-    print(f"a whole {len(lambdas)}-point sweep, set-up included: {total:.1f} s = {total / len(lambdas):.2f} s per point, {total / len(lambdas) / warm:.2f}x the in-process run")
+    print(
+        f"a whole {len(lambdas)}-point sweep, set-up included: {total:.1f} s = {total / len(lambdas):.2f} s per point, {total / len(lambdas) / warm:.2f}x the in-process run"
+    )
 
 
 if __name__ == "__main__":

@@ -27,15 +27,25 @@ def configs(models):
     experts = [{"model": str(models[k])} for k in KNOWLEDGE]
     base = str(models["base"])
     return {
-        "task_arithmetic (mean)": {"merge_method": "task_arithmetic", "base_model": base,
-                                   "models": [{**e, "parameters": {"weight": 1 / 3}} for e in experts]},
-        "knowledge_weighted": {"merge_method": "knowledge_weighted", "base_model": base,
-                               "models": [{**e, "parameters": {"knowledge": k}} for e, k in zip(experts, KNOWLEDGE.values())],
-                               "parameters": {"temperature": 0.3}},
+        "task_arithmetic (mean)": {
+            "merge_method": "task_arithmetic",
+            "base_model": base,
+            "models": [{**e, "parameters": {"weight": 1 / 3}} for e in experts],
+        },
+        "knowledge_weighted": {
+            "merge_method": "knowledge_weighted",
+            "base_model": base,
+            "models": [{**e, "parameters": {"knowledge": k}} for e, k in zip(experts, KNOWLEDGE.values())],
+            "parameters": {"temperature": 0.3},
+        },
         "layer_selective (cutoff 2, upper = expert2)": {
-            "merge_method": "layer_selective", "base_model": base,
-            "models": [{**e, "parameters": {"weight": 1 / 3, "upper": k == "expert2"}} for e, k in zip(experts, KNOWLEDGE)],
-            "parameters": {"cutoff": 2}},
+            "merge_method": "layer_selective",
+            "base_model": base,
+            "models": [
+                {**e, "parameters": {"weight": 1 / 3, "upper": k == "expert2"}} for e, k in zip(experts, KNOWLEDGE)
+            ],
+            "parameters": {"cutoff": 2},
+        },
     }
 
 
@@ -54,7 +64,11 @@ def main():
     models = make_family(out / "models", "llama", experts=3)
     weights = {s: state_dict(p) for s, p in models.items()}
     console = Console()
-    table = Table("merge", *(f"{k}\n(base knows {v:.0%})" for k, v in KNOWLEDGE.items()), title="share of each expert's update kept")
+    table = Table(
+        "merge",
+        *(f"{k}\n(base knows {v:.0%})" for k, v in KNOWLEDGE.items()),
+        title="share of each expert's update kept",
+    )
     for label, config in configs(models).items():
         path = out / f"{config['merge_method']}.yml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -66,7 +80,9 @@ def main():
         table.add_row(label, *(f"{kept(merged, weights['base'], weights[k]):.2f}" for k in KNOWLEDGE))
     console.print(table)
     w = knowledge_weights(list(KNOWLEDGE.values()), temperature=0.3)
-    console.print("knowledge weights at temperature 0.3: " + ", ".join(f"{k} {x:.2f}" for k, x in zip(KNOWLEDGE, w.tolist())))
+    console.print(
+        "knowledge weights at temperature 0.3: " + ", ".join(f"{k} {x:.2f}" for k, x in zip(KNOWLEDGE, w.tolist()))
+    )
     console.print(f"configs and merged models are in {out}/")
 
 

@@ -44,7 +44,7 @@ def _template_regex(template: str) -> Tuple[Pattern[str], int]:
             pattern += re.escape(part)
         elif part.startswith("layer_index"):
             pattern += r"(?P<layer>\d+)"
-            offset = -int(part[len("layer_index"):] or 0)
+            offset = -int(part[len("layer_index") :] or 0)
         else:
             pattern += r"\d+"
     return re.compile(pattern), offset
@@ -81,8 +81,7 @@ def tensor_position(name: str) -> TensorPosition:
     if name in fixed:
         return TensorPosition(fixed[name])
     raise UnknownTensorError(
-        f"tensor {name!r} is not in any architecture mergekit knows; "
-        "cannot tell which layer it belongs to"
+        f"tensor {name!r} is not in any architecture mergekit knows; cannot tell which layer it belongs to"
     )
 
 

@@ -23,7 +23,23 @@ if TYPE_CHECKING:
     from mergekit_mergeability.lora import AdapterModel
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+_DTYPE_BYTES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
 
 
 class TensorInfo(NamedTuple):
@@ -101,7 +117,9 @@ class HubModel(os.PathLike):
 Source = Union[Path, HubModel, "AdapterModel"]  # an AdapterModel: mergekit_mergeability.lora
 
 
-def resolve(reference: str, relative_to: Optional[Path] = None, base: Optional[Source] = None, adapters: bool = True) -> Source:
+def resolve(
+    reference: str, relative_to: Optional[Path] = None, base: Optional[Source] = None, adapters: bool = True
+) -> Source:
     """A model reference as written in a mergekit config: a local folder, a ``HubModel``, or a
     ``lora.AdapterModel``.
 
@@ -126,18 +144,26 @@ def resolve(reference: str, relative_to: Optional[Path] = None, base: Optional[S
             )
         folder = local_folder(adapter, relative_to)
         if folder is None or not lora.is_adapter(folder):
-            raise UserError(f"model {reference}: {adapter} is not a peft adapter folder (adapter_config.json + adapter_model.safetensors)")
+            raise UserError(
+                f"model {reference}: {adapter} is not a peft adapter folder (adapter_config.json + adapter_model.safetensors)"
+            )
         found = lora.AdapterModel(resolve(model, relative_to, adapters=False), folder)
     elif folder is not None:
         if not adapters:
-            raise UserError(f"model {reference}: a peft adapter folder, not a model; merge it first (peft's merge_and_unload()) and name the merged folder instead")
+            raise UserError(
+                f"model {reference}: a peft adapter folder, not a model; merge it first (peft's merge_and_unload()) and name the merged folder instead"
+            )
         named = lora.read_config(folder).get("base_model_name_or_path")
         if not named:
-            raise UserError(f"adapter {reference}: its {lora.CONFIG} names no base_model_name_or_path; write it as BASE+{reference}")
+            raise UserError(
+                f"adapter {reference}: its {lora.CONFIG} names no base_model_name_or_path; write it as BASE+{reference}"
+            )
         found = lora.AdapterModel(resolve(str(named), relative_to, adapters=False), folder)
     else:
         if not is_hub_id(reference):
-            raise UserError(f"model {reference}: no such folder, nor a hub id (namespace/name); relative paths resolve against the working directory")
+            raise UserError(
+                f"model {reference}: no such folder, nor a hub id (namespace/name); relative paths resolve against the working directory"
+            )
         return HubModel(reference)
     if base is not None and not same_model(found.base, base):
         raise UserError(
@@ -214,7 +240,9 @@ def _causal_lm_class(path: Path, config: dict) -> str:
     model_type = config.get("model_type")
     name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type) if isinstance(model_type, str) else None
     if name is None:
-        raise UserError(f'{path}: no "architectures" list, and model_type {model_type!r} is no causal LM transformers knows; add "architectures": ["<its model class>"]')
+        raise UserError(
+            f'{path}: no "architectures" list, and model_type {model_type!r} is no causal LM transformers knows; add "architectures": ["<its model class>"]'
+        )
     return name
 
 
@@ -241,17 +269,25 @@ def read_header(file: Path) -> dict:
             if length > size - 8:
                 raise ValueError
             header = json.loads(handle.read(length))
-        spans = {name: (tuple(info["shape"]), info["dtype"], info["data_offsets"]) for name, info in header.items() if name != "__metadata__"}
+        spans = {
+            name: (tuple(info["shape"]), info["dtype"], info["data_offsets"])
+            for name, info in header.items()
+            if name != "__metadata__"
+        }
     except (struct.error, ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
         raise UserError(f"{file}: not a safetensors file (unreadable header); download or save it again") from None
     data = size - 8 - length
     end = max((stop for _, _, (_, stop) in spans.values()), default=0)
     if end != data:
         short = f"{end - data} bytes short" if end > data else f"{data - end} bytes too long"
-        raise UserError(f"{file}: truncated or corrupted ({short} of what its header describes); download or save it again")
+        raise UserError(
+            f"{file}: truncated or corrupted ({short} of what its header describes); download or save it again"
+        )
     for name, (shape, dtype, (start, stop)) in spans.items():
         if dtype in _DTYPE_BYTES and stop - start != math.prod(shape) * _DTYPE_BYTES[dtype]:
-            raise UserError(f"{file}: corrupted header (tensor {name}: {stop - start} bytes for shape {list(shape)} {dtype}); download or save it again")
+            raise UserError(
+                f"{file}: corrupted header (tensor {name}: {stop - start} bytes for shape {list(shape)} {dtype}); download or save it again"
+            )
     return header
 
 
@@ -270,7 +306,15 @@ def weight_files(folder: Source) -> List[Path]:
     """Every weight file of a local model folder, in any format transformers saves (and
     shard indexes), safetensors headers checked. Refuses a folder without weights."""
     folder = Path(folder)
-    files = sorted(f for f in folder.iterdir() if f.is_file() and (f.suffix in WEIGHT_SUFFIXES or f.name.endswith(".index.json"))) if folder.is_dir() else []
+    files = (
+        sorted(
+            f
+            for f in folder.iterdir()
+            if f.is_file() and (f.suffix in WEIGHT_SUFFIXES or f.name.endswith(".index.json"))
+        )
+        if folder.is_dir()
+        else []
+    )
     if not any(f.suffix in WEIGHT_SUFFIXES for f in files):
         raise UserError(f"{folder}: no weights (*.safetensors, *.bin, *.pt, *.pth); is it a model folder?")
     for file in files:
@@ -288,7 +332,9 @@ def tensor_index(model: Source) -> Dict[str, TensorInfo]:
     files = sorted(Path(model).glob("*.safetensors"))
     if not files:
         others = [f.name for f in weight_files(model)]  # raises for a folder without any weights
-        raise UserError(f"{model}: no .safetensors files (only {others[0]}); re-save it with save_pretrained(..., safe_serialization=True)")
+        raise UserError(
+            f"{model}: no .safetensors files (only {others[0]}); re-save it with save_pretrained(..., safe_serialization=True)"
+        )
     index: Dict[str, TensorInfo] = {}
     for file in files:
         for name, info in read_header(file).items():
@@ -381,7 +427,9 @@ def load_dtype(requested: str, model: Source, configured: Optional[str] = None) 
     return "float32"
 
 
-def load_causal_lm(folder: Source, device: str = "cpu", dtype: str = "float32", tokenizer_from: Optional[Source] = None):
+def load_causal_lm(
+    folder: Source, device: str = "cpu", dtype: str = "float32", tokenizer_from: Optional[Source] = None
+):
     """(model, tokenizer) in eval mode, in ``dtype`` (``auto``: see ``load_dtype``); the tokenizer
     falls back to ``tokenizer_from`` (mergekit output folders written with --no-copy-tokenizer have
     none). An adapter is loaded as its base with the update added in place."""

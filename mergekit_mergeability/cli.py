@@ -131,7 +131,9 @@ def _layer_set(text: str | None):
         if not low.isdigit() or (high and not high.isdigit()):
             raise click.BadParameter(f"{part!r} is not a layer or a range like 0-12", param_hint="--layers")
         if high and int(high) < int(low):
-            raise click.BadParameter(f"{part!r} runs backwards; write the range low to high ({high}-{low})", param_hint="--layers")
+            raise click.BadParameter(
+                f"{part!r} runs backwards; write the range low to high ({high}-{low})", param_hint="--layers"
+            )
         chosen.update(range(int(low), int(high or low) + 1))
     return chosen
 
@@ -156,9 +158,31 @@ def model_options(default_limit: int | None, default_dtype: str = "float32"):
     def decorate(command):
         for option in reversed(
             [
-                click.option("--limit", type=click.IntRange(min=1), default=default_limit, show_default=True, help="Instances per task or probe set."),
-                click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:1, mps… (auto: cuda if available)."),
-                click.option("--dtype", type=click.Choice(dtypes), default=default_dtype, show_default=True, help="What the models are loaded in" + (" (auto: the config's dtype:, else each checkpoint's own torch_dtype, else float32; statistics stay float32)." if default_dtype == "auto" else ".")),
+                click.option(
+                    "--limit",
+                    type=click.IntRange(min=1),
+                    default=default_limit,
+                    show_default=True,
+                    help="Instances per task or probe set.",
+                ),
+                click.option(
+                    "--device",
+                    default="auto",
+                    show_default=True,
+                    help="cpu, cuda, cuda:1, mps… (auto: cuda if available).",
+                ),
+                click.option(
+                    "--dtype",
+                    type=click.Choice(dtypes),
+                    default=default_dtype,
+                    show_default=True,
+                    help="What the models are loaded in"
+                    + (
+                        " (auto: the config's dtype:, else each checkpoint's own torch_dtype, else float32; statistics stay float32)."
+                        if default_dtype == "auto"
+                        else "."
+                    ),
+                ),
                 click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True),
                 click.option("--quiet", "-q", is_flag=True, help="No progress bars."),
             ]
@@ -228,25 +252,123 @@ def default_cache_dir() -> Path:
 
 @main.command()
 @click.argument("config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=False)
-@click.option("--pool", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None, help="Instead of CONFIG_FILE: a folder of peft LoRA adapter folders on one base, checked as their task_arithmetic mean.")
-@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("precheck"), show_default=True, help="Folder for precheck.json, recommended.yml (recommended/ per expert) and report.html.")
-@click.option("--probe", "probes", multiple=True, metavar="MODEL=SPEC", help="Probe data for a model (path as written in the config, or its folder name): a .jsonl file, an lm-eval task YAML or task name. Repeatable; overrides the config's probe: key.")
-@click.option("--fewshot", type=click.IntRange(min=0), default=None, help="Solved examples before each multiple-choice probe question (default: 3, chosen by measurement). lm-eval tasks keep their own num_fewshot.")
-@click.option("--calibration", type=click.Path(dir_okay=False, path_type=Path), default=None, help="A calibration file from `calibrate` (default: the one shipped, fitted on the project's pools).")
-@click.option("--layers", help="Only compare these representation layers, e.g. 0-12,20 (0 = embedding output, i = output of block i-1).")
-@click.option("--cka-threshold", type=click.FloatRange(0, 1), default=None, help="Unbiased CKA below this, from some layer on, marks where representations stop being shared (default 0.8).")
-@click.option("--cka-batch-size", type=click.IntRange(min=0), default=0, show_default=True, help="Rows per minibatch of the unbiased CKA (0: one batch of all rows; each batch needs ≥ 4).")
-@click.option("--selectivity-span", type=click.Choice(["answer", "prompt"]), default="answer", show_default=True, help="Neuron selectivity counts MLP activations over these tokens of each probe line: its gold answer or its prompt.")
-@click.option("--lape-entropy-quantile", type=click.FloatRange(0, 1, min_open=True), default=0.10, show_default=True, help="Share of all MLP neurons kept as group-specific: those whose activation spreads least evenly over the probe groups (paper 3's value).")
-@click.option("--lape-activation-quantile", type=click.FloatRange(0, 1, max_open=True), default=0.80, show_default=True, help="A group owns a specific neuron when the neuron's activation probability on it is above this quantile of all activation probabilities (paper 3's value).")
-@click.option("--cutoff-signal", type=click.Choice(["cka", "selectivity", "both"]), default="cka", show_default=True, help="What sets the layer cut-off: unbiased CKA, the fine-tunes' overlap of group-specific neurons, or the lower of the two. The report says which decided.")
-@click.option("--overlap-threshold", type=click.FloatRange(0, 1), default=None, help="Specific-neuron overlap (Jaccard) below this, from some block on, marks where the fine-tunes' neurons part (default 0.5; read with --cutoff-signal selectivity or both).")
-@click.option("--skip", multiple=True, metavar="DIAGNOSTIC", help="Do not run this diagnostic (e.g. representations or selectivity on a large pool). Repeatable.")
-@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), help="Keep each model's pass results here: a killed precheck (or a lost Ray worker) restarts where it stopped. Off unless given.")
+@click.option(
+    "--pool",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Instead of CONFIG_FILE: a folder of peft LoRA adapter folders on one base, checked as their task_arithmetic mean.",
+)
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("precheck"),
+    show_default=True,
+    help="Folder for precheck.json, recommended.yml (recommended/ per expert) and report.html.",
+)
+@click.option(
+    "--probe",
+    "probes",
+    multiple=True,
+    metavar="MODEL=SPEC",
+    help="Probe data for a model (path as written in the config, or its folder name): a .jsonl file, an lm-eval task YAML or task name. Repeatable; overrides the config's probe: key.",
+)
+@click.option(
+    "--fewshot",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Solved examples before each multiple-choice probe question (default: 3, chosen by measurement). lm-eval tasks keep their own num_fewshot.",
+)
+@click.option(
+    "--calibration",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="A calibration file from `calibrate` (default: the one shipped, fitted on the project's pools).",
+)
+@click.option(
+    "--layers",
+    help="Only compare these representation layers, e.g. 0-12,20 (0 = embedding output, i = output of block i-1).",
+)
+@click.option(
+    "--cka-threshold",
+    type=click.FloatRange(0, 1),
+    default=None,
+    help="Unbiased CKA below this, from some layer on, marks where representations stop being shared (default 0.8).",
+)
+@click.option(
+    "--cka-batch-size",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Rows per minibatch of the unbiased CKA (0: one batch of all rows; each batch needs ≥ 4).",
+)
+@click.option(
+    "--selectivity-span",
+    type=click.Choice(["answer", "prompt"]),
+    default="answer",
+    show_default=True,
+    help="Neuron selectivity counts MLP activations over these tokens of each probe line: its gold answer or its prompt.",
+)
+@click.option(
+    "--lape-entropy-quantile",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=0.10,
+    show_default=True,
+    help="Share of all MLP neurons kept as group-specific: those whose activation spreads least evenly over the probe groups (paper 3's value).",
+)
+@click.option(
+    "--lape-activation-quantile",
+    type=click.FloatRange(0, 1, max_open=True),
+    default=0.80,
+    show_default=True,
+    help="A group owns a specific neuron when the neuron's activation probability on it is above this quantile of all activation probabilities (paper 3's value).",
+)
+@click.option(
+    "--cutoff-signal",
+    type=click.Choice(["cka", "selectivity", "both"]),
+    default="cka",
+    show_default=True,
+    help="What sets the layer cut-off: unbiased CKA, the fine-tunes' overlap of group-specific neurons, or the lower of the two. The report says which decided.",
+)
+@click.option(
+    "--overlap-threshold",
+    type=click.FloatRange(0, 1),
+    default=None,
+    help="Specific-neuron overlap (Jaccard) below this, from some block on, marks where the fine-tunes' neurons part (default 0.5; read with --cutoff-signal selectivity or both).",
+)
+@click.option(
+    "--skip",
+    multiple=True,
+    metavar="DIAGNOSTIC",
+    help="Do not run this diagnostic (e.g. representations or selectivity on a large pool). Repeatable.",
+)
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Keep each model's pass results here: a killed precheck (or a lost Ray worker) restarts where it stopped. Off unless given.",
+)
 @model_options(default_limit=64, default_dtype="auto")
 @user_errors
 @ray_option
-def precheck(config_file: Optional[Path], pool: Optional[Path], out: Path, probes, fewshot, calibration, layers, cka_threshold, cka_batch_size, selectivity_span, lape_entropy_quantile, lape_activation_quantile, cutoff_signal, overlap_threshold, skip, cache_dir, **model):
+def precheck(
+    config_file: Optional[Path],
+    pool: Optional[Path],
+    out: Path,
+    probes,
+    fewshot,
+    calibration,
+    layers,
+    cka_threshold,
+    cka_batch_size,
+    selectivity_span,
+    lape_entropy_quantile,
+    lape_activation_quantile,
+    cutoff_signal,
+    overlap_threshold,
+    skip,
+    cache_dir,
+    **model,
+):
     """Predict, before merging, how well each model of CONFIG_FILE will survive the merge.
 
     \b
@@ -281,9 +403,24 @@ def precheck(config_file: Optional[Path], pool: Optional[Path], out: Path, probe
     from mergekit_mergeability.precheck import config as merge_config, run
     from mergekit_mergeability.summary import print_precheck
 
-    extra = {"layers": _layer_set(layers), "cka_batch_size": cka_batch_size, "skip": list(skip), "selectivity_span": selectivity_span}
-    extra.update(lape_entropy_quantile=lape_entropy_quantile, lape_activation_quantile=lape_activation_quantile, cutoff_signal=cutoff_signal)
-    chosen = {"fewshot": fewshot, "calibration": calibration and str(calibration), "cka_threshold": cka_threshold, "overlap_threshold": overlap_threshold, "cache_dir": cache_dir and str(cache_dir)}
+    extra = {
+        "layers": _layer_set(layers),
+        "cka_batch_size": cka_batch_size,
+        "skip": list(skip),
+        "selectivity_span": selectivity_span,
+    }
+    extra.update(
+        lape_entropy_quantile=lape_entropy_quantile,
+        lape_activation_quantile=lape_activation_quantile,
+        cutoff_signal=cutoff_signal,
+    )
+    chosen = {
+        "fewshot": fewshot,
+        "calibration": calibration and str(calibration),
+        "cka_threshold": cka_threshold,
+        "overlap_threshold": overlap_threshold,
+        "cache_dir": cache_dir and str(cache_dir),
+    }
     extra.update({k: v for k, v in chosen.items() if v is not None})
     if (config_file is None) == (pool is None):
         raise UserError("precheck: name a CONFIG_FILE or a --pool folder of adapters (one of the two)")
@@ -296,7 +433,9 @@ def precheck(config_file: Optional[Path], pool: Optional[Path], out: Path, probe
 
 @main.command()
 @click.argument("config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--merged", type=click.Path(path_type=Path), required=True, help="The merged model folder (mergekit-yaml's output).")
+@click.option(
+    "--merged", type=click.Path(path_type=Path), required=True, help="The merged model folder (mergekit-yaml's output)."
+)
 @click.option("--tasks", help="Comma-separated task specs for every model, instead of each model's probe: key.")
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("eval"), show_default=True)
 @cache_option
@@ -328,11 +467,20 @@ def evaluate(config_file: Path, merged: Path, tasks, out: Path, cache, **model):
 
 @main.command()
 @click.argument("pool_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--partners", "-M", type=click.IntRange(min=1), default=8, show_default=True, help="Partners drawn for each merge.")
+@click.option(
+    "--partners", "-M", type=click.IntRange(min=1), default=8, show_default=True, help="Partners drawn for each merge."
+)
 @click.option("--trials", "-N", type=click.IntRange(min=1), default=5, show_default=True, help="Draws per model.")
-@click.option("--method", default="task_arithmetic", show_default=True, help="Any registered mergekit method (see `methods`); parameters come from the pool file.")
+@click.option(
+    "--method",
+    default="task_arithmetic",
+    show_default=True,
+    help="Any registered mergekit method (see `methods`); parameters come from the pool file.",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("mergeability"), show_default=True)
+@click.option(
+    "--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("mergeability"), show_default=True
+)
 @cache_option
 @model_options(default_limit=None)
 @user_errors
@@ -364,9 +512,21 @@ def mergeability(pool_file: Path, partners, trials, method, seed, out: Path, cac
 @main.command()
 @click.argument("precheck_json", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("mergeability_json", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--target", type=click.Choice(["mergeability", "normalised"]), default="mergeability", show_default=True, help="Raw own-task score after merging, or the share of the fine-tune's gain kept.")
+@click.option(
+    "--target",
+    type=click.Choice(["mergeability", "normalised"]),
+    default="mergeability",
+    show_default=True,
+    help="Raw own-task score after merging, or the share of the fine-tune's gain kept.",
+)
 @click.option("--permutations", type=click.IntRange(min=100), default=10_000, show_default=True)
-@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=None, help="Also write OUT/validation.json.")
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Also write OUT/validation.json.",
+)
 @user_errors
 def validate(precheck_json: Path, mergeability_json: Path, target, permutations, out):
     """Check a precheck's predictions against measured mergeability.
@@ -390,10 +550,35 @@ def validate(precheck_json: Path, mergeability_json: Path, target, permutations,
 
 @main.command()
 @click.argument("measured", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--out", "-o", type=click.Path(dir_okay=False, path_type=Path), default=Path("calibration.json"), show_default=True, help="Where to write the calibration (for precheck --calibration).")
-@click.option("--target", type=click.Choice(["mergeability", "normalised"]), default="mergeability", show_default=True, help="Raw own-task score after merging, or the share of the fine-tune's gain kept.")
-@click.option("--permutations", type=click.IntRange(min=20), default=500, show_default=True, help="Shuffles of the targets for the null of the whole fitting procedure.")
-@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True), default=0.05, show_default=True, help="Refuse a fit whose held-out Spearman has a permutation p-value at or above this.")
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("calibration.json"),
+    show_default=True,
+    help="Where to write the calibration (for precheck --calibration).",
+)
+@click.option(
+    "--target",
+    type=click.Choice(["mergeability", "normalised"]),
+    default="mergeability",
+    show_default=True,
+    help="Raw own-task score after merging, or the share of the fine-tune's gain kept.",
+)
+@click.option(
+    "--permutations",
+    type=click.IntRange(min=20),
+    default=500,
+    show_default=True,
+    help="Shuffles of the targets for the null of the whole fitting procedure.",
+)
+@click.option(
+    "--alpha",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=0.05,
+    show_default=True,
+    help="Refuse a fit whose held-out Spearman has a permutation p-value at or above this.",
+)
 @user_errors
 def calibrate(measured, out: Path, target, permutations, alpha):
     """Fit the precheck's prediction on measured pools: PRECHECK_JSON MERGEABILITY_JSON [more pairs].
@@ -417,8 +602,16 @@ def calibrate(measured, out: Path, target, permutations, alpha):
         raise UserError(f"calibrate takes pairs of files (precheck.json mergeability.json); got {len(measured)} files")
     pairs = list(zip(measured[::2], measured[1::2]))
     report = fit(pairs, target, permutations)
-    refusals = [f"{how}: p = {r['p_permutation']:.3f} is not below --alpha {alpha}" for how, r in report["out_of_sample"].items() if r["p_permutation"] >= alpha]
-    refusals += [f"{how}: Spearman {r['spearman']:+.2f} loses to {r['best_single_feature']} alone ({r['best_single_spearman']:+.2f})" for how, r in report["out_of_sample"].items() if not r["beats_best_single_feature"]]
+    refusals = [
+        f"{how}: p = {r['p_permutation']:.3f} is not below --alpha {alpha}"
+        for how, r in report["out_of_sample"].items()
+        if r["p_permutation"] >= alpha
+    ]
+    refusals += [
+        f"{how}: Spearman {r['spearman']:+.2f} loses to {r['best_single_feature']} alone ({r['best_single_spearman']:+.2f})"
+        for how, r in report["out_of_sample"].items()
+        if not r["beats_best_single_feature"]
+    ]
     print_calibration(report)
     if refusals:
         click.echo(f"not written: {'; '.join(refusals)}", err=True)
@@ -430,26 +623,107 @@ def calibrate(measured, out: Path, target, permutations, alpha):
 @main.command()
 @click.argument("model_a")
 @click.argument("model_b")
-@click.option("--tasks", "task", required=True, help="One lm-eval generation task: a task YAML, a shipped or installed task name, or a .jsonl of {prompt, answer} lines.")
-@click.option("--lambdas", default="0:1:0.1", show_default=True, help="START:STOP:STEP (both ends included) or a list like 0,0.5,1.")
-@click.option("--marker", default="</think>", show_default=True, help="A regex: answers containing it count towards the marker rate.")
-@click.option("--budget", type=click.FloatRange(min=0, min_open=True), help="Tokens per answer: the sweet spot is then the best accuracy within it.")
-@click.option("--base", help="MODEL_A and MODEL_B are task vectors of this base model (folders of .safetensors holding θ − θ_base).")
+@click.option(
+    "--tasks",
+    "task",
+    required=True,
+    help="One lm-eval generation task: a task YAML, a shipped or installed task name, or a .jsonl of {prompt, answer} lines.",
+)
+@click.option(
+    "--lambdas",
+    default="0:1:0.1",
+    show_default=True,
+    help="START:STOP:STEP (both ends included) or a list like 0,0.5,1.",
+)
+@click.option(
+    "--marker",
+    default="</think>",
+    show_default=True,
+    help="A regex: answers containing it count towards the marker rate.",
+)
+@click.option(
+    "--budget",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Tokens per answer: the sweet spot is then the best accuracy within it.",
+)
+@click.option(
+    "--base",
+    help="MODEL_A and MODEL_B are task vectors of this base model (folders of .safetensors holding θ − θ_base).",
+)
 @click.option("--layers", help="Interpolate only these layers, e.g. 12-35 (everything else is A's).")
-@click.option("--modules", type=click.Choice(["mlp", "attention"]), help="Interpolate only MLP or only attention tensors (everything else is A's).")
-@click.option("--samples", "-k", type=click.IntRange(min=1), default=1, show_default=True, help="Answers per problem: 1 is greedy; more are sampled, for Pass@k and Vote@k.")
-@click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=0.7, show_default=True, help="Sampling temperature when --samples > 1.")
+@click.option(
+    "--modules",
+    type=click.Choice(["mlp", "attention"]),
+    help="Interpolate only MLP or only attention tensors (everything else is A's).",
+)
+@click.option(
+    "--samples",
+    "-k",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Answers per problem: 1 is greedy; more are sampled, for Pass@k and Vote@k.",
+)
+@click.option(
+    "--temperature",
+    type=click.FloatRange(min=0, min_open=True),
+    default=0.7,
+    show_default=True,
+    help="Sampling temperature when --samples > 1.",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--refine", type=click.IntRange(min=0), default=8, show_default=True, help="At most this many λ added where the curves change fastest (0: the grid only).")
-@click.option("--resolution", type=click.FloatRange(min=0, min_open=True), default=0.025, show_default=True, help="Refine until the transition is located to ± this.")
-@click.option("--tolerance", type=click.FloatRange(min=0), default=0.05, show_default=True, help="Without --budget, accuracy within this of the best counts as matching it.")
-@click.option("--save-chosen", is_flag=True, help="Also write the sweet spot's model to OUT/chosen/ (otherwise no checkpoint is written).")
+@click.option(
+    "--refine",
+    type=click.IntRange(min=0),
+    default=8,
+    show_default=True,
+    help="At most this many λ added where the curves change fastest (0: the grid only).",
+)
+@click.option(
+    "--resolution",
+    type=click.FloatRange(min=0, min_open=True),
+    default=0.025,
+    show_default=True,
+    help="Refine until the transition is located to ± this.",
+)
+@click.option(
+    "--tolerance",
+    type=click.FloatRange(min=0),
+    default=0.05,
+    show_default=True,
+    help="Without --budget, accuracy within this of the best counts as matching it.",
+)
+@click.option(
+    "--save-chosen",
+    is_flag=True,
+    help="Also write the sweet spot's model to OUT/chosen/ (otherwise no checkpoint is written).",
+)
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("sweep"), show_default=True)
 @cache_option
 @model_options(default_limit=None)
 @user_errors
 @ray_option
-def sweep(model_a, model_b, task, lambdas, marker, budget, base, layers, modules, samples, temperature, seed, refine, resolution, tolerance, save_chosen, out: Path, cache, **model):
+def sweep(
+    model_a,
+    model_b,
+    task,
+    lambdas,
+    marker,
+    budget,
+    base,
+    layers,
+    modules,
+    samples,
+    temperature,
+    seed,
+    refine,
+    resolution,
+    tolerance,
+    save_chosen,
+    out: Path,
+    cache,
+    **model,
+):
     """Interpolate MODEL_A and MODEL_B along λ; find the three stages and the sweet spot.
 
     Paper 2 (arXiv 2510.10977): θ(λ) = λ·B + (1 − λ)·A moves from A-like answers,
@@ -472,18 +746,54 @@ def sweep(model_a, model_b, task, lambdas, marker, budget, base, layers, modules
     from mergekit_mergeability.sweep.models import Selection
 
     selection = Selection(frozenset(_layer_set(layers)) if layers else None, modules)
-    settings = sweeping.Settings(task, sweeping.grid(lambdas), marker, budget, selection, samples, temperature, seed, refine, resolution, tolerance)
-    report, run = sweeping.run(model_a, model_b, base, settings, _options(**model), cache, out / "chosen" if save_chosen else None)
+    settings = sweeping.Settings(
+        task,
+        sweeping.grid(lambdas),
+        marker,
+        budget,
+        selection,
+        samples,
+        temperature,
+        seed,
+        refine,
+        resolution,
+        tolerance,
+    )
+    report, run = sweeping.run(
+        model_a, model_b, base, settings, _options(**model), cache, out / "chosen" if save_chosen else None
+    )
     outputs.write(report, run, out)
     outputs.print_sweep(report, out)
 
 
 @main.command()
-@click.option("--quick", is_flag=True, help="Tiny random models instead of SmolLM2: the same pipeline in about a minute (numbers are meaningless).")
-@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=lambda: default_cache_dir() / "demo", show_default="~/.cache/mergekit-mergeability/demo", help="Base model, experts, merges and scores; delete to rebuild.")
-@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("mergeability-demo"), show_default=True, help="Configs, precheck reports, measurements and summary.json.")
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="Tiny random models instead of SmolLM2: the same pipeline in about a minute (numbers are meaningless).",
+)
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=lambda: default_cache_dir() / "demo",
+    show_default="~/.cache/mergekit-mergeability/demo",
+    help="Base model, experts, merges and scores; delete to rebuild.",
+)
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("mergeability-demo"),
+    show_default=True,
+    help="Configs, precheck reports, measurements and summary.json.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
-@click.option("--sweep", "sweep_only", is_flag=True, help="Only step 6: the interpolation sweep from SmolLM2 to its thinking variant (~5 min first run).")
+@click.option(
+    "--sweep",
+    "sweep_only",
+    is_flag=True,
+    help="Only step 6: the interpolation sweep from SmolLM2 to its thinking variant (~5 min first run).",
+)
 @user_errors
 def demo(quick: bool, cache_dir: Path, out: Path, quiet: bool, sweep_only: bool):
     """Predict, merge and measure on a real model, offline: the whole story in one command.

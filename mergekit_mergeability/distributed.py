@@ -52,12 +52,18 @@ def cluster(address: Optional[str]) -> Iterator[None]:
     ray = require_ray()
     started = not ray.is_initialized()
     if started and address and not reachable(address):  # ray.init would retry for minutes
-        raise UserError(f"--ray {address}: nothing answers there; start the cluster's head (ray start --head) or check the address")
+        raise UserError(
+            f"--ray {address}: nothing answers there; start the cluster's head (ray start --head) or check the address"
+        )
     if started:
         try:
-            ray.init(address=address or None, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+            ray.init(
+                address=address or None, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING
+            )
         except (ConnectionError, ValueError, RuntimeError) as error:
-            raise UserError(f"--ray {address or ''}: could not start or reach a Ray cluster: {(str(error).splitlines() or [''])[0]}") from None
+            raise UserError(
+                f"--ray {address or ''}: could not start or reach a Ray cluster: {(str(error).splitlines() or [''])[0]}"
+            ) from None
     _active = True
     try:
         yield
@@ -83,7 +89,13 @@ def active() -> bool:
     return _active
 
 
-def each(function: Callable[..., T], items: Sequence[Any], *shared: Any, done: Optional[Callable[[int, T], None]] = None, gpus: int = 0) -> List[T]:
+def each(
+    function: Callable[..., T],
+    items: Sequence[Any],
+    *shared: Any,
+    done: Optional[Callable[[int, T], None]] = None,
+    gpus: int = 0,
+) -> List[T]:
     """``[function(item, *shared) for item in items]``: one Ray task per item inside ``cluster``
     (``shared`` put in the object store once; each task given one CPU and ``gpus`` GPUs), else
     in this process, in order. ``done(index, result)`` runs on the driver as each result arrives."""

@@ -74,9 +74,7 @@ def mergeability_diagnostics() -> Sequence["Diagnostic"]:
 
 
 @hookspec
-def mergeability_precheck_report(
-    report: Mapping[str, Any], config_path: str
-) -> Optional[str]:
+def mergeability_precheck_report(report: Mapping[str, Any], config_path: str) -> Optional[str]:
     """Receive a finished precheck report, to log it or to gate a merge.
 
     Called once per precheck, after every diagnostic ran and the recommendation

@@ -46,7 +46,9 @@ def read_config(folder: Path) -> dict:
         raise UserError(f"{path}: peft_type {kind}; only LoRA adapters can be pool members")
     for flag in ("use_dora", "lora_bias"):
         if config.get(flag):
-            raise UserError(f"{path}: {flag} is set; only plain LoRA updates (scale·B·A) are supported, merge this adapter first")
+            raise UserError(
+                f"{path}: {flag} is set; only plain LoRA updates (scale·B·A) are supported, merge this adapter first"
+            )
     return config
 
 
@@ -82,9 +84,13 @@ class AdapterModel:
             found = modules(self.folder, self.config)
             for name, (shape, _) in found.items():
                 if name not in shapes:
-                    raise UserError(f"adapter {self.folder}: its module for {name} has no tensor in the base {self.base}; was it trained on another model?")
+                    raise UserError(
+                        f"adapter {self.folder}: its module for {name} has no tensor in the base {self.base}; was it trained on another model?"
+                    )
                 if tuple(shapes[name]) != shape:
-                    raise UserError(f"adapter {self.folder}: {name} is {list(shape)}, in the base {self.base} {list(shapes[name])}; was it trained on another model?")
+                    raise UserError(
+                        f"adapter {self.folder}: {name} is {list(shape)}, in the base {self.base} {list(shapes[name])}; was it trained on another model?"
+                    )
             self._targets = {name: keys for name, (_, keys) in found.items()}
         return self._targets
 
@@ -105,7 +111,9 @@ class AdapterModel:
         """The targeted tensors of ``tensors`` (the base's, by name) with the update added."""
         missing = [name for name in self.targets() if name not in tensors]
         if missing:
-            raise UserError(f"adapter {self.folder}: tensor {missing[0]} is not in the loaded base {self.base}; was it trained on another model?")
+            raise UserError(
+                f"adapter {self.folder}: tensor {missing[0]} is not in the loaded base {self.base}; was it trained on another model?"
+            )
         return {name: add(tensors[name], self.update(name)) for name in self.targets()}
 
 
@@ -157,23 +165,31 @@ def modules(folder: Path, config: dict) -> Dict[str, Tuple[Tuple[int, int], Tupl
     file = folder / WEIGHTS
     if not file.is_file():
         others = sorted(p.name for p in folder.glob("adapter_model.*"))
-        hint = f"only {others[0]}; re-save it with safe_serialization=True" if others else "is it a peft adapter folder?"
+        hint = (
+            f"only {others[0]}; re-save it with safe_serialization=True" if others else "is it a peft adapter folder?"
+        )
         raise UserError(f"adapter {folder}: no {WEIGHTS} ({hint})")
     halves: Dict[str, Dict[str, Tuple[str, tuple]]] = {}
     for key, info in read_header(file).items():  # a truncated or damaged file is named here, in one line
         if key == "__metadata__":
             continue
-        match = _KEY.fullmatch(key[len(_PREFIX):] if key.startswith(_PREFIX) else key)
+        match = _KEY.fullmatch(key[len(_PREFIX) :] if key.startswith(_PREFIX) else key)
         if match is None:
-            raise UserError(f"adapter {folder}: tensor {key} is not a LoRA factor (lora_A / lora_B); only LoRA updates of linear layers are supported")
+            raise UserError(
+                f"adapter {folder}: tensor {key} is not a LoRA factor (lora_A / lora_B); only LoRA updates of linear layers are supported"
+            )
         halves.setdefault(match["module"], {})[match["factor"]] = (key, tuple(info["shape"]))
     found = {}
     for module, pair in halves.items():
         if set(pair) != {"A", "B"}:
-            raise UserError(f"adapter {folder}: module {module} has lora_{next(iter(pair))} but not its other factor; save the adapter again")
+            raise UserError(
+                f"adapter {folder}: module {module} has lora_{next(iter(pair))} but not its other factor; save the adapter again"
+            )
         (key_a, shape_a), (key_b, shape_b) = pair["A"], pair["B"]
         if len(shape_a) != 2 or len(shape_b) != 2 or shape_a[0] != shape_b[1]:
-            raise UserError(f"adapter {folder}: module {module} has factors {list(shape_b)} · {list(shape_a)}, which do not multiply")
+            raise UserError(
+                f"adapter {folder}: module {module} has factors {list(shape_b)} · {list(shape_a)}, which do not multiply"
+            )
         shape = (shape_a[1], shape_b[0]) if config.get("fan_in_fan_out") else (shape_b[0], shape_a[1])
         found[f"{module}.weight"] = (shape, (key_a, key_b))
     if not found:
@@ -209,7 +225,15 @@ def materialise(model: AdapterModel, folder: Path) -> Path:
     if folder.exists():
         raise UserError(f"{folder}: already exists; materialise into a new folder")
     with atomic_folder(folder) as partial:
-        shutil.copytree(Path(model.base), partial, ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json", "*.bin", "*.pt", "*.pth"))
+        shutil.copytree(
+            Path(model.base),
+            partial,
+            ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json", "*.bin", "*.pt", "*.pth"),
+        )
         reader = AdapterReader(model)
-        save_file({name: reader[name].contiguous() for name in reader.index}, partial / "model.safetensors", metadata={"format": "pt"})
+        save_file(
+            {name: reader[name].contiguous() for name in reader.index},
+            partial / "model.safetensors",
+            metadata={"format": "pt"},
+        )
     return folder

@@ -51,7 +51,9 @@ def load_plugins(found: Iterable[EntryPoint]) -> PluginManager:
         if manager.has_plugin(entry_point.name):
             if manager.packages.get(entry_point.name) == package:
                 continue  # the same package seen twice on sys.path
-            raise UserError(f"two packages register the plugin {entry_point.name!r}: {manager.packages.get(entry_point.name)} and {package}; uninstall one of them")
+            raise UserError(
+                f"two packages register the plugin {entry_point.name!r}: {manager.packages.get(entry_point.name)} and {package}; uninstall one of them"
+            )
         try:
             manager.register(entry_point.load(), name=entry_point.name)
         except Exception as error:  # any failure in third-party code
@@ -62,7 +64,11 @@ def load_plugins(found: Iterable[EntryPoint]) -> PluginManager:
 
 
 def results(
-    hook_name: str, manager: PluginManager | None = None, strict: Collection[str] = (), failed: Callable[[str], None] = _warn, **kwargs: Any
+    hook_name: str,
+    manager: PluginManager | None = None,
+    strict: Collection[str] = (),
+    failed: Callable[[str], None] = _warn,
+    **kwargs: Any,
 ) -> List[Tuple[str, Any]]:
     """Call one hook on every plugin; return (plugin name, what it returned) in plugin order.
 
@@ -85,12 +91,16 @@ def results(
     return found
 
 
-def contributions(hook_name: str, manager: PluginManager | None = None, strict: Collection[str] = (), **kwargs: Any) -> List[Tuple[str, Any]]:
+def contributions(
+    hook_name: str, manager: PluginManager | None = None, strict: Collection[str] = (), **kwargs: Any
+) -> List[Tuple[str, Any]]:
     """``results`` of a hook that returns a list: (plugin name, item) pairs in plugin order."""
     return [(plugin, item) for plugin, items in results(hook_name, manager, strict, **kwargs) for item in items or ()]
 
 
-def _refuse_duplicates(kind: str, found: List[Tuple[str, Any]], name_of: Callable[[Any], str], manager: PluginManager | None) -> None:
+def _refuse_duplicates(
+    kind: str, found: List[Tuple[str, Any]], name_of: Callable[[Any], str], manager: PluginManager | None
+) -> None:
     """One name, one thing: a name two plugins contribute would make one silently replace the other."""
     from mergekit_mergeability.errors import UserError
 
@@ -99,7 +109,9 @@ def _refuse_duplicates(kind: str, found: List[Tuple[str, Any]], name_of: Callabl
     for plugin, item in found:
         name = name_of(item)
         if name in first:
-            raise UserError(f"two plugins contribute a {kind} named {name!r}: {manager.origin(first[name])} and {manager.origin(plugin)}; uninstall one of them")
+            raise UserError(
+                f"two plugins contribute a {kind} named {name!r}: {manager.origin(first[name])} and {manager.origin(plugin)}; uninstall one of them"
+            )
         first[name] = plugin
 
 

@@ -98,7 +98,10 @@ def as_scored(instances: Sequence[Instance], extra: Sequence[Instance] = ()) -> 
     """Each line in the format its task is scored in: ``options`` lines as their own
     ``shots``-shot lettered question (shots from the probe's other lines, then ``extra``),
     the rest unchanged."""
-    return [_lettered(instances, i, inst.shots, extra, 0) if inst.format == OPTIONS else inst for i, inst in enumerate(instances)]
+    return [
+        _lettered(instances, i, inst.shots, extra, 0) if inst.format == OPTIONS else inst
+        for i, inst in enumerate(instances)
+    ]
 
 
 def cloze(instance: Instance) -> Instance:
@@ -107,7 +110,9 @@ def cloze(instance: Instance) -> Instance:
     if instance.question is None:
         return instance
     prompt = f"{instance.question}\nAnswer:"
-    return replace(instance, prompt=prompt, continuations=tuple(join(prompt, c) for c in instance.options), letters=(), shots=0)
+    return replace(
+        instance, prompt=prompt, continuations=tuple(join(prompt, c) for c in instance.options), letters=(), shots=0
+    )
 
 
 def _other(candidate: Instance, instance: Instance) -> bool:
@@ -123,7 +128,7 @@ def shots_from(spec: Optional[str], relative_to: Optional[Path] = None) -> List[
         return _from_jsonl(_neutral(), None)
     path = existing_file(spec, relative_to)
     if path is None or path.suffix != ".jsonl":
-        raise UserError(f"fewshot {spec}: no such .jsonl file of {{\"question\", \"choices\", \"label\"}} lines")
+        raise UserError(f'fewshot {spec}: no such .jsonl file of {{"question", "choices", "label"}} lines')
     return _from_jsonl(path, None)
 
 
@@ -221,12 +226,23 @@ def _kind(where: str, row: dict) -> Instance:
             raise UserError(f"{where}: shots must be a whole number ≥ 0, got {shots!r}")
         if shots and declared != OPTIONS:
             raise UserError(f'{where}: shots apply to "format": "options" lines only')
-        line = Instance("", (), label, question=str(row["question"]), options=tuple(choices), item=item, format=declared or CLOZE, declared=declared is not None)
+        line = Instance(
+            "",
+            (),
+            label,
+            question=str(row["question"]),
+            options=tuple(choices),
+            item=item,
+            format=declared or CLOZE,
+            declared=declared is not None,
+        )
         return replace(cloze(line), shots=shots)
     if {"prompt", "answer"} <= row.keys():
         prompt = str(row["prompt"])
         return Instance(prompt, (join(prompt, str(row["answer"])),), 0, GENERATION, format=GENERATION)
-    raise UserError(f'{where}: expected {{"question", "choices", "label"}} or {{"prompt", "answer"}}, got {sorted(row)}')
+    raise UserError(
+        f'{where}: expected {{"question", "choices", "label"}} or {{"prompt", "answer"}}, got {sorted(row)}'
+    )
 
 
 def task_name(path: Path) -> str:
@@ -236,7 +252,9 @@ def task_name(path: Path) -> str:
     try:
         name = (yaml.safe_load(path.read_text()) or {}).get("task")
     except yaml.constructor.ConstructorError:  # lm-eval's !function tags: read the line instead
-        name = next((line.split(":", 1)[1].strip() for line in path.read_text().splitlines() if line.startswith("task:")), None)
+        name = next(
+            (line.split(":", 1)[1].strip() for line in path.read_text().splitlines() if line.startswith("task:")), None
+        )
     except yaml.YAMLError as error:
         raise UserError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
     if not isinstance(name, str):

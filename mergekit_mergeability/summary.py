@@ -25,10 +25,18 @@ def print_precheck(report: Dict[str, Any], out: Optional[Path] = None) -> None:
     for model in (m for m in report["models"] if m["role"] == "expert"):
         p_gold, accuracy = known(model, report)
         flag = "*" if model.get("out_of_domain") else ""
-        table.add_row(model["name"], number(p_gold), number(accuracy), number(model["predicted_mergeability"]) + flag, "; ".join(model["reasons"]))
+        table.add_row(
+            model["name"],
+            number(p_gold),
+            number(accuracy),
+            number(model["predicted_mergeability"]) + flag,
+            "; ".join(model["reasons"]),
+        )
     console.print(table)
     if any(m.get("out_of_domain") for m in report["models"]):
-        console.print("[dim]* outside what the calibration was fitted on (the warning below says how): a rough guide[/dim]")
+        console.print(
+            "[dim]* outside what the calibration was fitted on (the warning below says how): a rough guide[/dim]"
+        )
     _print_legend(console, report["models"])
     names = {m["path"]: m["name"] for m in report["models"]}
     for finding in report["findings"]:
@@ -36,7 +44,10 @@ def print_precheck(report: Dict[str, Any], out: Optional[Path] = None) -> None:
             console.print(f"[yellow]{finding['severity']}[/yellow] {shorten(finding['message'], names)}")
     rec = report["recommendation"]
     cutoff = f", cut-off {rec['cutoff']}" if rec["cutoff"] is not None else ""
-    console.print(f"[bold]verdict: {rec['verdict']}[/bold] (method {rec['method']}{cutoff}): " + shorten(" ".join(rec["reasons"]), names))
+    console.print(
+        f"[bold]verdict: {rec['verdict']}[/bold] (method {rec['method']}{cutoff}): "
+        + shorten(" ".join(rec["reasons"]), names)
+    )
     main, *per_expert = rec["models"] or [None]
     if main is not None:
         console.print(f"  {main['file']} keeps {main['keeps']}; drops {main['drops']}")
@@ -44,7 +55,11 @@ def print_precheck(report: Dict[str, Any], out: Optional[Path] = None) -> None:
             console.print(f"  [dim]{note}[/dim]")
     if per_expert:
         files = ", ".join(Path(a["file"]).name for a in per_expert)
-        console.print(f"  recommended/ gives back each model kept apart: {files}" if rec["verdict"] == "leave_out" else f"  recommended/ holds one such model per expert: {files}")
+        console.print(
+            f"  recommended/ gives back each model kept apart: {files}"
+            if rec["verdict"] == "leave_out"
+            else f"  recommended/ holds one such model per expert: {files}"
+        )
     for reason in report["stop"]:
         console.print(f"[red]stop:[/red] {shorten(reason, names)}")
     if out is not None:
@@ -87,9 +102,15 @@ def wrapping_table(title: str, *columns: str, **options):
 def print_evaluation(report: Dict[str, Any], out: Optional[Path] = None) -> None:
     from rich.console import Console
 
-    table = wrapping_table("What the merge kept", "task", "metric", "base", "expert", "merged", "retention", "normalised gain")
+    table = wrapping_table(
+        "What the merge kept", "task", "metric", "base", "expert", "merged", "retention", "normalised gain"
+    )
     for row in report["tasks"]:
-        table.add_row(row["task"], row["metric"], *(number(row[k]) for k in ("base", "expert", "merged", "retention", "normalised_gain")))
+        table.add_row(
+            row["task"],
+            row["metric"],
+            *(number(row[k]) for k in ("base", "expert", "merged", "retention", "normalised_gain")),
+        )
     Console().print(table)
     if out is not None:
         Console().print(f"wrote {out}/evaluation.json, {out}/evaluation.png")
@@ -104,7 +125,15 @@ def print_mergeability(report: Dict[str, Any], out: Optional[Path] = None) -> No
     tasks = short_names(row["task"] for row in report["models"])
     for row in report["models"]:
         low, high = row["interval"]
-        table.add_row(names[row["path"]], tasks[row["task"]], number(row["base_score"]), number(row["expert_score"]), number(row["mergeability"]), f"{low:.2f}–{high:.2f}", number(row["normalised"]))
+        table.add_row(
+            names[row["path"]],
+            tasks[row["task"]],
+            number(row["base_score"]),
+            number(row["expert_score"]),
+            number(row["mergeability"]),
+            f"{low:.2f}–{high:.2f}",
+            number(row["normalised"]),
+        )
     console = Console()
     console.print(table)
     _print_legend(console, [{"name": names[p], "path": p} for p in names])
@@ -115,29 +144,55 @@ def print_mergeability(report: Dict[str, Any], out: Optional[Path] = None) -> No
 def print_validation(report: Dict[str, Any]) -> None:
     from rich.console import Console
 
-    table = wrapping_table(f"Predicting {report['target']} over {report['models']} models ({report['method']})", "predictor", "Spearman", "95% bootstrap interval", "permutation p")
+    table = wrapping_table(
+        f"Predicting {report['target']} over {report['models']} models ({report['method']})",
+        "predictor",
+        "Spearman",
+        "95% bootstrap interval",
+        "permutation p",
+    )
     for row in report["correlations"]:
         low, high = row["interval"]
-        table.add_row(row["predictor"], f"{row['spearman']:+.2f}", f"{low:+.2f} – {high:+.2f}", p_value(row["p_permutation"]))
+        table.add_row(
+            row["predictor"], f"{row['spearman']:+.2f}", f"{low:+.2f} – {high:+.2f}", p_value(row["p_permutation"])
+        )
     console = Console()
     console.print(table)
     versus = report.get("versus_best_single")
     if versus:
         low, high = versus["interval"]
         verdict = "beats" if versus["beats"] else "does not clearly beat"
-        console.print(f"The prediction {verdict} its best single input ({versus['best_single']}): Spearman difference {versus['difference']:+.2f}, 95% interval {low:+.2f} – {high:+.2f} (n = {versus['n']})")
+        console.print(
+            f"The prediction {verdict} its best single input ({versus['best_single']}): Spearman difference {versus['difference']:+.2f}, 95% interval {low:+.2f} – {high:+.2f} (n = {versus['n']})"
+        )
 
 
 def print_calibration(report: Dict[str, Any]) -> None:
     from rich.console import Console
 
     console = Console()
-    weights = wrapping_table(f"Calibration on {report['models']} models, {len(report['pools'])} pool(s) ({', '.join(report['method'])})", "feature", "direction", "weight", "alone (Spearman)")
+    weights = wrapping_table(
+        f"Calibration on {report['models']} models, {len(report['pools'])} pool(s) ({', '.join(report['method'])})",
+        "feature",
+        "direction",
+        "weight",
+        "alone (Spearman)",
+    )
     for feature in report["model"]["features"]:
         alone = report["single_features"].get(feature["name"])
-        weights.add_row(feature["name"], "+" if feature["direction"] > 0 else "−", f"{feature['weight']:.3f}", number(alone))
+        weights.add_row(
+            feature["name"], "+" if feature["direction"] > 0 else "−", f"{feature['weight']:.3f}", number(alone)
+        )
     console.print(weights)
-    held = wrapping_table("Out of sample", "held out", "Spearman", "permutation p", "null 95th pct.", "best single feature")
+    held = wrapping_table(
+        "Out of sample", "held out", "Spearman", "permutation p", "null 95th pct.", "best single feature"
+    )
     for how, r in report["out_of_sample"].items():
-        held.add_row(how.replace("_", " "), f"{r['spearman']:+.2f}", p_value(r["p_permutation"]), f"{r['null_95th_percentile']:+.2f}", f"{r['best_single_feature']} ({r['best_single_spearman']:+.2f})")
+        held.add_row(
+            how.replace("_", " "),
+            f"{r['spearman']:+.2f}",
+            p_value(r["p_permutation"]),
+            f"{r['null_95th_percentile']:+.2f}",
+            f"{r['best_single_feature']} ({r['best_single_spearman']:+.2f})",
+        )
     console.print(held)

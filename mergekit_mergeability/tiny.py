@@ -58,7 +58,9 @@ def train_tokenizer() -> transformers.PreTrainedTokenizerFast:
 def config(arch: str, vocab_size: int, layers: int = 4):
     cls = getattr(transformers, ARCHITECTURES[arch])
     if arch == "gpt2":
-        return cls(vocab_size=vocab_size, n_embd=32, n_layer=layers, n_head=4, n_positions=128, bos_token_id=0, eos_token_id=0)
+        return cls(
+            vocab_size=vocab_size, n_embd=32, n_layer=layers, n_head=4, n_positions=128, bos_token_id=0, eos_token_id=0
+        )
     extra = {"head_dim": 8} if arch == "gemma" else {}
     return cls(
         vocab_size=vocab_size,
@@ -120,7 +122,14 @@ def derive(base: Path, folder: Path, update: Callable[[str, torch.Tensor], torch
 
 
 def make_adapter(
-    base: Path, folder: Path, tensors, rank: int = 4, alpha: float = 8.0, seed: int = 0, scale: float = 0.05, base_name=None
+    base: Path,
+    folder: Path,
+    tensors,
+    rank: int = 4,
+    alpha: float = 8.0,
+    seed: int = 0,
+    scale: float = 0.05,
+    base_name=None,
 ) -> Path:
     """A PEFT LoRA adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``, peft's
     key names) with seeded random factors for the base tensors named in ``tensors``

@@ -29,9 +29,11 @@ def shipped_config(name: str, family, tmp_path: Path, edit=None) -> Path:
     if edit:
         assert edit[0] in text, edit
         text = text.replace(*edit)
-    text = text.replace("./models/expert_a", str(family["expert0"])).replace(
-        "./models/expert_b", str(family["expert1"])
-    ).replace("./models/base", str(family["base"]))
+    text = (
+        text.replace("./models/expert_a", str(family["expert0"]))
+        .replace("./models/expert_b", str(family["expert1"]))
+        .replace("./models/base", str(family["base"]))
+    )
     path = tmp_path / name
     path.write_text(text)
     return path
@@ -59,7 +61,11 @@ def ranked_probes(path: Path, model_dir: Path, questions, choices, pick: int) ->
     model, tok = load_causal_lm(model_dir)
     instances = [Instance(f"{q}\nAnswer:", tuple(f" {c}" for c in choices), 0) for q in questions]
     labels = [int(torch.argsort(s, descending=True)[pick]) for s, _ in choice_logprobs(model, tok, instances)]
-    path.write_text("".join(json.dumps({"question": q, "choices": list(choices), "label": l}) + "\n" for q, l in zip(questions, labels)))
+    path.write_text(
+        "".join(
+            json.dumps({"question": q, "choices": list(choices), "label": l}) + "\n" for q, l in zip(questions, labels)
+        )
+    )
     return path
 
 

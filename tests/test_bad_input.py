@@ -28,7 +28,14 @@ class World(dict):
 
     def config(self, name, models, base="base", probes=True, **top):
         entries = [{"model": str(self.get(m, m)), **({"probe": str(self["probe"])} if probes else {})} for m in models]
-        document = {"merge_method": "task_arithmetic", "base_model": str(self[base]), "models": entries, "parameters": {"weight": 0.5}, "dtype": "float32", **top}
+        document = {
+            "merge_method": "task_arithmetic",
+            "base_model": str(self[base]),
+            "models": entries,
+            "parameters": {"weight": 0.5},
+            "dtype": "float32",
+            **top,
+        }
         path = self["root"] / f"{name}.yml"
         path.write_text(yaml.safe_dump(document, sort_keys=False))
         return path
@@ -44,9 +51,13 @@ def world(llama, tmp_path_factory):
         wide=widened(llama["base"], root / "wide"),
         relabelled=relabelled(llama["expert0"], root / "relabelled"),
         no_config=shutil.copytree(llama["expert0"], root / "no_config", ignore=shutil.ignore_patterns("config.json")),
-        no_weights=shutil.copytree(llama["expert0"], root / "no_weights", ignore=shutil.ignore_patterns("*.safetensors")),
+        no_weights=shutil.copytree(
+            llama["expert0"], root / "no_weights", ignore=shutil.ignore_patterns("*.safetensors")
+        ),
         lora=f"{llama['expert0']}+{root / 'adapter'}",
-        other_base=make_adapter(llama["base"], root / "other_base", ["model.layers.0.mlp.up_proj.weight"], base_name=llama["expert0"]),
+        other_base=make_adapter(
+            llama["base"], root / "other_base", ["model.layers.0.mlp.up_proj.weight"], base_name=llama["expert0"]
+        ),
         absent=root / "absent",
         too_long=root / ("x" * 300),  # longer than a file name may be: the OS refuses to even look
         too_long_relative="y" * 300,
@@ -65,9 +76,17 @@ def world(llama, tmp_path_factory):
     for name, text in files.items():
         (root / name).write_text(text)
         w[Path(name).stem] = root / name
-    expert = lambda i: {"path": f"./m{i}", "role": "expert", "predicted_mergeability": 0.5, "knowledge": None, "weights": None}  # noqa: E731
+    expert = lambda i: {
+        "path": f"./m{i}",
+        "role": "expert",
+        "predicted_mergeability": 0.5,
+        "knowledge": None,
+        "weights": None,
+    }  # noqa: E731
     (root / "precheck.json").write_text(json.dumps({"models": [expert(0), expert(1)]}))
-    (root / "measured.json").write_text(json.dumps({"models": [{"path": f"./m{i}", "mergeability": 0.5} for i in range(3)]}))
+    (root / "measured.json").write_text(
+        json.dumps({"models": [{"path": f"./m{i}", "mergeability": 0.5} for i in range(3)]})
+    )
     w.update(precheck_json=root / "precheck.json", measured_json=root / "measured.json")
     w.update(
         pool=w.config("pool", ["e0", "e1"]),
@@ -84,7 +103,9 @@ def world(llama, tmp_path_factory):
         pool_unprobed=w.config("pool_unprobed", ["e0", "e1"], probes=False),
         method_typo=w.config("method_typo", ["e0", "e1"], merge_method="task_arithmetc"),
         no_knowledge=w.config("no_knowledge", ["e0", "e1"], merge_method="knowledge_weighted"),
-        cutoff_beyond=w.config("cutoff_beyond", ["e0", "e1"], merge_method="layer_selective", parameters={"cutoff": 99}),
+        cutoff_beyond=w.config(
+            "cutoff_beyond", ["e0", "e1"], merge_method="layer_selective", parameters={"cutoff": 99}
+        ),
         pool_too_long=w.config("pool_too_long", ["too_long", "e1"]),
         pool_too_long_relative=w.config("pool_too_long_relative", ["e0", "too_long_relative"]),
         empty_base=w.config("empty_base", ["e0", "e1"], base="empty"),
@@ -111,53 +132,213 @@ CASES = {
     "precheck: missing config file": ("precheck", ["{root}/absent.yml"], ["{root}/absent.yml", "does not exist"]),
     "precheck: config not YAML": ("precheck", ["{not_yaml}"], ["{not_yaml}: not valid YAML"]),
     "precheck: YAML not a mapping": ("precheck", ["{list}"], ["{list}: expected a mergekit config (a YAML mapping)"]),
-    "precheck: invalid mergekit field": ("precheck", ["{field}"], ["{field}: not a valid mergekit config", "merge_method"]),
+    "precheck: invalid mergekit field": (
+        "precheck",
+        ["{field}"],
+        ["{field}: not a valid mergekit config", "merge_method"],
+    ),
     "precheck: missing model folder": ("precheck", ["{pool_absent}"], ["model {absent}: no such folder"]),
-    "precheck: a model path too long to exist": ("precheck", ["{pool_too_long}"], ["{pool_too_long}: models[0].model: model {too_long}: no such folder"]),
-    "precheck: a relative model path too long to exist": ("precheck", ["{pool_too_long_relative}"], ["{pool_too_long_relative}: models[1].model: model {too_long_relative}: no such folder, nor a hub id"]),
-    "precheck: empty base_model": ("precheck", ["{empty_base}"], ["{empty_base}: base_model is empty; name a model folder or hub id"]),
+    "precheck: a model path too long to exist": (
+        "precheck",
+        ["{pool_too_long}"],
+        ["{pool_too_long}: models[0].model: model {too_long}: no such folder"],
+    ),
+    "precheck: a relative model path too long to exist": (
+        "precheck",
+        ["{pool_too_long_relative}"],
+        ["{pool_too_long_relative}: models[1].model: model {too_long_relative}: no such folder, nor a hub id"],
+    ),
+    "precheck: empty base_model": (
+        "precheck",
+        ["{empty_base}"],
+        ["{empty_base}: base_model is empty; name a model folder or hub id"],
+    ),
     "precheck: empty model": ("precheck", ["{empty_model}"], ["{empty_model}: models[1].model is empty"]),
-    "precheck: probe not a file or task name": ("precheck", ["{probe_not_a_name}"], ["{probe_not_a_name}: models[1].probe is True; name a .jsonl file"]),
-    "precheck: model folder without config.json": ("precheck", ["{pool_no_config}"], ["model {no_config}: no config.json"]),
+    "precheck: probe not a file or task name": (
+        "precheck",
+        ["{probe_not_a_name}"],
+        ["{probe_not_a_name}: models[1].probe is True; name a .jsonl file"],
+    ),
+    "precheck: model folder without config.json": (
+        "precheck",
+        ["{pool_no_config}"],
+        ["model {no_config}: no config.json"],
+    ),
     "precheck: model folder without weights": ("precheck", ["{pool_no_weights}"], ["{no_weights}: no weights"]),
-    "precheck: truncated safetensors": ("precheck", ["{pool_truncated}"], ["{truncated}/model.safetensors: truncated or corrupted (7 bytes short"]),
-    "precheck: corrupted safetensors header": ("precheck", ["{pool_garbled}"], ["{garbled}/model.safetensors: not a safetensors file"]),
-    "precheck: model+adapter, no adapter there": ("precheck", ["{pool_lora}"], ["model {lora}:", "{root}/adapter is not a peft adapter folder"]),
-    "precheck: adapter of another base": ("precheck", ["{pool_other_base}"], ["adapter {other_base}: trained on {e0}", "the config's base_model is {base}"]),
-    "precheck: missing probe file": ("precheck", ["{probe_missing}"], ["{probe_missing}: models[0].probe: probe {root}/absent.jsonl: no such file"]),
+    "precheck: truncated safetensors": (
+        "precheck",
+        ["{pool_truncated}"],
+        ["{truncated}/model.safetensors: truncated or corrupted (7 bytes short"],
+    ),
+    "precheck: corrupted safetensors header": (
+        "precheck",
+        ["{pool_garbled}"],
+        ["{garbled}/model.safetensors: not a safetensors file"],
+    ),
+    "precheck: model+adapter, no adapter there": (
+        "precheck",
+        ["{pool_lora}"],
+        ["model {lora}:", "{root}/adapter is not a peft adapter folder"],
+    ),
+    "precheck: adapter of another base": (
+        "precheck",
+        ["{pool_other_base}"],
+        ["adapter {other_base}: trained on {e0}", "the config's base_model is {base}"],
+    ),
+    "precheck: missing probe file": (
+        "precheck",
+        ["{probe_missing}"],
+        ["{probe_missing}: models[0].probe: probe {root}/absent.jsonl: no such file"],
+    ),
     "precheck: probe line not JSON": ("precheck", ["{probe_not_json}"], ["{not_json}:2: not JSON"]),
-    "precheck: probe label out of range": ("precheck", ["{probe_label}"], ["{label}:1: label must index one of at least 2 choices, got 5"]),
+    "precheck: probe label out of range": (
+        "precheck",
+        ["{probe_label}"],
+        ["{label}:1: label must index one of at least 2 choices, got 5"],
+    ),
     "precheck: probe with wrong keys": ("precheck", ["{probe_keys}"], ["{keys}:1: expected", "['a', 'q']"]),
-    "precheck: --probe naming no model": ("precheck", ["{pool}", "--probe", "nobody={probe}"], ["--probe nobody=", "'nobody' matches 0 models"]),
-    "precheck: unknown merge_method": ("precheck", ["{method_typo}"], ["{method_typo}: merge_method 'task_arithmetc' is not an installed mergekit method"]),
-    "precheck: a method parameter the merge needs": ("precheck", ["{no_knowledge}"], ["{no_knowledge}: the merge would stop", "{e0} needs parameter 'knowledge'"]),
-    "precheck: a cut-off beyond the model": ("precheck", ["{cutoff_beyond}"], ["{cutoff_beyond}: the merge would stop", "cutoff 99 is beyond the model's 4 layers"]),
-    "precheck: a method that needs a base, without one": ("precheck", ["{no_base}"], ["{no_base}: mergekit would refuse this merge: Merge method requires a base input"]),
-    "precheck: --skip naming no diagnostic": ("precheck", ["{pool}", "--skip", "representation"], ["--skip representation: no such diagnostic", "representations"]),
+    "precheck: --probe naming no model": (
+        "precheck",
+        ["{pool}", "--probe", "nobody={probe}"],
+        ["--probe nobody=", "'nobody' matches 0 models"],
+    ),
+    "precheck: unknown merge_method": (
+        "precheck",
+        ["{method_typo}"],
+        ["{method_typo}: merge_method 'task_arithmetc' is not an installed mergekit method"],
+    ),
+    "precheck: a method parameter the merge needs": (
+        "precheck",
+        ["{no_knowledge}"],
+        ["{no_knowledge}: the merge would stop", "{e0} needs parameter 'knowledge'"],
+    ),
+    "precheck: a cut-off beyond the model": (
+        "precheck",
+        ["{cutoff_beyond}"],
+        ["{cutoff_beyond}: the merge would stop", "cutoff 99 is beyond the model's 4 layers"],
+    ),
+    "precheck: a method that needs a base, without one": (
+        "precheck",
+        ["{no_base}"],
+        ["{no_base}: mergekit would refuse this merge: Merge method requires a base input"],
+    ),
+    "precheck: --skip naming no diagnostic": (
+        "precheck",
+        ["{pool}", "--skip", "representation"],
+        ["--skip representation: no such diagnostic", "representations"],
+    ),
     "precheck: --layers backwards": ("precheck", ["{pool}", "--layers", "3-1"], ["--layers", "'3-1' runs backwards"]),
-    "precheck: bad --layers": ("precheck", ["{pool}", "--layers", "3-x"], ["--layers", "'3-x' is not a layer or a range"]),
-    "evaluate: model+adapter, no adapter there": ("evaluate", ["{pool_lora}", "--merged", "{e1}"], ["model {lora}:", "{root}/adapter is not a peft adapter folder"]),
-    "evaluate: adapter of another base": ("evaluate", ["{pool_other_base}", "--merged", "{e1}"], ["adapter {other_base}: trained on {e0}", "the config's base_model is {base}"]),
-    "evaluate: unknown lm-eval task": ("evaluate", ["{pool}", "--merged", "{e1}", "--tasks", "no_such_task_anywhere"], ["lm-eval task 'no_such_task_anywhere' not found"]),
-    "evaluate: merged folder missing": ("evaluate", ["{pool}", "--merged", "{absent}"], ["--merged {absent}: no such folder"]),
-    "evaluate: merged folder without weights": ("evaluate", ["{pool}", "--merged", "{no_weights}"], ["{no_weights}: no weights"]),
-    "evaluate: truncated expert": ("evaluate", ["{pool_truncated}", "--merged", "{e1}"], ["{truncated}/model.safetensors: truncated or corrupted"]),
-    "mergeability: width mismatch": ("mergeability", ["{pool_wide}", "--partners", "1"], ["{wide} vs {base}: hidden_size is 48 vs 32 (", "tensors differ in shape; first: "]),
-    "mergeability: different vocabularies": ("mergeability", ["{pool_relabelled}", "--partners", "1"], ["{relabelled} vs {base}: vocabularies differ: 2 of 320 shared token ids"]),
-    "mergeability: model+adapter, no adapter there": ("mergeability", ["{pool_lora}", "--partners", "1"], ["model {lora}:", "{root}/adapter is not a peft adapter folder"]),
-    "mergeability: adapter of another base": ("mergeability", ["{pool_other_base}", "--partners", "1"], ["adapter {other_base}: trained on {e0}", "the config's base_model is {base}"]),
-    "mergeability: more partners than the pool allows": ("mergeability", ["{pool}", "--partners", "2"], ["--partners 2: the pool has 2 models, so at most 1 partners"]),
-    "mergeability: unregistered method": ("mergeability", ["{pool}", "--partners", "1", "--method", "nope"], ["--method nope: not a registered merge method"]),
-    "mergeability: pool model without probe": ("mergeability", ["{pool_unprobed}", "--partners", "1"], ["{pool_unprobed}: model {e0} has no probe: key"]),
-    "mergeability: truncated pool model": ("mergeability", ["{pool_truncated}", "--partners", "1"], ["{truncated}/model.safetensors: truncated or corrupted"]),
-    "validate: missing JSON file": ("validate", ["{root}/absent.json", "{measured_json}"], ["{root}/absent.json: no such file"]),
+    "precheck: bad --layers": (
+        "precheck",
+        ["{pool}", "--layers", "3-x"],
+        ["--layers", "'3-x' is not a layer or a range"],
+    ),
+    "evaluate: model+adapter, no adapter there": (
+        "evaluate",
+        ["{pool_lora}", "--merged", "{e1}"],
+        ["model {lora}:", "{root}/adapter is not a peft adapter folder"],
+    ),
+    "evaluate: adapter of another base": (
+        "evaluate",
+        ["{pool_other_base}", "--merged", "{e1}"],
+        ["adapter {other_base}: trained on {e0}", "the config's base_model is {base}"],
+    ),
+    "evaluate: unknown lm-eval task": (
+        "evaluate",
+        ["{pool}", "--merged", "{e1}", "--tasks", "no_such_task_anywhere"],
+        ["lm-eval task 'no_such_task_anywhere' not found"],
+    ),
+    "evaluate: merged folder missing": (
+        "evaluate",
+        ["{pool}", "--merged", "{absent}"],
+        ["--merged {absent}: no such folder"],
+    ),
+    "evaluate: merged folder without weights": (
+        "evaluate",
+        ["{pool}", "--merged", "{no_weights}"],
+        ["{no_weights}: no weights"],
+    ),
+    "evaluate: truncated expert": (
+        "evaluate",
+        ["{pool_truncated}", "--merged", "{e1}"],
+        ["{truncated}/model.safetensors: truncated or corrupted"],
+    ),
+    "mergeability: width mismatch": (
+        "mergeability",
+        ["{pool_wide}", "--partners", "1"],
+        ["{wide} vs {base}: hidden_size is 48 vs 32 (", "tensors differ in shape; first: "],
+    ),
+    "mergeability: different vocabularies": (
+        "mergeability",
+        ["{pool_relabelled}", "--partners", "1"],
+        ["{relabelled} vs {base}: vocabularies differ: 2 of 320 shared token ids"],
+    ),
+    "mergeability: model+adapter, no adapter there": (
+        "mergeability",
+        ["{pool_lora}", "--partners", "1"],
+        ["model {lora}:", "{root}/adapter is not a peft adapter folder"],
+    ),
+    "mergeability: adapter of another base": (
+        "mergeability",
+        ["{pool_other_base}", "--partners", "1"],
+        ["adapter {other_base}: trained on {e0}", "the config's base_model is {base}"],
+    ),
+    "mergeability: more partners than the pool allows": (
+        "mergeability",
+        ["{pool}", "--partners", "2"],
+        ["--partners 2: the pool has 2 models, so at most 1 partners"],
+    ),
+    "mergeability: unregistered method": (
+        "mergeability",
+        ["{pool}", "--partners", "1", "--method", "nope"],
+        ["--method nope: not a registered merge method"],
+    ),
+    "mergeability: pool model without probe": (
+        "mergeability",
+        ["{pool_unprobed}", "--partners", "1"],
+        ["{pool_unprobed}: model {e0} has no probe: key"],
+    ),
+    "mergeability: truncated pool model": (
+        "mergeability",
+        ["{pool_truncated}", "--partners", "1"],
+        ["{truncated}/model.safetensors: truncated or corrupted"],
+    ),
+    "validate: missing JSON file": (
+        "validate",
+        ["{root}/absent.json", "{measured_json}"],
+        ["{root}/absent.json: no such file"],
+    ),
     "validate: garbage JSON": ("validate", ["{garbage}", "{measured_json}"], ["{garbage}: not JSON"]),
-    "validate: JSON of the wrong shape": ("validate", ["{precheck_json}", "{wrong_shape}"], ["{wrong_shape}: not mergeability's output"]),
-    "validate: fewer than 3 shared models": ("validate", ["{precheck_json}", "{measured_json}"], ["share 2 models", "need at least 3"]),
-    "merge: non-empty output folder": ("merge", ["{pool}", "{tmp}/merged"], ["{tmp}/merged: output folder exists and is not empty"]),
-    "merge: truncated safetensors": ("merge", ["{pool_truncated}", "{tmp}/merged"], ["{truncated}/model.safetensors: truncated or corrupted"]),
-    "merge: a model path too long to exist": ("merge", ["{pool_too_long}", "{tmp}/merged"], ["{pool_too_long}: models[0].model: model {too_long}: no such folder"]),
-    "merge: missing model folder": ("merge", ["{pool_absent}", "{tmp}/merged"], ["{pool_absent}: models[1].model: model {absent}: no such folder"]),
+    "validate: JSON of the wrong shape": (
+        "validate",
+        ["{precheck_json}", "{wrong_shape}"],
+        ["{wrong_shape}: not mergeability's output"],
+    ),
+    "validate: fewer than 3 shared models": (
+        "validate",
+        ["{precheck_json}", "{measured_json}"],
+        ["share 2 models", "need at least 3"],
+    ),
+    "merge: non-empty output folder": (
+        "merge",
+        ["{pool}", "{tmp}/merged"],
+        ["{tmp}/merged: output folder exists and is not empty"],
+    ),
+    "merge: truncated safetensors": (
+        "merge",
+        ["{pool_truncated}", "{tmp}/merged"],
+        ["{truncated}/model.safetensors: truncated or corrupted"],
+    ),
+    "merge: a model path too long to exist": (
+        "merge",
+        ["{pool_too_long}", "{tmp}/merged"],
+        ["{pool_too_long}: models[0].model: model {too_long}: no such folder"],
+    ),
+    "merge: missing model folder": (
+        "merge",
+        ["{pool_absent}", "{tmp}/merged"],
+        ["{pool_absent}: models[1].model: model {absent}: no such folder"],
+    ),
     "merge: config not YAML": ("merge", ["{not_yaml}", "{tmp}/merged"], ["{not_yaml}: not valid YAML"]),
 }
 
@@ -171,7 +352,12 @@ OUTPUT_OPTIONS = {
 
 
 def snapshot(*folders: Path) -> dict:
-    return {p: hashlib.sha256(p.read_bytes()).hexdigest() for folder in folders for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+    return {
+        p: hashlib.sha256(p.read_bytes()).hexdigest()
+        for folder in folders
+        for p in sorted(Path(folder).rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -192,14 +378,20 @@ def test_bad_input_is_one_line_exit_2_and_leaves_everything_as_it_was(world, tmp
 
 
 def test_incompatible_models_in_precheck_are_one_error_line_each(world, tmp_path):
-    result = CliRunner().invoke(main, ["precheck", str(world["pool_wide"]), "--out", str(tmp_path / "out"), "--quiet"], env={"COLUMNS": "1000"})
+    result = CliRunner().invoke(
+        main, ["precheck", str(world["pool_wide"]), "--out", str(tmp_path / "out"), "--quiet"], env={"COLUMNS": "1000"}
+    )
     assert result.exit_code == 1, result.output  # a verdict, not a usage error: the report says why
     errors = [line for line in result.output.splitlines() if line.startswith("error ")]
-    assert errors == ["error wide vs base: hidden_size is 48 vs 32 (39 tensors differ in shape; first: lm_head.weight [320, 48] vs [320, 32])"], result.output
+    assert errors == [
+        "error wide vs base: hidden_size is 48 vs 32 (39 tensors differ in shape; first: lm_head.weight [320, 48] vs [320, 32])"
+    ], result.output
     assert f"in {world['root']}: wide" in result.output  # the short names' folders, listed once
 
 
 def test_a_do_not_merge_verdict_leaves_no_runnable_config(world, tmp_path):
-    result = CliRunner().invoke(main, ["precheck", str(world["pool_relabelled"]), "--out", str(tmp_path / "out"), "--quiet"])
+    result = CliRunner().invoke(
+        main, ["precheck", str(world["pool_relabelled"]), "--out", str(tmp_path / "out"), "--quiet"]
+    )
     assert result.exit_code == 1 and "vocabularies differ" in result.output, result.output
     assert not (tmp_path / "out" / "recommended.yml").exists()

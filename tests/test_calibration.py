@@ -7,7 +7,14 @@ import pytest
 from click.testing import CliRunner
 
 from mergekit_mergeability.cli import main
-from mergekit_mergeability.maths.calibration import fit, held_out_predictions, p_value, permutation_null, single_features, within_pools
+from mergekit_mergeability.maths.calibration import (
+    fit,
+    held_out_predictions,
+    p_value,
+    permutation_null,
+    single_features,
+    within_pools,
+)
 from mergekit_mergeability.precheck.calibration import Calibration
 
 NAMES, DIRECTIONS = ["knows", "size", "noise"], [+1, -1, +1]
@@ -56,34 +63,50 @@ def test_missing_features_count_as_typical():
 def _pool_files(tmp_path, x, y, tag):
     names = [f"./{tag}{i}" for i in range(len(y))]
     models = [
-        {"path": n, "role": "expert", "knowledge": {"scored_mean_p_gold": float(a)}, "weights": {"update_norm": float(np.exp(b)), "pool_cosine": float(c)}}
+        {
+            "path": n,
+            "role": "expert",
+            "knowledge": {"scored_mean_p_gold": float(a)},
+            "weights": {"update_norm": float(np.exp(b)), "pool_cosine": float(c)},
+        }
         for n, (a, b, c) in zip(names, x)
     ]
     (tmp_path / f"{tag}_precheck.json").write_text(json.dumps({"models": models}))
     rows = [{"path": n, "mergeability": float(v)} for n, v in zip(names, y)]
-    (tmp_path / f"{tag}_mergeability.json").write_text(json.dumps({"method": "task_arithmetic", "partners": 8, "trials": 5, "models": rows}))
+    (tmp_path / f"{tag}_mergeability.json").write_text(
+        json.dumps({"method": "task_arithmetic", "partners": 8, "trials": 5, "models": rows})
+    )
     return [str(tmp_path / f"{tag}_precheck.json"), str(tmp_path / f"{tag}_mergeability.json")]
 
 
 def test_calibrate_writes_a_fit_that_precheck_can_load(tmp_path):
     x, y, _ = _planted(n=40)
     files = _pool_files(tmp_path, x[:20], y[:20], "a") + _pool_files(tmp_path, x[20:], y[20:], "b")
-    result = CliRunner().invoke(main, ["calibrate", *files, "--out", str(tmp_path / "cal.json"), "--permutations", "50"])
+    result = CliRunner().invoke(
+        main, ["calibrate", *files, "--out", str(tmp_path / "cal.json"), "--permutations", "50"]
+    )
     assert result.exit_code == 0, result.output
     calibration = Calibration.load(tmp_path / "cal.json")
     document = calibration.document
     assert set(document["out_of_sample"]) == {"leave_one_model_out", "leave_one_pool_out"}
     assert document["provenance"]["command"].startswith("mergekit-mergeability calibrate")
     weights = {f["name"]: f["weight"] for f in document["model"]["features"]}
-    assert weights["scored_p_gold"] > 0 and weights["relative_norm"] > 0 and "p_gold" not in weights  # the lettered view is reported, not fitted
-    knows, doubts = calibration.predict({"scored_p_gold": 2.0, "relative_norm": -1.0}), calibration.predict({"scored_p_gold": -2.0, "relative_norm": 1.0})
+    assert (
+        weights["scored_p_gold"] > 0 and weights["relative_norm"] > 0 and "p_gold" not in weights
+    )  # the lettered view is reported, not fitted
+    knows, doubts = (
+        calibration.predict({"scored_p_gold": 2.0, "relative_norm": -1.0}),
+        calibration.predict({"scored_p_gold": -2.0, "relative_norm": 1.0}),
+    )
     assert knows[0] > doubts[0] and "↑ p(gold) as the task asks" in knows[1][0]
 
 
 def test_calibrate_refuses_noise_and_writes_nothing(tmp_path):
     rng = np.random.default_rng(2)
     files = _pool_files(tmp_path, rng.normal(size=(30, 3)), rng.normal(size=30), "noise")
-    result = CliRunner().invoke(main, ["calibrate", *files, "--out", str(tmp_path / "cal.json"), "--permutations", "50"])
+    result = CliRunner().invoke(
+        main, ["calibrate", *files, "--out", str(tmp_path / "cal.json"), "--permutations", "50"]
+    )
     assert result.exit_code == 1 and "not written" in result.output
     assert not (tmp_path / "cal.json").exists()
 

@@ -17,7 +17,10 @@ from conftest import garbled, truncated
 
 @pytest.fixture
 def damaged(llama, tmp_path):
-    return {kind: make(llama["expert0"], tmp_path / kind) / "model.safetensors" for kind, make in (("truncated", truncated), ("garbled", garbled))}
+    return {
+        kind: make(llama["expert0"], tmp_path / kind) / "model.safetensors"
+        for kind, make in (("truncated", truncated), ("garbled", garbled))
+    }
 
 
 @pytest.mark.parametrize("kind", ["truncated", "garbled"])
@@ -61,7 +64,9 @@ class FakeHub:
         if not path.is_file():
             from huggingface_hub.errors import RemoteEntryNotFoundError
 
-            raise RemoteEntryNotFoundError.__new__(RemoteEntryNotFoundError)  # the hub's 404 for a file (needs no response)
+            raise RemoteEntryNotFoundError.__new__(
+                RemoteEntryNotFoundError
+            )  # the hub's 404 for a file (needs no response)
         return str(path)
 
     def get_safetensors_metadata(self, repo_id, **_):
@@ -69,8 +74,17 @@ class FakeHub:
 
         self.calls.append(("headers", repo_id))
         header = checkpoints.read_header(self.folders[repo_id] / "model.safetensors")
-        tensors = {n: TensorInfo(i["dtype"], i["shape"], tuple(i["data_offsets"])) for n, i in header.items() if n != "__metadata__"}
-        return SafetensorsRepoMetadata(None, False, dict.fromkeys(tensors, "model.safetensors"), {"model.safetensors": SafetensorsFileMetadata({}, tensors)})
+        tensors = {
+            n: TensorInfo(i["dtype"], i["shape"], tuple(i["data_offsets"]))
+            for n, i in header.items()
+            if n != "__metadata__"
+        }
+        return SafetensorsRepoMetadata(
+            None,
+            False,
+            dict.fromkeys(tensors, "model.safetensors"),
+            {"model.safetensors": SafetensorsFileMetadata({}, tensors)},
+        )
 
     def snapshot_download(self, repo_id, **_):
         self.calls.append(("snapshot", repo_id))
@@ -133,11 +147,16 @@ def test_a_config_without_architectures_gets_the_class_transformers_loads(tmp_pa
 
 def test_a_config_naming_no_class_and_no_known_model_type_says_what_to_add(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "no_such_type"}))
-    with pytest.raises(UserError, match=r'config.json: no "architectures" list, and model_type .no_such_type. is no causal LM transformers knows; add "architectures"'):
+    with pytest.raises(
+        UserError,
+        match=r'config.json: no "architectures" list, and model_type .no_such_type. is no causal LM transformers knows; add "architectures"',
+    ):
         checkpoints.model_config(tmp_path)
 
 
-@pytest.mark.parametrize("reference", ["x" * 300, "/tmp/" + "y" * 300, "~nobody-at-all/model", "org/", "a/b/c", "org/na me", ""])
+@pytest.mark.parametrize(
+    "reference", ["x" * 300, "/tmp/" + "y" * 300, "~nobody-at-all/model", "org/", "a/b/c", "org/na me", ""]
+)
 def test_a_reference_that_is_neither_a_folder_nor_a_hub_id_is_one_line(reference):
     with pytest.raises(UserError, match="no such folder, nor a hub id"):
         resolve(reference)

@@ -41,7 +41,9 @@ def test_a_shallower_model_is_one_line_naming_both_models_field_and_first_tensor
     shallow = make_family(tmp_path / "shallow", "llama", experts=0, layers=3)["base"]
     findings = Compatibility().run(_inputs(llama["base"], shallow)).findings
     [message] = [f.message for f in findings if f.severity == "error"]
-    assert message.startswith(f"{shallow} vs {llama['base']}: num_hidden_layers is 3 vs 4 (9 tensors of {llama['base']} missing from {shallow}; first: model.layers.3.")
+    assert message.startswith(
+        f"{shallow} vs {llama['base']}: num_hidden_layers is 3 vs 4 (9 tensors of {llama['base']} missing from {shallow}; first: model.layers.3."
+    )
 
 
 def test_a_wider_model_is_one_line_not_one_per_tensor(llama, tmp_path):
@@ -49,7 +51,9 @@ def test_a_wider_model_is_one_line_not_one_per_tensor(llama, tmp_path):
     findings = Compatibility().run(_inputs(llama["base"], wide)).findings
     [message] = [f.message for f in findings if f.severity == "error"]
     assert f"{wide} vs {llama['base']}: hidden_size is 48 vs 32 (" in message
-    assert re.search(r"\((\d+) tensors differ in shape; first: \S+ \[\d+(, \d+)?\] vs \[\d+(, \d+)?\]\)$", message), message
+    assert re.search(r"\((\d+) tensors differ in shape; first: \S+ \[\d+(, \d+)?\] vs \[\d+(, \d+)?\]\)$", message), (
+        message
+    )
 
 
 def test_another_architecture_is_caught(llama, families):
@@ -66,7 +70,11 @@ def test_different_vocabularies_with_equal_shapes_are_an_error_unless_mergekit_a
     other_words = relabelled(llama["expert0"], tmp_path / "relabelled")
     inputs = _inputs(llama["base"], other_words)
     [error] = [f.message for f in Compatibility().run(inputs).findings if f.severity == "error"]
-    assert f"{other_words} vs {llama['base']}: vocabularies differ: 2 of " in error and "first: id 5 is" in error and "tokenizer_source" in error
+    assert (
+        f"{other_words} vs {llama['base']}: vocabularies differ: 2 of " in error
+        and "first: id 5 is" in error
+        and "tokenizer_source" in error
+    )
     aligned = DiagnosticInputs(inputs.base, inputs.models, {"tokenizer_source": "union"})
     findings = Compatibility().run(aligned).findings
     assert [f.severity for f in findings] == ["info"] and "tokenizer_source: union aligns them" in findings[0].message
@@ -85,4 +93,6 @@ def test_special_tokens_and_chat_templates_differing_are_warnings(llama, tmp_pat
 def test_models_without_tokenizer_files_skip_the_comparison(llama, tmp_path):
     bare = shutil.copytree(llama["expert0"], tmp_path / "bare", ignore=shutil.ignore_patterns("tokenizer*"))
     findings = Compatibility().run(_inputs(llama["base"], bare)).findings
-    assert [(f.severity, f.message) for f in findings] == [("info", f"{bare} vs {llama['base']}: tokenizers not compared, {bare} has no tokenizer files")]
+    assert [(f.severity, f.message) for f in findings] == [
+        ("info", f"{bare} vs {llama['base']}: tokenizers not compared, {bare} has no tokenizer files")
+    ]

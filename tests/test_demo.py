@@ -17,13 +17,17 @@ def test_demo_quick_runs_end_to_end_and_reruns_from_the_cache(tmp_path):
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert len(summary["experts"]) == 6
     assert {"task_arithmetic", "ties", "knowledge_weighted"} <= summary["experts"][0].keys()
-    assert [v["predictor"] for v in summary["validation"]["task_arithmetic"]["correlations"]][0] == "precheck prediction"
+    assert [v["predictor"] for v in summary["validation"]["task_arithmetic"]["correlations"]][
+        0
+    ] == "precheck prediction"
     assert (tmp_path / "out" / "precheck" / "facts" / "report.html").is_file()
     assert "Predicted vs measured mergeability" in first.output
     translation = summary["translation"]
     assert translation["pairs"].keys() == {"different_targets", "shared_target"}
     for pair in translation["pairs"].values():  # every merge scored for each expert, chrF and BLEU
-        advised = {"recommended"} if pair["advice"] == "recommended" else set()  # advice = the configured merge: scored once
+        advised = (
+            {"recommended"} if pair["advice"] == "recommended" else set()
+        )  # advice = the configured merge: scored once
         assert {m["merge"] for m in pair["merges"]} == {"task_arithmetic", "ties", "layer patch"} | advised
         assert all({"chrf", "bleu", "kept"} <= m.keys() for m in pair["merges"]) and len(pair["experts"]) == 2
     assert len(translation["findings"]) == 6 and "Paper 3's findings" in first.output
@@ -64,7 +68,9 @@ def test_a_merge_is_stored_as_the_matrices_it_changed_and_links_to_the_base(llam
     def merged(folder, edit):  # mergekit's layout: one file, every tensor
         folder.mkdir()
         (folder / "config.json").write_text((base / "config.json").read_text())
-        save_file({k: (v + 1 if k == edit else v).contiguous() for k, v in original.items()}, folder / "model.safetensors")
+        save_file(
+            {k: (v + 1 if k == edit else v).contiguous() for k, v in original.items()}, folder / "model.safetensors"
+        )
         return folder
 
     upper = merged(tmp_path / "upper", name)
@@ -91,5 +97,7 @@ def test_training_from_the_first_trained_block_gives_the_full_models_loss(llama)
     with torch.no_grad():
         full = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         for first in (0, 1, 2):
-            assert torch.allclose(_upper_loss(model, first, _hidden_before(model, ids, mask, first), mask, labels), full, atol=1e-5)
+            assert torch.allclose(
+                _upper_loss(model, first, _hidden_before(model, ids, mask, first), mask, labels), full, atol=1e-5
+            )
     assert len(model.model.layers) == model.config.num_hidden_layers  # the blocks are put back

@@ -36,9 +36,14 @@ def bf16(llama, tmp_path_factory):
 
 
 def _config(folder: Path, family, **top) -> Path:
-    models = [{"model": str(family[f"expert{i}"]), "probe": str(family["probe"]), "parameters": {"weight": 0.5}} for i in range(2)]
+    models = [
+        {"model": str(family[f"expert{i}"]), "probe": str(family["probe"]), "parameters": {"weight": 0.5}}
+        for i in range(2)
+    ]
     path = folder / "config.yml"
-    path.write_text(yaml.safe_dump({"merge_method": "task_arithmetic", "base_model": str(family["base"]), "models": models, **top}))
+    path.write_text(
+        yaml.safe_dump({"merge_method": "task_arithmetic", "base_model": str(family["base"]), "models": models, **top})
+    )
     return path
 
 
@@ -53,7 +58,9 @@ def _loads(config: Path, out: Path, monkeypatch, *extra):
         return model
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", spy)
-    result = CliRunner().invoke(main, ["precheck", str(config), "--out", str(out), "--quiet", "--cka-batch-size", "0", *extra])
+    result = CliRunner().invoke(
+        main, ["precheck", str(config), "--out", str(out), "--quiet", "--cka-batch-size", "0", *extra]
+    )
     assert result.exit_code in (0, 1), result.output
     monkeypatch.undo()
     return loaded, json.loads((out / "precheck.json").read_text())
@@ -70,7 +77,9 @@ def test_auto_loads_each_checkpoint_in_its_own_dtype_unless_told(bf16, tmp_path,
 
 
 def test_the_configs_dtype_wins_over_the_checkpoints(bf16, tmp_path, monkeypatch):
-    loaded, report = _loads(_config(tmp_path, bf16, dtype="float16"), tmp_path / "out", monkeypatch, "--skip", "selectivity")
+    loaded, report = _loads(
+        _config(tmp_path, bf16, dtype="float16"), tmp_path / "out", monkeypatch, "--skip", "selectivity"
+    )
     assert loaded and set(loaded) == {torch.float16}
     assert {m["dtype"] for m in report["models"]} == {"float16"}
 
@@ -81,7 +90,9 @@ def test_knowledge_in_bfloat16_is_finite_and_close_to_float32(bf16, tmp_path, mo
     numbers = {}
     for dtype in ("auto", "float32"):
         _, report = _loads(config, tmp_path / dtype, monkeypatch, "--dtype", dtype, *skip)
-        numbers[dtype] = [i["p_gold"] for m in report["models"] if m["knowledge"] for i in m["knowledge"]["per_instance"]]
+        numbers[dtype] = [
+            i["p_gold"] for m in report["models"] if m["knowledge"] for i in m["knowledge"]["per_instance"]
+        ]
     assert len(numbers["auto"]) == len(numbers["float32"]) == 12
     assert all(math.isfinite(p) for p in numbers["auto"])
     assert numbers["auto"] != numbers["float32"]  # the two runs did compute in different precisions
@@ -100,7 +111,9 @@ def test_load_dtype_reads_either_spelling_of_the_checkpoints_dtype(tmp_path):
     assert load_dtype("auto", folder("none")) == "float32"
     assert load_dtype("auto", folder("odd", torch_dtype="int8")) == "float32"  # not a dtype to run a model in
     assert load_dtype("auto", tmp_path / "new", configured="torch.float16") == "float16"
-    assert load_dtype("auto", tmp_path / "new", configured="int64") == "bfloat16"  # mergekit's, but not loadable: the checkpoint's
+    assert (
+        load_dtype("auto", tmp_path / "new", configured="int64") == "bfloat16"
+    )  # mergekit's, but not loadable: the checkpoint's
     assert load_dtype("float32", tmp_path / "new", configured="float16") == "float32"  # what the user asked for wins
 
 
@@ -110,6 +123,11 @@ def test_load_causal_lm_resolves_auto_for_other_callers(bf16):
 
 
 def test_a_dtype_mergekit_does_not_know_is_one_line(bf16, tmp_path):
-    result = CliRunner().invoke(main, ["precheck", str(_config(tmp_path, bf16, dtype="float33")), "--out", str(tmp_path / "out")])
+    result = CliRunner().invoke(
+        main, ["precheck", str(_config(tmp_path, bf16, dtype="float33")), "--out", str(tmp_path / "out")]
+    )
     assert result.exit_code == 2 and not (tmp_path / "out").exists(), result.output
-    assert result.output.strip() == f"Error: {tmp_path / 'config.yml'}: dtype: 'float33' is not a dtype mergekit knows; use bfloat16, float16 or float32"
+    assert (
+        result.output.strip()
+        == f"Error: {tmp_path / 'config.yml'}: dtype: 'float33' is not a dtype mergekit knows; use bfloat16, float16 or float32"
+    )

@@ -87,7 +87,20 @@ def test_evaluate_matches_independent_scoring(pool, tmp_path):
     merged_model = _merged(pool["base"], list(pool["experts"].values()), 0.5)
     merged_model[0].save_pretrained(merged_dir)
     out = tmp_path / "eval"
-    result = CliRunner().invoke(main, ["evaluate", str(pool["config"]), "--merged", str(merged_dir), "--out", str(out), "--cache-dir", str(tmp_path / "cache"), "--quiet"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "evaluate",
+            str(pool["config"]),
+            "--merged",
+            str(merged_dir),
+            "--out",
+            str(out),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((out / "evaluation.json").read_text())
     base_model = load_causal_lm(pool["base"])
@@ -108,7 +121,19 @@ def test_evaluate_matches_independent_scoring(pool, tmp_path):
 
 def test_mergeability_protocol_arithmetic_and_resume(pool, tmp_path):
     out, cache = tmp_path / "mg", tmp_path / "cache"
-    args = ["mergeability", str(pool["config"]), "--partners", "1", "--out", str(out), "--cache-dir", str(cache), "--quiet", "--seed", "3"]
+    args = [
+        "mergeability",
+        str(pool["config"]),
+        "--partners",
+        "1",
+        "--out",
+        str(out),
+        "--cache-dir",
+        str(cache),
+        "--quiet",
+        "--seed",
+        "3",
+    ]
     first = CliRunner().invoke(main, [*args, "--trials", "1"])
     assert first.exit_code == 0, first.output
     second = CliRunner().invoke(main, [*args, "--trials", "2"])
@@ -128,11 +153,36 @@ def test_mergeability_protocol_arithmetic_and_resume(pool, tmp_path):
 
 def test_validate_reports_correlation_with_null_and_interval(tmp_path):
     names = [f"./m{i}" for i in range(6)]
-    precheck = {"models": [{"path": n, "role": "expert", "predicted_mergeability": i / 10, "knowledge": {"accuracy": i / 5, "mean_gap": 1 - i / 5}, "weights": {"update_norm": 6 - i}} for i, n in enumerate(names)]}
-    measured = {"method": "task_arithmetic", "models": [{"path": n, "mergeability": i * 0.1 + 0.05} for i, n in enumerate(names)]}
+    precheck = {
+        "models": [
+            {
+                "path": n,
+                "role": "expert",
+                "predicted_mergeability": i / 10,
+                "knowledge": {"accuracy": i / 5, "mean_gap": 1 - i / 5},
+                "weights": {"update_norm": 6 - i},
+            }
+            for i, n in enumerate(names)
+        ]
+    }
+    measured = {
+        "method": "task_arithmetic",
+        "models": [{"path": n, "mergeability": i * 0.1 + 0.05} for i, n in enumerate(names)],
+    }
     (tmp_path / "p.json").write_text(json.dumps(precheck))
     (tmp_path / "m.json").write_text(json.dumps(measured))
-    result = CliRunner().invoke(main, ["validate", str(tmp_path / "p.json"), str(tmp_path / "m.json"), "--out", str(tmp_path), "--permutations", "2000"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "validate",
+            str(tmp_path / "p.json"),
+            str(tmp_path / "m.json"),
+            "--out",
+            str(tmp_path),
+            "--permutations",
+            "2000",
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "validation.json").read_text())
     first = report["correlations"][0]
@@ -147,9 +197,15 @@ def test_validate_reports_correlation_with_null_and_interval(tmp_path):
     "args, message",
     [
         (["mergeability", "{config}", "--partners", "3"], "--partners 3: the pool has 3 models, so at most 2 partners"),
-        (["mergeability", "{config}", "--partners", "1", "--method", "nope"], "--method nope: not a registered merge method"),
+        (
+            ["mergeability", "{config}", "--partners", "1", "--method", "nope"],
+            "--method nope: not a registered merge method",
+        ),
         (["evaluate", "{config}", "--merged", "{root}/absent"], "no such folder; run the merge first"),
-        (["evaluate", "{config}", "--merged", "{root}/e0", "--tasks", "no_such_task_anywhere"], "lm-eval task 'no_such_task_anywhere' not found"),
+        (
+            ["evaluate", "{config}", "--merged", "{root}/e0", "--tasks", "no_such_task_anywhere"],
+            "lm-eval task 'no_such_task_anywhere' not found",
+        ),
     ],
 )
 def test_bad_input_fails_before_work(pool, tmp_path, args, message):
@@ -189,7 +245,9 @@ def test_fingerprints_cover_every_weight_format_and_refuse_a_folder_without_weig
         return path
 
     bins = [folder(f"bin{i}", {"config.json": b"{}", "pytorch_model.bin": bytes([i]) * 64}) for i in range(2)]
-    sharded = folder("sharded", {"config.json": b"{}", "pytorch_model.bin": bytes(64), "pytorch_model.bin.index.json": b"{}"})
+    sharded = folder(
+        "sharded", {"config.json": b"{}", "pytorch_model.bin": bytes(64), "pytorch_model.bin.index.json": b"{}"}
+    )
     pt = folder("pt", {"config.json": b"{}", "model.pt": bytes(64)})
     assert len({fingerprint(f) for f in [*bins, sharded, pt]}) == 4
     with pytest.raises(UserError, match="no weights"):
@@ -214,7 +272,19 @@ def test_a_resumed_run_redoes_trials_whose_score_would_change_and_survives_a_tor
     log = out / "trials.jsonl"
 
     def run(*extra):
-        args = ["mergeability", str(config), "--partners", "1", "--trials", "1", "--out", str(out), "--cache-dir", str(tmp_path / "cache"), "--quiet"]
+        args = [
+            "mergeability",
+            str(config),
+            "--partners",
+            "1",
+            "--trials",
+            "1",
+            "--out",
+            str(out),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--quiet",
+        ]
         result = CliRunner().invoke(main, [*args, *extra])
         assert result.exit_code == 0, result.output
         return len(log.read_text().splitlines())
@@ -257,7 +327,18 @@ def _group(root, pool, aggregate=True):
 def test_a_group_task_is_scored_by_its_aggregate(pool, tmp_path):
     group = _group(tmp_path, pool)
     out = tmp_path / "eval"
-    args = ["evaluate", str(pool["config"]), "--merged", str(pool["experts"]["e2"]), "--tasks", str(group), "--out", str(out), "--no-cache", "--quiet"]
+    args = [
+        "evaluate",
+        str(pool["config"]),
+        "--merged",
+        str(pool["experts"]["e2"]),
+        "--tasks",
+        str(group),
+        "--out",
+        str(out),
+        "--no-cache",
+        "--quiet",
+    ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     [row] = json.loads((out / "evaluation.json").read_text())["tasks"]
@@ -269,9 +350,23 @@ def test_a_group_task_is_scored_by_its_aggregate(pool, tmp_path):
 def test_a_bad_task_among_good_ones_fails_before_any_model_is_scored(pool, tmp_path):
     group = _group(tmp_path, pool, aggregate=False)
     cache = tmp_path / "cache"
-    args = ["evaluate", str(pool["config"]), "--merged", str(pool["experts"]["e2"]), "--tasks", f"{pool['probes']['e0']},{group}", "--out", str(tmp_path / "eval"), "--cache-dir", str(cache), "--quiet"]
+    args = [
+        "evaluate",
+        str(pool["config"]),
+        "--merged",
+        str(pool["experts"]["e2"]),
+        "--tasks",
+        f"{pool['probes']['e0']},{group}",
+        "--out",
+        str(tmp_path / "eval"),
+        "--cache-dir",
+        str(cache),
+        "--quiet",
+    ]
     result = CliRunner().invoke(main, args)
-    assert result.exit_code == 2 and "lm-eval group 'mm_group' has no aggregate_metric_list" in result.output, result.output
+    assert result.exit_code == 2 and "lm-eval group 'mm_group' has no aggregate_metric_list" in result.output, (
+        result.output
+    )
     assert not cache.exists() and not (tmp_path / "eval").exists()
 
 
@@ -281,7 +376,19 @@ def test_the_cache_can_be_turned_off(pool, tmp_path, monkeypatch, option):
     work.mkdir()
     monkeypatch.chdir(work)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    args = ["evaluate", str(pool["config"]), "--merged", str(pool["experts"]["e2"]), "--tasks", str(pool["probes"]["e0"]), "--out", str(tmp_path / "eval"), "--limit", "2", "--quiet"]
+    args = [
+        "evaluate",
+        str(pool["config"]),
+        "--merged",
+        str(pool["experts"]["e2"]),
+        "--tasks",
+        str(pool["probes"]["e0"]),
+        "--out",
+        str(tmp_path / "eval"),
+        "--limit",
+        "2",
+        "--quiet",
+    ]
     result = CliRunner().invoke(main, [*args, *option])
     assert result.exit_code == 0, result.output
     assert list(work.iterdir()) == [] and not (tmp_path / "xdg").exists()

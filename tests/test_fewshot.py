@@ -19,7 +19,9 @@ def _question(i, item=None):
 
 
 def test_the_lettered_format():
-    assert lettered("Capital of France?", ["Paris", "Rome"]) == "Question: Capital of France?\nA. Paris\nB. Rome\nAnswer:"
+    assert (
+        lettered("Capital of France?", ["Paris", "Rome"]) == "Question: Capital of France?\nA. Paris\nB. Rome\nAnswer:"
+    )
 
 
 def test_an_instance_is_never_among_its_own_shots_nor_are_its_paraphrases(tmp_path):

@@ -59,7 +59,7 @@ def test_cloze_and_options_give_each_formats_log_probs_exactly(tmp_path, llama):
     assert options[0].prompt == _hand_built_options(2) and (options[0].format, options[0].shots) == ("options", 2)
     model, tokenizer = load_causal_lm(llama["base"])
     for (instance,) in (cloze, options):
-        (scored, _), = choice_logprobs(model, tokenizer, [instance])
+        ((scored, _),) = choice_logprobs(model, tokenizer, [instance])
         by_hand = [_logprob(model, tokenizer, instance.prompt, f" {c}") for c in CHOICES]
         assert np.allclose(scored.double().numpy(), by_hand, atol=1e-4)
     assert not torch.allclose(*(next(choice_logprobs(model, tokenizer, i))[0] for i in (cloze, options)))
@@ -72,7 +72,10 @@ def test_the_lm_eval_task_scores_the_prompt_the_precheck_asked(tmp_path, llama):
     from mergekit_mergeability.evaluation import harness
     from mergekit_mergeability.evaluation.tasks import _scored_docs, resolve
 
-    rows = [{"question": f"{QUESTION} ({i})", "choices": CHOICES, "label": i % 4, "format": "options", "shots": 1} for i in range(6)]
+    rows = [
+        {"question": f"{QUESTION} ({i})", "choices": CHOICES, "label": i % 4, "format": "options", "shots": 1}
+        for i in range(6)
+    ]
     path = _lines(tmp_path / "options.jsonl", *rows)
     task = resolve(str(path))
     asked = probes.load(str(path))
@@ -86,10 +89,18 @@ def test_the_lm_eval_task_scores_the_prompt_the_precheck_asked(tmp_path, llama):
 
 @pytest.mark.parametrize(
     "extra, message",
-    [({"format": "lettered"}, "format must be one of cloze, options"), ({"shots": 2}, "shots apply to"), ({"format": "options", "shots": -1}, "shots must be")],
+    [
+        ({"format": "lettered"}, "format must be one of cloze, options"),
+        ({"shots": 2}, "shots apply to"),
+        ({"format": "options", "shots": -1}, "shots must be"),
+    ],
 )
 def test_a_bad_format_is_one_line_naming_the_line(tmp_path, extra, message):
-    path = _lines(tmp_path / "p.jsonl", {"question": "q", "choices": ["a", "b"], "label": 0}, {"question": "q2", "choices": ["a", "b"], "label": 0, **extra})
+    path = _lines(
+        tmp_path / "p.jsonl",
+        {"question": "q", "choices": ["a", "b"], "label": 0},
+        {"question": "q2", "choices": ["a", "b"], "label": 0, **extra},
+    )
     with pytest.raises(UserError, match=f"{path}:2: {message}"):
         probes.load(str(path))
 
@@ -105,15 +116,35 @@ def _pool(tmp_path, name, rng, n, matters):
     scored_* values are that format's (the probe said so), the lettered ones another's."""
     scored, other = rng.uniform(0, 1, n), rng.uniform(0, 1, n)
     target = np.clip(scored + rng.normal(0, 0.1, n), 0, 1)
-    models = [{"path": f"{name}/{i}", "role": "expert", "weights": None, "knowledge": {
-        "scored_format": matters, "instances": 2,
-        "scored_mean_p_gold": s, "scored_accuracy": float(s > 0.5), "scored_mean_gap": 1 - s,
-        # the paper's lettered prompt: the scored knowledge itself where the task lists its options
-        "mean_p_gold": s if matters == "options" else o, "accuracy": float((s if matters == "options" else o) > 0.5),
-    }} for i, (s, o) in enumerate(zip(scored, other))]
+    models = [
+        {
+            "path": f"{name}/{i}",
+            "role": "expert",
+            "weights": None,
+            "knowledge": {
+                "scored_format": matters,
+                "instances": 2,
+                "scored_mean_p_gold": s,
+                "scored_accuracy": float(s > 0.5),
+                "scored_mean_gap": 1 - s,
+                # the paper's lettered prompt: the scored knowledge itself where the task lists its options
+                "mean_p_gold": s if matters == "options" else o,
+                "accuracy": float((s if matters == "options" else o) > 0.5),
+            },
+        }
+        for i, (s, o) in enumerate(zip(scored, other))
+    ]
     precheck, measured = tmp_path / f"{name}_precheck.json", tmp_path / f"{name}_mergeability.json"
     precheck.write_text(json.dumps({"models": models}))
-    measured.write_text(json.dumps({"method": "task_arithmetic", "partners": 8, "models": [{"path": m["path"], "mergeability": t} for m, t in zip(models, target)]}))
+    measured.write_text(
+        json.dumps(
+            {
+                "method": "task_arithmetic",
+                "partners": 8,
+                "models": [{"path": m["path"], "mergeability": t} for m, t in zip(models, target)],
+            }
+        )
+    )
     return precheck, measured, models, target
 
 
@@ -127,19 +158,36 @@ def test_a_calibration_fitted_on_one_format_family_predicts_the_other(tmp_path):
         report = calibrate([fitted[:2]], permutations=20)
         model = fitting.Linear.from_dict(report["model"])
         table = features(held[2])
-        x = np.array([[np.nan if table[m["path"]][f] is None else table[m["path"]][f] for f in report["single_features"]] for m in held[2]])
+        x = np.array(
+            [
+                [np.nan if table[m["path"]][f] is None else table[m["path"]][f] for f in report["single_features"]]
+                for m in held[2]
+            ]
+        )
         assert list(model.names) == list(report["single_features"])
         assert spearman(model.predict(x), held[3]) > 0.8
         weights = dict(zip(model.names, model.weights))
         assert weights["scored_p_gold"] + weights["scored_accuracy"] + weights["scored_gap"] > 0
     # the families disagree on which format matters: the lettered p(gold) predicts one and not the other
-    lettered = {name: [features(pool[2])[m["path"]]["p_gold"] for m in pool[2]] for name, pool in (("cloze", cloze), ("options", options))}
+    lettered = {
+        name: [features(pool[2])[m["path"]]["p_gold"] for m in pool[2]]
+        for name, pool in (("cloze", cloze), ("options", options))
+    }
     assert spearman(lettered["options"], options[3]) > 0.8 and abs(spearman(lettered["cloze"], cloze[3])) < 0.4
 
 
 def test_reports_written_before_the_rename_are_read_as_scored(tmp_path):
-    old = {"path": "m", "role": "expert", "weights": None, "knowledge": {"task_mean_p_gold": 0.7, "task_accuracy": 1.0, "task_mean_gap": 0.0}}
-    assert {k: v for k, v in features([old])["m"].items() if k.startswith("scored_") and v is not None} == {"scored_p_gold": 0.7, "scored_accuracy": 1.0, "scored_gap": 0.0}
+    old = {
+        "path": "m",
+        "role": "expert",
+        "weights": None,
+        "knowledge": {"task_mean_p_gold": 0.7, "task_accuracy": 1.0, "task_mean_gap": 0.0},
+    }
+    assert {k: v for k, v in features([old])["m"].items() if k.startswith("scored_") and v is not None} == {
+        "scored_p_gold": 0.7,
+        "scored_accuracy": 1.0,
+        "scored_gap": 0.0,
+    }
     shipped = Calibration.load()
     assert set(shipped.model.names) <= set(FEATURES) and shipped.knowledge_feature in FEATURES
 
@@ -150,11 +198,34 @@ def test_the_domain_check_names_format_granularity_and_range(tmp_path):
     path = tmp_path / "calibration.json"
     path.write_text(json.dumps(calibrate([(precheck, measured)], permutations=20)))
     calibration = Calibration.load(path)
-    assert calibration.document["domain"]["formats"] == ["cloze"] and calibration.document["domain"]["probe_lines"] == [2, 2]
-    inside = {"path": "in", "role": "expert", "weights": None, "knowledge": {"scored_format": "cloze", "instances": 2, "scored_mean_p_gold": 0.5}}
-    options = {"path": "opt", "role": "expert", "weights": None, "knowledge": {"scored_format": "options", "instances": 2, "scored_mean_p_gold": 0.5}}
-    task = {"path": "task", "role": "expert", "weights": None, "knowledge": {"scored_format": "cloze", "instances": 48, "scored_mean_p_gold": 0.5}}
-    far = {"path": "far", "role": "expert", "weights": None, "knowledge": {"scored_format": "cloze", "instances": 2, "scored_mean_p_gold": 0.5, "scored_mean_gap": 5.0}}
+    assert calibration.document["domain"]["formats"] == ["cloze"] and calibration.document["domain"]["probe_lines"] == [
+        2,
+        2,
+    ]
+    inside = {
+        "path": "in",
+        "role": "expert",
+        "weights": None,
+        "knowledge": {"scored_format": "cloze", "instances": 2, "scored_mean_p_gold": 0.5},
+    }
+    options = {
+        "path": "opt",
+        "role": "expert",
+        "weights": None,
+        "knowledge": {"scored_format": "options", "instances": 2, "scored_mean_p_gold": 0.5},
+    }
+    task = {
+        "path": "task",
+        "role": "expert",
+        "weights": None,
+        "knowledge": {"scored_format": "cloze", "instances": 48, "scored_mean_p_gold": 0.5},
+    }
+    far = {
+        "path": "far",
+        "role": "expert",
+        "weights": None,
+        "knowledge": {"scored_format": "cloze", "instances": 2, "scored_mean_p_gold": 0.5, "scored_mean_gap": 5.0},
+    }
     models = [inside, options, task, far]
     checked = domain_check(calibration, models, features(models))
     assert checked["in"] == []
@@ -169,7 +240,9 @@ def test_a_relative_drop_below_the_shared_blocks_sets_the_cutoff():
     assert predict.cutoff_from_curve(curve, 0.8) is None
     assert predict.cutoff_from_curve(curve, 0.8, relative_drop=predict.RELATIVE_DROP) == 3
     assert predict.effective_threshold(curve, 0.8) == pytest.approx(0.85)
-    assert predict.cutoff_from_curve([0.9, 0.9, 0.88, 0.87, 0.86], 0.8, relative_drop=predict.RELATIVE_DROP) is None  # no drop
+    assert (
+        predict.cutoff_from_curve([0.9, 0.9, 0.88, 0.87, 0.86], 0.8, relative_drop=predict.RELATIVE_DROP) is None
+    )  # no drop
 
 
 def _recommend(values, knowledge, grounded=None):
@@ -182,7 +255,9 @@ def test_a_model_predicted_to_lose_its_task_is_never_merged_blind():
     assert (kept.verdict, kept.left_out) == ("leave_out", ["b"]) and "b (0.05)" in kept.reasons[0]
     spread = _recommend({"a": 0.9, "b": 0.05}, {"a": 0.9, "b": 0.1})  # the base's knowledge spreads: weight b up
     assert spread.verdict == "knowledge_weighted"
-    assert _recommend({"a": 0.9, "b": 0.05}, {"a": None, "b": None}).verdict == "merge_as_configured"  # no knowledge: no grounds
+    assert (
+        _recommend({"a": 0.9, "b": 0.05}, {"a": None, "b": None}).verdict == "merge_as_configured"
+    )  # no knowledge: no grounds
     assert _recommend({"a": 0.9, "b": 0.05}, {"a": 0.5, "b": 0.5}, grounded={"a"}).verdict == "merge_as_configured"
     assert _recommend({"a": 0.1, "b": 0.05}, {"a": 0.5, "b": 0.5}).verdict == "do_not_merge"
 
@@ -190,12 +265,24 @@ def test_a_model_predicted_to_lose_its_task_is_never_merged_blind():
 def test_leave_out_advice_is_the_config_without_the_lost_models():
     from mergekit_mergeability.precheck.advice import advise
 
-    document = {"merge_method": "task_arithmetic", "base_model": "base", "models": [{"model": m, "parameters": {"weight": 0.5}} for m in ("a", "b", "c")]}
+    document = {
+        "merge_method": "task_arithmetic",
+        "base_model": "base",
+        "models": [{"model": m, "parameters": {"weight": 0.5}} for m in ("a", "b", "c")],
+    }
     rec = {"verdict": "leave_out", "left_out": ["b"], "knowledge": None, "weights": None, "cutoff": None}
     merged, alone = advise(rec, document, {"a": "a", "b": "b", "c": "c"}, {"a": 0.9, "b": 0.05, "c": 0.8})
-    assert [m["model"] for m in merged.config["models"]] == ["a", "c"] and [m["model"] for m in document["models"]] == ["a", "b", "c"]
+    assert [m["model"] for m in merged.config["models"]] == ["a", "c"] and [m["model"] for m in document["models"]] == [
+        "a",
+        "b",
+        "c",
+    ]
     assert merged.drops.startswith("b (predicted 0.05 in the merge): kept apart")
-    assert (alone.file, alone.config["merge_method"], alone.config["models"]) == ("recommended/b.yml", "linear", [{"model": "b", "parameters": {"weight": 1.0}}])
+    assert (alone.file, alone.config["merge_method"], alone.config["models"]) == (
+        "recommended/b.yml",
+        "linear",
+        [{"model": "b", "parameters": {"weight": 1.0}}],
+    )
 
 
 def test_an_expert_whose_upper_blocks_were_rewritten_keeps_them_in_some_recommended_model(tmp_path, llama):
@@ -209,12 +296,22 @@ def test_an_expert_whose_upper_blocks_were_rewritten_keeps_them_in_some_recommen
     from mergekit_mergeability.tiny import CORPUS, derive, state_dict
 
     base = llama["base"]
-    probe = ranked_probes(tmp_path / "probe.jsonl", base, [f"{s} Question {i}?" for i in range(3) for s in CORPUS], ["Paris", "water", "fox", "dog"], 0)
+    probe = ranked_probes(
+        tmp_path / "probe.jsonl",
+        base,
+        [f"{s} Question {i}?" for i in range(3) for s in CORPUS],
+        ["Paris", "water", "fox", "dog"],
+        0,
+    )
     ft0 = derive(base, tmp_path / "ft0", noise(1, 0.01))
     ft1 = derive(base, tmp_path / "ft1", noise(5, 0.1, lambda name: ".layers.2." in name or ".layers.3." in name))
     models = [{"model": str(m), "probe": str(probe), "parameters": {"weight": 1.0}} for m in (ft0, ft1)]
     config = tmp_path / "config.yml"
-    config.write_text(yaml.safe_dump({"merge_method": "task_arithmetic", "base_model": str(base), "models": models, "dtype": "float32"}))
+    config.write_text(
+        yaml.safe_dump(
+            {"merge_method": "task_arithmetic", "base_model": str(base), "models": models, "dtype": "float32"}
+        )
+    )
     result = CliRunner().invoke(main, ["precheck", str(config), "--out", str(tmp_path / "out"), "--quiet"])
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
@@ -235,5 +332,9 @@ def _merge(config, out):
     from mergekit.config import MergeConfiguration
     from mergekit.merge import MergeOptions, run_merge
 
-    run_merge(MergeConfiguration.model_validate(yaml.safe_load(config.read_text())), str(out), MergeOptions(quiet=True, write_model_card=False))
+    run_merge(
+        MergeConfiguration.model_validate(yaml.safe_load(config.read_text())),
+        str(out),
+        MergeOptions(quiet=True, write_model_card=False),
+    )
     return out

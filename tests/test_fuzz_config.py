@@ -27,7 +27,9 @@ def world(llama, tmp_path_factory):
     document = {
         "merge_method": "task_arithmetic",
         "base_model": str(llama["base"]),
-        "models": [{"model": str(llama[f"expert{i}"]), "probe": str(probe), "parameters": {"weight": 0.5}} for i in range(2)],
+        "models": [
+            {"model": str(llama[f"expert{i}"]), "probe": str(probe), "parameters": {"weight": 0.5}} for i in range(2)
+        ],
         "parameters": {"normalize": False},
         "dtype": "float32",
     }
@@ -38,9 +40,32 @@ def odd_values(root):
     """Values a config may hold by mistake. None of them is a namespace/name hub id: the
     tests stay offline."""
     return [
-        "", " ", "\t", "x" * 300, "/tmp/" + "x" * 300, str(root / "absent"), str(root / "absent.jsonl"),
-        "~nobody-here/model", "../../..", "org/", "a/b/c", "a+b+c", "model+", "日本語", "a\x00b", "-", ".",
-        0, -1, 3.5, True, None, [], ["x"], {}, {"model": "x"},
+        "",
+        " ",
+        "\t",
+        "x" * 300,
+        "/tmp/" + "x" * 300,
+        str(root / "absent"),
+        str(root / "absent.jsonl"),
+        "~nobody-here/model",
+        "../../..",
+        "org/",
+        "a/b/c",
+        "a+b+c",
+        "model+",
+        "日本語",
+        "a\x00b",
+        "-",
+        ".",
+        0,
+        -1,
+        3.5,
+        True,
+        None,
+        [],
+        ["x"],
+        {},
+        {"model": "x"},
     ]
 
 
@@ -72,7 +97,11 @@ def mutate(document, rng, root):
             path = ("models", rng.randrange(len(document["models"])), "probe")
         else:
             path = ("dtype",)
-        value = rng.choice(["float33", "int8", "bfloat16", "float16", "auto", "", 16]) if kind == "dtype" else rng.choice(odd_values(root))
+        value = (
+            rng.choice(["float33", "int8", "bfloat16", "float16", "auto", "", 16])
+            if kind == "dtype"
+            else rng.choice(odd_values(root))
+        )
         try:
             parent = document
             for key in path[:-1]:
@@ -93,10 +122,24 @@ def test_a_mutated_config_ends_in_a_verdict_or_one_line(world, tmp_path, seed):
     config = tmp_path / "config.yml"
     config.write_text(yaml.safe_dump(document, sort_keys=False, allow_unicode=True))
     out = tmp_path / "out"
-    arguments = ["precheck", str(config), "--out", str(out), "--quiet", "--limit", "3", "--skip", "representations", "--skip", "selectivity"]
+    arguments = [
+        "precheck",
+        str(config),
+        "--out",
+        str(out),
+        "--quiet",
+        "--limit",
+        "3",
+        "--skip",
+        "representations",
+        "--skip",
+        "selectivity",
+    ]
     result = CliRunner().invoke(main, arguments, env={"HF_HUB_OFFLINE": "1", "COLUMNS": "1000"})
     context = f"seed {seed}: {edits}\n{result.output}"
-    assert result.exception is None or isinstance(result.exception, SystemExit), context + "".join(traceback.format_exception(result.exception))
+    assert result.exception is None or isinstance(result.exception, SystemExit), context + "".join(
+        traceback.format_exception(result.exception)
+    )
     assert result.exit_code in (0, 1, 2), context
     assert "Traceback" not in result.output, context
     if result.exit_code == 2:
@@ -112,4 +155,7 @@ def test_the_mutations_reach_every_kind_of_edit(world):
     """The 40 cases are not 40 copies of one: each kind of edit occurs, models' paths included."""
     edits = [e for seed in range(CASES) for e in mutate(world["document"], random.Random(seed), world["root"])[1]]
     assert {e.split()[0] for e in edits} == {"drop", "odd", "model", "probe", "dtype"}
-    assert any(e.startswith("model models.0.model = '/tmp/xxx") or e.startswith("model models.1.model = '/tmp/xxx") for e in edits)
+    assert any(
+        e.startswith("model models.0.model = '/tmp/xxx") or e.startswith("model models.1.model = '/tmp/xxx")
+        for e in edits
+    )

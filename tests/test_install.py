@@ -51,7 +51,9 @@ def _mergekit_yaml(python, config, out):
     return _run(python, BIN / "mergekit-yaml", config, out, "--no-write-model-card", check=False)
 
 
-def test_install_makes_stock_mergekit_yaml_know_plugin_methods_and_uninstall_undoes_it(wheels, fresh_env, llama, tmp_path):
+def test_install_makes_stock_mergekit_yaml_know_plugin_methods_and_uninstall_undoes_it(
+    wheels, fresh_env, llama, tmp_path
+):
     ours = shipped_config("knowledge_weighted.yml", llama, tmp_path)
     median = tmp_path / "median.yml"
     median.write_text(ours.read_text().replace("knowledge_weighted", "median").replace("base_model:", "# base_model:"))
@@ -59,7 +61,9 @@ def test_install_makes_stock_mergekit_yaml_know_plugin_methods_and_uninstall_und
     before = _mergekit_yaml(fresh_env, ours, tmp_path / "before")
     assert before.returncode != 0 and "Unimplemented merge method knowledge_weighted" in before.stderr
 
-    _pip(fresh_env, "install", "--no-deps", "--no-index", wheels["mergekit_mergeability"], wheels["mergeability_median"])
+    _pip(
+        fresh_env, "install", "--no-deps", "--no-index", wheels["mergekit_mergeability"], wheels["mergeability_median"]
+    )
     assert _mergekit_yaml(fresh_env, ours, tmp_path / "ours").returncode == 0
     assert (tmp_path / "ours" / "model.safetensors").exists()
     assert _mergekit_yaml(fresh_env, median, tmp_path / "median").returncode == 0

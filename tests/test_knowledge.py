@@ -31,7 +31,9 @@ class BigramLM(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask=None, output_hidden_states=False):
         embedded = torch.nn.functional.one_hot(input_ids, len(ALPHABET)).float()
-        return SimpleNamespace(logits=self.table[input_ids], hidden_states=(embedded, embedded * 2) if output_hidden_states else None)
+        return SimpleNamespace(
+            logits=self.table[input_ids], hidden_states=(embedded, embedded * 2) if output_hidden_states else None
+        )
 
 
 V = len(ALPHABET)
@@ -61,7 +63,9 @@ def test_generation_gap_is_the_mean_per_token_gap():
 
 
 def test_multiple_choice_p_gold_and_letters_by_hand():
-    scores = knowledge.multiple_choice(torch.log(torch.tensor([0.5, 0.3, 0.2])), label=1, letter_logprobs=torch.log(torch.tensor([0.1, 0.6, 0.3])))
+    scores = knowledge.multiple_choice(
+        torch.log(torch.tensor([0.5, 0.3, 0.2])), label=1, letter_logprobs=torch.log(torch.tensor([0.1, 0.6, 0.3]))
+    )
     assert scores.p_gold == pytest.approx(0.3) and scores.letter_p_gold == pytest.approx(0.6) and scores.letter_correct
     # unnormalised log-probs (continuations do not sum to 1): p(gold) is the softmax over the options
     scores = knowledge.multiple_choice(torch.tensor([-2.0, -3.0]), label=1)
@@ -75,10 +79,19 @@ def test_generation_p_gold_is_the_per_token_geometric_mean():
 
 
 def test_aggregate():
-    scores = [knowledge.InstanceKnowledge(0.4, 0.0, True, -1.0, 1, 0.5, True), knowledge.InstanceKnowledge(0.2, 0.5, False, -3.0, 2, 0.1, False)]
+    scores = [
+        knowledge.InstanceKnowledge(0.4, 0.0, True, -1.0, 1, 0.5, True),
+        knowledge.InstanceKnowledge(0.2, 0.5, False, -3.0, 2, 0.1, False),
+    ]
     assert knowledge.aggregate(scores) == knowledge.TaskKnowledge(
-        accuracy=0.5, mean_p_gold=pytest.approx(0.3), mean_gap=0.25, mean_gold_logprob=-2.0, mean_gold_logprob_per_token=-1.25,
-        letter_accuracy=0.5, mean_letter_p_gold=pytest.approx(0.3), instances=2,
+        accuracy=0.5,
+        mean_p_gold=pytest.approx(0.3),
+        mean_gap=0.25,
+        mean_gold_logprob=-2.0,
+        mean_gold_logprob_per_token=-1.25,
+        letter_accuracy=0.5,
+        mean_letter_p_gold=pytest.approx(0.3),
+        instances=2,
     )
 
 
@@ -97,7 +110,7 @@ def test_adapter_scores_continuations_of_a_controlled_model():
 def test_adapter_generation_distribution_and_empty_prompt():
     model, tok = BigramLM(TABLE), CharTokenizer()
     # empty prompt: the start token is prepended so the first answer token is predicted from it
-    (distribution, ids), = choice_logprobs(model, tok, [Instance("", ("ab",), 0, GENERATION)])
+    ((distribution, ids),) = choice_logprobs(model, tok, [Instance("", ("ab",), 0, GENERATION)])
     assert ids.tolist() == [1, 2]
     assert float(distribution[0, 1]) == pytest.approx(logp("^", "a"), abs=1e-5)
     assert float(distribution[1, 2]) == pytest.approx(logp("a", "b"), abs=1e-5)
@@ -113,7 +126,11 @@ def test_pooled_spans_average_the_right_positions():
 
 def test_batched_scoring_with_padding_equals_one_at_a_time(llama):
     model, tok = load_causal_lm(llama["base"])
-    pairs = [("The capital of France is", " Paris."), ("Water", " boils at one hundred degrees."), ("The quick brown fox", " jumps")]
+    pairs = [
+        ("The capital of France is", " Paris."),
+        ("Water", " boils at one hundred degrees."),
+        ("The quick brown fox", " jumps"),
+    ]
     together = list(score(model, tok, pairs, batch_size=3, hidden_states=True))
     alone = [next(score(model, tok, [pair], batch_size=1, hidden_states=True)) for pair in pairs]
     assert len(together) == len(pairs)

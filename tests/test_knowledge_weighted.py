@@ -40,10 +40,17 @@ def _models(family):
     return {key: state_dict(family[key]) for key in ("base", "expert0", "expert1")}
 
 
-@pytest.mark.parametrize("knowledge, temperature", [({"expert0": 0.4, "expert1": 0.4}, 0.1), ({"expert0": 0.1, "expert1": 0.9}, 1e9)])
+@pytest.mark.parametrize(
+    "knowledge, temperature", [({"expert0": 0.4, "expert1": 0.4}, 0.1), ({"expert0": 0.1, "expert1": 0.9}, 1e9)]
+)
 def test_mean_identity_against_mergekit(llama, knowledge, temperature):
     models = _models(llama)
-    ours = merge_state_dicts(models, "knowledge_weighted", base="base", parameters={"knowledge": knowledge, "temperature": temperature, "ties": False})
+    ours = merge_state_dicts(
+        models,
+        "knowledge_weighted",
+        base="base",
+        parameters={"knowledge": knowledge, "temperature": temperature, "ties": False},
+    )
     linear = merge_state_dicts({k: models[k] for k in ("expert0", "expert1")}, "linear", parameters={"weight": 1.0})
     ta = merge_state_dicts(models, "task_arithmetic", base="base", parameters={"weight": 0.5})
     for name in models["base"]:
@@ -54,7 +61,9 @@ def test_mean_identity_against_mergekit(llama, knowledge, temperature):
 def test_ties_option_with_equal_knowledge_is_mergekit_ties(llama):
     models = _models(llama)
     params = {"density": 0.5}
-    ours = merge_state_dicts(models, "knowledge_weighted", base="base", parameters={**params, "knowledge": 0.5, "ties": True})
+    ours = merge_state_dicts(
+        models, "knowledge_weighted", base="base", parameters={**params, "knowledge": 0.5, "ties": True}
+    )
     ties = merge_state_dicts(models, "ties", base="base", parameters={**params, "weight": 1.0})
     for name in models["base"]:
         torch.testing.assert_close(ours[name], ties[name])
@@ -64,13 +73,23 @@ def test_known_answer_on_one_tensor():
     base, a, b = torch.zeros(2), torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
     w = knowledge_weights([0.8, 0.2], temperature=0.2).tolist()
     merged = merge_tensors(
-        [base, a, b], "knowledge_weighted", base_index=0, parameters={"knowledge": [0.8, 0.2], "temperature": 0.2, "scale": 2.0, "ties": False}
+        [base, a, b],
+        "knowledge_weighted",
+        base_index=0,
+        parameters={"knowledge": [0.8, 0.2], "temperature": 0.2, "scale": 2.0, "ties": False},
     )
     assert merged.tolist() == pytest.approx([2 * w[0], 2 * w[1]])
     assert merged[1] > merged[0]  # the weakly-known expert's coordinate moves more
 
 
-@pytest.mark.parametrize("parameters, message", [({"knowledge": 1.5}, "less than or equal to 1"), ({"knowledge": 0.5, "temperature": 0.0}, "greater than 0"), ({}, "knowledge")])
+@pytest.mark.parametrize(
+    "parameters, message",
+    [
+        ({"knowledge": 1.5}, "less than or equal to 1"),
+        ({"knowledge": 0.5, "temperature": 0.0}, "greater than 0"),
+        ({}, "knowledge"),
+    ],
+)
 def test_bad_parameters_in_memory(parameters, message):
     tensors = [torch.zeros(2), torch.ones(2)]
     with pytest.raises(Exception, match=message):

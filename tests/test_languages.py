@@ -20,7 +20,17 @@ def test_each_language_applies_its_own_order_lexicon_and_inflections():
 def test_the_shipped_data_is_the_generators_and_no_test_sentence_is_trained_on():
     data = languages.rows()
     assert shipped_rows() == data
-    english = {r["expert"]: {s: {r2["prompt"].split(": ", 1)[1].split("\n")[0] for r2 in data if r2["expert"] == r["expert"] and r2["split"] == s} for s in ("train", "test")} for r in data}
+    english = {
+        r["expert"]: {
+            s: {
+                r2["prompt"].split(": ", 1)[1].split("\n")[0]
+                for r2 in data
+                if r2["expert"] == r["expert"] and r2["split"] == s
+            }
+            for s in ("train", "test")
+        }
+        for r in data
+    }
     trained = set().union(*(e["train"] for e in english.values()))
     assert all(len(e["train"]) == 320 and len(e["test"]) == 40 for e in english.values())
     assert not trained & set().union(*(e["test"] for e in english.values()))
@@ -29,13 +39,22 @@ def test_the_shipped_data_is_the_generators_and_no_test_sentence_is_trained_on()
 
 
 def _pair(task_arithmetic, patch, recommended):
-    merges = [{"merge": label, "expert": e, "kept": k} for label, kept in (("task_arithmetic", task_arithmetic), ("layer patch", patch), ("recommended", recommended)) for e, k in kept.items()]
+    merges = [
+        {"merge": label, "expert": e, "kept": k}
+        for label, kept in (("task_arithmetic", task_arithmetic), ("layer patch", patch), ("recommended", recommended))
+        for e, k in kept.items()
+    ]
     return {"merges": merges, "advice": "recommended"}
 
 
 def _signals(final_cka):
     blocks = 6
-    return {"cka_experts": [1.0] * blocks + [final_cka], "cka_lowest": [1.0] * (blocks + 1), "overlap_experts": [1.0] * blocks, "overlap_base": [1.0, 1.0, 1.0, 0.1, 0.1, 0.1]}
+    return {
+        "cka_experts": [1.0] * blocks + [final_cka],
+        "cka_lowest": [1.0] * (blocks + 1),
+        "overlap_experts": [1.0] * blocks,
+        "overlap_base": [1.0, 1.0, 1.0, 0.1, 0.1, 0.1],
+    }
 
 
 def test_paper_3s_findings_are_judged_on_what_was_measured():
@@ -55,6 +74,11 @@ def test_paper_3s_findings_are_judged_on_what_was_measured():
         "shared_target": _pair({"a": 0.2, "c": 0.2}, {"a": 0.95, "c": 0.9}, {"a": 0.9, "c": 0.8}),
     }
     flat = [10, 50, 50, 50, 20, 20]
-    found = {f["finding"].split(" (")[0]: f["reproduces"] for f in findings(against, {"different_targets": _signals(0.95), "shared_target": _signals(0.9)}, flat, [3, 4, 5])}
+    found = {
+        f["finding"].split(" (")[0]: f["reproduces"]
+        for f in findings(
+            against, {"different_targets": _signals(0.95), "shared_target": _signals(0.9)}, flat, [3, 4, 5]
+        )
+    }
     assert not any(v for k, v in found.items() if not k.startswith(("lower blocks", "fine-tuning")))
     assert lost_by_advice(against) == ["different_targets"] and lost_by_advice(as_paper) == []

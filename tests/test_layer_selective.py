@@ -26,7 +26,9 @@ def test_cutoff_at_depth_is_task_arithmetic(families, arch):
 def test_cutoff_zero_with_upper_embeddings_is_the_source_exactly(families, arch):
     models = _models(families[arch])
     ours = merge_state_dicts(
-        models, "layer_selective", base="base",
+        models,
+        "layer_selective",
+        base="base",
         parameters={"cutoff": 0, "embeddings": "upper", "upper": {"base": False, "expert0": False, "expert1": True}},
     )
     for name, tensor in models["expert1"].items():
@@ -48,8 +50,13 @@ def test_layers_split_at_the_cutoff(families, arch):
 def test_layer_1_is_not_layer_11():
     tensors = [torch.zeros(3), torch.ones(3)]
     merged = {
-        index: merge_tensors(tensors, "layer_selective", base_index=0, parameters={"cutoff": 2},
-                             name=f"model.layers.{index}.mlp.up_proj.weight")
+        index: merge_tensors(
+            tensors,
+            "layer_selective",
+            base_index=0,
+            parameters={"cutoff": 2},
+            name=f"model.layers.{index}.mlp.up_proj.weight",
+        )
         for index in (1, 11)
     }
     assert merged[1].tolist() == [1.0] * 3  # merged (task arithmetic)
@@ -58,7 +65,8 @@ def test_layer_1_is_not_layer_11():
 
 def test_linear_inner_needs_no_base():
     merged = merge_tensors(
-        [torch.zeros(2), torch.full((2,), 4.0)], "layer_selective",
+        [torch.zeros(2), torch.full((2,), 4.0)],
+        "layer_selective",
         parameters={"cutoff": 1, "inner": "linear", "weight": [3.0, 1.0], "upper": [True, False]},
         name="model.layers.0.self_attn.q_proj.weight",
     )

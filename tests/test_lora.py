@@ -12,7 +12,11 @@ from mergekit_mergeability.checkpoints import load_causal_lm, resolve, tensor_in
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.tiny import make_adapter, state_dict
 
-TARGETS = ["model.layers.0.mlp.up_proj.weight", "model.layers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight"]
+TARGETS = [
+    "model.layers.0.mlp.up_proj.weight",
+    "model.layers.1.self_attn.q_proj.weight",
+    "model.layers.1.self_attn.k_proj.weight",
+]
 
 
 @pytest.fixture(scope="module")
@@ -72,17 +76,34 @@ def test_an_adapter_of_another_base_is_refused_in_one_line(llama, adapter, tmp_p
     with pytest.raises(UserError) as caught:
         resolve(str(adapter), base=other)
     message = str(caught.value)
-    assert "\n" not in message and str(adapter.resolve()) in message and str(other) in message and str(llama["base"].resolve()) in message
-    assert isinstance(resolve(f"{other}+{adapter}", base=other), lora.AdapterModel)  # named explicitly, it is applied there
+    assert (
+        "\n" not in message
+        and str(adapter.resolve()) in message
+        and str(other) in message
+        and str(llama["base"].resolve()) in message
+    )
+    assert isinstance(
+        resolve(f"{other}+{adapter}", base=other), lora.AdapterModel
+    )  # named explicitly, it is applied there
 
 
 @pytest.mark.parametrize(
     "damage,expected",
     [
         (lambda f: (f / "adapter_config.json").write_text("{not json"), "adapter_config.json: not JSON"),
-        (lambda f: (f / "adapter_config.json").write_text(json.dumps({"peft_type": "IA3", "base_model_name_or_path": "x"})), "peft_type IA3"),
+        (
+            lambda f: (f / "adapter_config.json").write_text(
+                json.dumps({"peft_type": "IA3", "base_model_name_or_path": "x"})
+            ),
+            "peft_type IA3",
+        ),
         (lambda f: (f / "adapter_model.safetensors").unlink(), "no adapter_model.safetensors"),
-        (lambda f: (f / "adapter_model.safetensors").write_bytes((f / "adapter_model.safetensors").read_bytes()[:-5]), "truncated"),
+        (
+            lambda f: (f / "adapter_model.safetensors").write_bytes(
+                (f / "adapter_model.safetensors").read_bytes()[:-5]
+            ),
+            "truncated",
+        ),
     ],
 )
 def test_a_damaged_adapter_is_named_in_one_line(llama, adapter, tmp_path, damage, expected):

@@ -27,7 +27,9 @@ def pools(llama, tmp_path_factory):
     root = tmp_path_factory.mktemp("lora_passes")
     pool = {"adapters": {}, "full": {}, "probes": {}}
     for i in range(3):
-        adapter = make_adapter(llama["base"], root / "adapters" / f"a{i}", TARGETS, rank=4, alpha=8, seed=20 + i, scale=0.4)
+        adapter = make_adapter(
+            llama["base"], root / "adapters" / f"a{i}", TARGETS, rank=4, alpha=8, seed=20 + i, scale=0.4
+        )
         full = materialise(resolve(str(adapter)), root / "full" / f"a{i}")
         pool["adapters"][i], pool["full"][i] = adapter, full
         pool["probes"][i] = ranked_probes(root / f"probe{i}.jsonl", full, QUESTIONS, CHOICES, pick=0)
@@ -86,12 +88,16 @@ def _by_position(report: dict, pool: dict, kind: str) -> dict:
 def test_precheck_with_probes_equals_the_materialised_pool_and_loads_the_base_once(pools, monkeypatch):
     loads = []
     original = representations.load_causal_lm
-    monkeypatch.setattr(representations, "load_causal_lm", lambda source, *a: loads.append(source) or original(source, *a))
+    monkeypatch.setattr(
+        representations, "load_causal_lm", lambda source, *a: loads.append(source) or original(source, *a)
+    )
     reports = {}
     for kind in ("adapters", "full"):
         _run("precheck", pools["root"] / f"{kind}.yml", "--out", pools["root"] / f"pre_{kind}")
         report = json.loads((pools["root"] / f"pre_{kind}" / "precheck.json").read_text())
-        reports[kind] = _by_position({k: report[k] for k in ("models", "pairs", "layers", "diagnostics", "recommendation")}, pools, kind)
+        reports[kind] = _by_position(
+            {k: report[k] for k in ("models", "pairs", "layers", "diagnostics", "recommendation")}, pools, kind
+        )
     assert len(loads) == 1 + 1 + 3  # adapters: the base, once; folders: the base and each model
     assert reports["adapters"]["diagnostics"]["representations"]["per_layer"]
     _same(reports["adapters"], reports["full"])
@@ -121,13 +127,27 @@ def test_the_gate_prechecks_adapters_and_stock_mergekit_yaml_merges_them(llama, 
     document = {
         "merge_method": "task_arithmetic",
         "base_model": str(llama["base"]),
-        "models": [{"model": f"{llama['base']}+{pools['adapters'][i]}", "parameters": {"weight": 0.5}} for i in range(2)],
+        "models": [
+            {"model": f"{llama['base']}+{pools['adapters'][i]}", "parameters": {"weight": 0.5}} for i in range(2)
+        ],
         "dtype": "float32",
     }
     config = tmp_path / "gated.yml"
     config.write_text(yaml.safe_dump(document))
-    command = [str(Path(sys.executable).with_name("mergekit-yaml")), str(config), str(tmp_path / "merged"), "--no-write-model-card", "--lora-merge-cache", str(tmp_path / "lora_cache")]
-    gated = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "MERGEKIT_MERGEABILITY_PRECHECK": str(tmp_path / "report")})
+    command = [
+        str(Path(sys.executable).with_name("mergekit-yaml")),
+        str(config),
+        str(tmp_path / "merged"),
+        "--no-write-model-card",
+        "--lora-merge-cache",
+        str(tmp_path / "lora_cache"),
+    ]
+    gated = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MERGEKIT_MERGEABILITY_PRECHECK": str(tmp_path / "report")},
+    )
     assert gated.returncode == 0, (gated.stderr + gated.stdout)[-2000:]
     report = json.loads((tmp_path / "report" / "precheck.json").read_text())
     assert report["diagnostics"]["weights"]["per_model"][document["models"][0]["model"]]["update_norm"] > 0

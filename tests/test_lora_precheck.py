@@ -12,7 +12,11 @@ from mergekit_mergeability.precheck import config as merge_config, run
 from mergekit_mergeability.lora import materialise
 from mergekit_mergeability.tiny import make_adapter
 
-LAYERS = ("model.layers.{}.mlp.up_proj.weight", "model.layers.{}.self_attn.q_proj.weight", "model.layers.{}.self_attn.v_proj.weight")
+LAYERS = (
+    "model.layers.{}.mlp.up_proj.weight",
+    "model.layers.{}.self_attn.q_proj.weight",
+    "model.layers.{}.self_attn.v_proj.weight",
+)
 
 
 def _targets(layers, kinds):
@@ -25,16 +29,28 @@ def pools(llama, tmp_path_factory):
     their materialised folders."""
     root = tmp_path_factory.mktemp("lora_pool")
     a = _targets([0, 1], [0, 1])
-    specs = {"a": (a, 4, 8, 1), "b": (_targets([1, 2], [0, 2]), 2, 4, 2), "c": (_targets([1], [0, 1, 2]), 8, 16, 3), "d": (a, 4, -4, 1)}
+    specs = {
+        "a": (a, 4, 8, 1),
+        "b": (_targets([1, 2], [0, 2]), 2, 4, 2),
+        "c": (_targets([1], [0, 1, 2]), 8, 16, 3),
+        "d": (a, 4, -4, 1),
+    }
     adapters, full = {}, {}
     for name, (targets, rank, alpha, seed) in specs.items():
-        adapters[name] = make_adapter(llama["base"], root / "adapters" / name, targets, rank=rank, alpha=alpha, seed=seed)
+        adapters[name] = make_adapter(
+            llama["base"], root / "adapters" / name, targets, rank=rank, alpha=alpha, seed=seed
+        )
         full[name] = materialise(resolve(str(adapters[name])), root / "full" / name)
     return root, adapters, full
 
 
 def _precheck(llama, root, members, label):
-    document = {"merge_method": "task_arithmetic", "base_model": str(llama["base"]), "models": [{"model": str(p), "parameters": {"weight": 0.5}} for p in members], "dtype": "float32"}
+    document = {
+        "merge_method": "task_arithmetic",
+        "base_model": str(llama["base"]),
+        "models": [{"model": str(p), "parameters": {"weight": 0.5}} for p in members],
+        "dtype": "float32",
+    }
     path = root / f"{label}.yml"
     path.write_text(yaml.safe_dump(document))
     run(merge_config.read(path), options={"quiet": True}, out=root / label)
@@ -78,7 +94,9 @@ def test_recommended_config_names_each_adapter_on_its_base(llama, pools):
     root, adapters, _ = pools
     _precheck(llama, root, [adapters[k] for k in "abc"], "recommended")  # without d, which cancels a
     recommended = yaml.safe_load((root / "recommended" / "recommended.yml").read_text())
-    experts = [m["model"] for m in merge_config.model_entries(recommended) if m["model"] != recommended.get("base_model")]
+    experts = [
+        m["model"] for m in merge_config.model_entries(recommended) if m["model"] != recommended.get("base_model")
+    ]
     assert experts and set(experts) <= {f"{llama['base'].resolve()}+{adapters[k].resolve()}" for k in "abc"}
 
 
@@ -108,9 +126,16 @@ def test_a_pool_folder_of_adapters_on_different_bases_is_refused(llama, pools, t
     make_adapter(llama["base"], pool / "one", LAYERS[0].format(0).split())
     make_adapter(llama["base"], pool / "two", LAYERS[0].format(0).split(), base_name=llama["expert0"])
     (tmp_path / "empty").mkdir()
-    for folder, expected in ((pool, f"--pool {pool}: its adapters name 2 bases"), (tmp_path / "empty", "no adapter folders in it")):
-        result = CliRunner().invoke(main, ["precheck", "--pool", str(folder), "--out", str(tmp_path / "out"), "--quiet"])
-        assert result.exit_code == 2 and expected in result.output and len(result.output.strip().splitlines()) == 1, result.output
+    for folder, expected in (
+        (pool, f"--pool {pool}: its adapters name 2 bases"),
+        (tmp_path / "empty", "no adapter folders in it"),
+    ):
+        result = CliRunner().invoke(
+            main, ["precheck", "--pool", str(folder), "--out", str(tmp_path / "out"), "--quiet"]
+        )
+        assert result.exit_code == 2 and expected in result.output and len(result.output.strip().splitlines()) == 1, (
+            result.output
+        )
     assert not (tmp_path / "out").exists()
     result = CliRunner().invoke(main, ["precheck", "--out", str(tmp_path / "out")])
     assert result.exit_code == 2 and "name a CONFIG_FILE or a --pool folder" in result.output
@@ -120,7 +145,10 @@ def test_an_adapter_among_model_folders_is_streamed_as_base_plus_update(llama, p
     root, adapters, full = pools
     mixed = _precheck(llama, root, [adapters["a"], full["b"], adapters["c"]], "mixed")
     materialised = _precheck(llama, root, [full["a"], full["b"], full["c"]], "materialised_abc")
-    ours = {k.replace(str(root / "adapters"), "").replace(str(root / "full"), ""): v for k, v in _numbers(mixed["diagnostics"]["weights"])}
+    ours = {
+        k.replace(str(root / "adapters"), "").replace(str(root / "full"), ""): v
+        for k, v in _numbers(mixed["diagnostics"]["weights"])
+    }
     theirs = {k.replace(str(root / "full"), ""): v for k, v in _numbers(materialised["diagnostics"]["weights"])}
     assert ours.keys() == theirs.keys() and any("cosine" in k for k in ours)
     for key in ours:
@@ -131,6 +159,10 @@ def test_probe_option_names_an_adapter_by_its_folder(llama, pools):
     from mergekit_mergeability.precheck import probe_specs
 
     root, adapters, _ = pools
-    document = {"merge_method": "task_arithmetic", "base_model": str(llama["base"]), "models": [{"model": f"{llama['base']}+{adapters[n]}"} for n in "ab"]}
+    document = {
+        "merge_method": "task_arithmetic",
+        "base_model": str(llama["base"]),
+        "models": [{"model": f"{llama['base']}+{adapters[n]}"} for n in "ab"],
+    }
     spec = merge_config.from_document(document, root)
     assert probe_specs(spec, {"b": "probe.jsonl"}) == {f"{llama['base']}+{adapters['b']}": "probe.jsonl"}

@@ -10,7 +10,11 @@ from mergekit_mergeability.maths.lowrank import LowRank
 
 def _pair(seed: int, out: int, inner: int, ranks=(3, 5)):
     g = torch.Generator().manual_seed(seed)
-    make = lambda r, s: LowRank(torch.randn(r, inner, generator=g, dtype=torch.float64), torch.randn(out, r, generator=g, dtype=torch.float64), s)  # noqa: E731
+    make = lambda r, s: LowRank(
+        torch.randn(r, inner, generator=g, dtype=torch.float64),
+        torch.randn(out, r, generator=g, dtype=torch.float64),
+        s,
+    )  # noqa: E731
     return make(ranks[0], 0.5), make(ranks[1], -2.0)
 
 
@@ -22,12 +26,16 @@ def _materialised_sign_conflict(x: torch.Tensor, y: torch.Tensor) -> float:
 def _check(first: LowRank, second: LowRank) -> None:
     x, y = first.materialise(), second.materialise()
     assert lowrank.squared_norm(first) == pytest.approx(float(x.square().sum()), rel=1e-6)
-    assert lowrank.inner(first, second) == pytest.approx(float((x * y).sum()), rel=1e-6, abs=1e-9 * float(x.norm() * y.norm()))
+    assert lowrank.inner(first, second) == pytest.approx(
+        float((x * y).sum()), rel=1e-6, abs=1e-9 * float(x.norm() * y.norm())
+    )
     expected_cosine = float((x * y).sum() / (x.norm() * y.norm()))
     assert lowrank.cosine(first, second) == pytest.approx(expected_cosine, rel=1e-6, abs=1e-12)
     assert lowrank.top_singular_value(first) == pytest.approx(float(torch.linalg.matrix_norm(x, ord=2)), rel=1e-6)
     assert lowrank.top_singular_value(second) == pytest.approx(float(torch.linalg.matrix_norm(y, ord=2)), rel=1e-6)
-    assert lowrank.sign_conflict(first, second, elements=37) == pytest.approx(_materialised_sign_conflict(x, y), rel=1e-6)
+    assert lowrank.sign_conflict(first, second, elements=37) == pytest.approx(
+        _materialised_sign_conflict(x, y), rel=1e-6
+    )
 
 
 SHAPES = [(1, 1, (1, 1)), (7, 3, (3, 5)), (40, 24, (4, 8)), (64, 17, (16, 2)), (5, 90, (6, 6))]
@@ -61,7 +69,12 @@ def test_zero_update_has_zero_statistics():
 
 def test_gram_of_a_pool_of_mixed_ranks_equals_the_materialised_dot_products():
     g = torch.Generator().manual_seed(3)
-    updates = [LowRank(torch.randn(r, 13, generator=g, dtype=torch.float64), torch.randn(9, r, generator=g, dtype=torch.float64), s) for r, s in ((1, 1.0), (4, -0.5), (2, 3.0), (7, 0.1))]
+    updates = [
+        LowRank(
+            torch.randn(r, 13, generator=g, dtype=torch.float64), torch.randn(9, r, generator=g, dtype=torch.float64), s
+        )
+        for r, s in ((1, 1.0), (4, -0.5), (2, 3.0), (7, 0.1))
+    ]
     flat = torch.stack([u.materialise().flatten() for u in updates])
     assert torch.allclose(lowrank.gram(updates), flat @ flat.T, rtol=1e-10, atol=1e-10)
     assert torch.allclose(lowrank.gram(updates, torch.float32).double(), flat @ flat.T, rtol=1e-5, atol=1e-4)

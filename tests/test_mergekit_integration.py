@@ -39,15 +39,25 @@ def test_stock_mergekit_yaml_runs_knowledge_weighted(llama, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     merged = state_dict(tmp_path / "out")
     expected = merge_state_dicts(
-        _models(llama), "knowledge_weighted", base="base",
-        parameters={"knowledge": {"expert0": 0.85, "expert1": 0.30}, "temperature": 0.3, "ties": True, "density": 0.5, "scale": 1.0},
+        _models(llama),
+        "knowledge_weighted",
+        base="base",
+        parameters={
+            "knowledge": {"expert0": 0.85, "expert1": 0.30},
+            "temperature": 0.3,
+            "ties": True,
+            "density": 0.5,
+            "scale": 1.0,
+        },
     )
     assert merged.keys() == expected.keys()
     for name, tensor in expected.items():
         torch.testing.assert_close(merged[name], tensor)
 
 
-@pytest.mark.parametrize("name", ["knowledge_weighted_plain.yml", "layer_selective.yml", "layer_selective_interpolate.yml"])
+@pytest.mark.parametrize(
+    "name", ["knowledge_weighted_plain.yml", "layer_selective.yml", "layer_selective_interpolate.yml"]
+)
 def test_every_shipped_config_merges_with_run_merge(llama, tmp_path, name):
     config = MergeConfiguration.model_validate(yaml.safe_load(shipped_config(name, llama, tmp_path).read_text()))
     run_merge(config, str(tmp_path / "out"), MergeOptions(write_model_card=False, quiet=True))
@@ -56,7 +66,9 @@ def test_every_shipped_config_merges_with_run_merge(llama, tmp_path, name):
 
 
 def test_layer_patch_config_takes_upper_layers_from_the_marked_expert(llama, tmp_path):
-    config = MergeConfiguration.model_validate(yaml.safe_load(shipped_config("layer_selective.yml", llama, tmp_path).read_text()))
+    config = MergeConfiguration.model_validate(
+        yaml.safe_load(shipped_config("layer_selective.yml", llama, tmp_path).read_text())
+    )
     run_merge(config, str(tmp_path / "out"), MergeOptions(write_model_card=False, quiet=True))
     merged, models = state_dict(tmp_path / "out"), _models(llama)
     ta = merge_state_dicts(models, "task_arithmetic", base="base", parameters={"weight": 1.0})
@@ -67,7 +79,9 @@ def test_layer_patch_config_takes_upper_layers_from_the_marked_expert(llama, tmp
 
 def test_interpolate_config_moves_the_lower_layers_halfway_and_keeps_the_base_above(llama, tmp_path):
     """θ_base + 0.5 (θ_expert − θ_base) for the embedding and blocks 0–1; θ_base from block 2 on, norm and head too."""
-    config = MergeConfiguration.model_validate(yaml.safe_load(shipped_config("layer_selective_interpolate.yml", llama, tmp_path).read_text()))
+    config = MergeConfiguration.model_validate(
+        yaml.safe_load(shipped_config("layer_selective_interpolate.yml", llama, tmp_path).read_text())
+    )
     run_merge(config, str(tmp_path / "out"), MergeOptions(write_model_card=False, quiet=True))
     merged, models = state_dict(tmp_path / "out"), _models(llama)
     base, expert = models["base"], models["expert0"]
@@ -96,7 +110,10 @@ def test_bad_knowledge_weighted_config_one_line_and_nothing_written(llama, tmp_p
     "edit, message",
     [
         (("cutoff: 2 ", "cutoff: 9 "), "cutoff 9 is beyond the model's 4 layers"),
-        (("  - model: ./models/expert_a\n", "  - model: ./models/expert_a\n    parameters: {upper: true}\n"), "only one model"),
+        (
+            ("  - model: ./models/expert_a\n", "  - model: ./models/expert_a\n    parameters: {upper: true}\n"),
+            "only one model",
+        ),
         (("base_model: ./models/base\n", ""), "needs base_model"),
     ],
 )
@@ -125,5 +142,13 @@ def test_merge_command_writes_the_model_and_no_partial(llama, tmp_path):
 def test_methods_lists_mergekit_and_ours_with_parameters():
     result = CliRunner().invoke(cli, ["methods"], terminal_width=200)
     assert result.exit_code == 0, result.output
-    for expected in ("knowledge_weighted", "layer_selective", "task_arithmetic", "ties", "builtin", "mergekit", "cutoff (int) required"):
+    for expected in (
+        "knowledge_weighted",
+        "layer_selective",
+        "task_arithmetic",
+        "ties",
+        "builtin",
+        "mergekit",
+        "cutoff (int) required",
+    ):
         assert expected in result.output

@@ -20,7 +20,9 @@ def _entry(name, value):
 
 def test_a_plugin_that_fails_to_import_warns_once_and_the_others_load():
     with pytest.warns(RuntimeWarning, match="plugin 'broken'.*failed to load") as caught:
-        manager = load_plugins([_entry("broken", "no_such_module_anywhere"), _entry("builtin", "mergekit_mergeability.builtin")])
+        manager = load_plugins(
+            [_entry("broken", "no_such_module_anywhere"), _entry("builtin", "mergekit_mergeability.builtin")]
+        )
     assert len(caught) == 1
     names = [method.spec.name for _, method in contributions("mergeability_merge_methods", manager)]
     assert names == ["knowledge_weighted", "layer_selective"]
@@ -103,11 +105,17 @@ def test_stock_mergekit_yaml_refuses_a_clash_in_one_line_at_import():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stdout == ""
-    assert done.stderr.strip() == "Error: two plugins contribute a merge method named 'layer_selective': 'impostor' (__main__) and 'builtin' (mergekit-mergeability); uninstall one of them"
+    assert (
+        done.stderr.strip()
+        == "Error: two plugins contribute a merge method named 'layer_selective': 'impostor' (__main__) and 'builtin' (mergekit-mergeability); uninstall one of them"
+    )
 
 
 def test_two_packages_registering_one_plugin_name_are_refused():
     same = _entry("builtin", "mergekit_mergeability.builtin")
     assert load_plugins([same, same]).has_plugin("builtin")  # one package seen twice on sys.path: loaded once
-    with pytest.raises(UserError, match="two packages register the plugin 'builtin': mergekit_mergeability.builtin and test_plugins; uninstall one of them"):
+    with pytest.raises(
+        UserError,
+        match="two packages register the plugin 'builtin': mergekit_mergeability.builtin and test_plugins; uninstall one of them",
+    ):
         load_plugins([same, _entry("builtin", "test_plugins")])

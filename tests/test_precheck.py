@@ -49,9 +49,17 @@ def pool(llama, tmp_path_factory):
 
 
 def _config(tmp_path, pool, experts, probes, method="task_arithmetic", name="config.yml"):
-    models = [{"model": str(pool[e]), **({"probe": str(pool[p])} if p else {}), "parameters": {"weight": 1.0}} for e, p in zip(experts, probes)]
+    models = [
+        {"model": str(pool[e]), **({"probe": str(pool[p])} if p else {}), "parameters": {"weight": 1.0}}
+        for e, p in zip(experts, probes)
+    ]
     path = tmp_path / name
-    path.write_text(yaml.safe_dump({"merge_method": method, "base_model": str(pool["base"]), "models": models, "dtype": "float32"}, sort_keys=False))
+    path.write_text(
+        yaml.safe_dump(
+            {"merge_method": method, "base_model": str(pool["base"]), "models": models, "dtype": "float32"},
+            sort_keys=False,
+        )
+    )
     return path
 
 
@@ -76,7 +84,11 @@ def _merge(config_path, out):
     from mergekit.config import MergeConfiguration
     from mergekit.merge import MergeOptions, run_merge
 
-    run_merge(MergeConfiguration.model_validate(yaml.safe_load(Path(config_path).read_text())), str(out), MergeOptions(quiet=True, write_model_card=False))
+    run_merge(
+        MergeConfiguration.model_validate(yaml.safe_load(Path(config_path).read_text())),
+        str(out),
+        MergeOptions(quiet=True, write_model_card=False),
+    )
     return out
 
 
@@ -96,7 +108,10 @@ def test_weakly_known_probes_lead_to_knowledge_weighting(tmp_path, pool):
     rec = report["recommendation"]
     assert rec["verdict"] == "knowledge_weighted"
     feature = Calibration.load().knowledge_feature
-    assert rec["knowledge"] == {str(pool["known"]): known["features"][feature], str(pool["unknown"]): unknown["features"][feature]}
+    assert rec["knowledge"] == {
+        str(pool["known"]): known["features"][feature],
+        str(pool["unknown"]): unknown["features"][feature],
+    }
     assert rec["weights"][str(pool["unknown"])] > rec["weights"][str(pool["known"])]
     # pairs: base–known, base–unknown, known–unknown; CKA at the embedding output and after each of 4 blocks
     assert {(p["a"], p["b"]) for p in report["pairs"]} >= {(str(pool["known"]), str(pool["unknown"]))}
@@ -104,7 +119,9 @@ def test_weakly_known_probes_lead_to_knowledge_weighting(tmp_path, pool):
     assert len(compared) == 3 and all(len(p["cka"]) == 5 and len(p["cka_unbiased"]) == 5 for p in compared)
     recommended = yaml.safe_load((tmp_path / "out" / "recommended.yml").read_text())
     assert recommended["merge_method"] == "knowledge_weighted"
-    assert {m["parameters"]["knowledge"] for m in recommended["models"]} == {round(v, 4) for v in rec["knowledge"].values()}
+    assert {m["parameters"]["knowledge"] for m in recommended["models"]} == {
+        round(v, 4) for v in rec["knowledge"].values()
+    }
     assert (_merge(tmp_path / "out" / "recommended.yml", tmp_path / "merged") / "config.json").exists()
     html = (tmp_path / "out" / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 5 and "knowledge_weighted" in html
@@ -125,10 +142,18 @@ def test_knowledge_weighted_advice_keeps_the_configured_update_size(tmp_path, po
     base, known, unknown = (state_dict(pool[k]) for k in ("base", "known", "unknown"))
     name = "model.layers.1.mlp.up_proj.weight"
     unit = merge_tensors(
-        [base[name], known[name], unknown[name]], "knowledge_weighted", base_index=0,
-        parameters={**recommended["parameters"], "scale": 1.0, "knowledge": [m["parameters"]["knowledge"] for m in recommended["models"]]},
+        [base[name], known[name], unknown[name]],
+        "knowledge_weighted",
+        base_index=0,
+        parameters={
+            **recommended["parameters"],
+            "scale": 1.0,
+            "knowledge": [m["parameters"]["knowledge"] for m in recommended["models"]],
+        },
     )
-    assert torch.allclose(merged[name] - base[name], 2.0 * (unit - base[name]), atol=1e-6)  # twice the shares' update, as configured
+    assert torch.allclose(
+        merged[name] - base[name], 2.0 * (unit - base[name]), atol=1e-6
+    )  # twice the shares' update, as configured
     assert "scale 2 keeps the configured update size" in (tmp_path / "out" / "recommended.yml").read_text()
 
 
@@ -146,7 +171,11 @@ def test_divergent_upper_layers_get_one_model_per_expert_that_keeps_its_own_uppe
     assert (rec["verdict"], rec["cutoff"]) == ("layer_selective", 2)
     # item 4: the verdict reads the unbiased estimator (the biased one drifts with the number of probe rows)
     assert report["layers"]["cka_estimator"] == "unbiased" and report["layers"]["divergence"] == pair["cka_unbiased"]
-    assert [m["file"] for m in rec["models"]] == ["recommended.yml", "recommended/upper_a.yml", "recommended/upper_b.yml"]
+    assert [m["file"] for m in rec["models"]] == [
+        "recommended.yml",
+        "recommended/upper_a.yml",
+        "recommended/upper_b.yml",
+    ]
     base = state_dict(pool["base"])
     for expert in ("upper_a", "upper_b"):
         merged = state_dict(_merge(tmp_path / "out" / "recommended" / f"{expert}.yml", tmp_path / f"merged_{expert}"))
@@ -159,7 +188,11 @@ def test_divergent_upper_layers_get_one_model_per_expert_that_keeps_its_own_uppe
     main = yaml.safe_load((tmp_path / "out" / "recommended.yml").read_text())
     chosen = next(m["model"] for m in main["models"] if (m.get("parameters") or {}).get("upper"))
     experts = sorted((m for m in report["models"] if m["role"] == "expert"), key=lambda m: m["predicted_mergeability"])
-    assert len(experts) == 2 and chosen == experts[0]["path"] and "predicted to lose most" in " ".join(rec["models"][0]["notes"])
+    assert (
+        len(experts) == 2
+        and chosen == experts[0]["path"]
+        and "predicted to lose most" in " ".join(rec["models"][0]["notes"])
+    )
     assert rec["models"][0]["drops"] == f"blocks ≥ 2 of {experts[1]['name']}"  # the other expert's upper blocks
 
 
@@ -210,7 +243,11 @@ def _without_architectures(source: Path, folder: Path) -> Path:
 def test_models_without_architectures_are_measured_and_the_recommendation_names_their_class(tmp_path, pool):
     plain = {name: _without_architectures(pool[name], tmp_path / name) for name in ("base", "known", "unknown")}
     config = _config(tmp_path, {**pool, **plain}, ["known", "unknown"], ["probe_known", "probe_unknown"])
-    result = CliRunner().invoke(main, ["precheck", str(config), "--out", str(tmp_path / "out"), "--quiet", "--skip", "selectivity"], env={"COLUMNS": "1000"})
+    result = CliRunner().invoke(
+        main,
+        ["precheck", str(config), "--out", str(tmp_path / "out"), "--quiet", "--skip", "selectivity"],
+        env={"COLUMNS": "1000"},
+    )
     assert result.exit_code == 0, result.output
     assert 'unknown: its config.json has no "architectures" list; measured as LlamaForCausalLM' in result.output
     recommended = yaml.safe_load((tmp_path / "out" / "recommended.yml").read_text())
@@ -239,7 +276,11 @@ class _Plugin:
 
     @hookimpl
     def mergeability_precheck_report(self, report, config_path):
-        return f"policy: {report['recommendation']['verdict']} needs a review" if config_path.endswith("config.yml") else None
+        return (
+            f"policy: {report['recommendation']['verdict']} needs a review"
+            if config_path.endswith("config.yml")
+            else None
+        )
 
 
 def test_third_party_diagnostics_and_report_hooks(tmp_path, pool):
@@ -291,23 +332,41 @@ def test_a_report_hook_that_raises_is_a_warning_and_the_precheck_goes_on(tmp_pat
     assert message in " ".join(result.output.split())
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
     jsonschema.validate(report, json.loads(SCHEMA.read_text()))
-    assert {"diagnostic": "mergeability_precheck_report", "severity": "warning", "message": message} in report["findings"]
+    assert {"diagnostic": "mergeability_precheck_report", "severity": "warning", "message": message} in report[
+        "findings"
+    ]
     assert report["stop"] == ["policy: merge_as_configured needs a review"]
     assert message in (tmp_path / "out" / "report.html").read_text().replace("&#x27;", "'")
 
 
 def test_the_opt_in_gate_stops_stock_mergekit_yaml(tmp_path, pool):
-    broken = derive(pool["base"], tmp_path / "broken", lambda k, v: torch.full_like(v, float("inf")) if "layers.0.mlp" in k else 0 * v)
+    broken = derive(
+        pool["base"],
+        tmp_path / "broken",
+        lambda k, v: torch.full_like(v, float("inf")) if "layers.0.mlp" in k else 0 * v,
+    )
     config = _config(tmp_path, {**pool, "broken": broken}, ["known", "broken"], [None, None])
-    command = [str(Path(sys.executable).with_name("mergekit-yaml")), str(config), str(tmp_path / "merged"), "--no-write-model-card"]
-    gated = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "MERGEKIT_MERGEABILITY_PRECHECK": "1"})
+    command = [
+        str(Path(sys.executable).with_name("mergekit-yaml")),
+        str(config),
+        str(tmp_path / "merged"),
+        "--no-write-model-card",
+    ]
+    gated = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, "MERGEKIT_MERGEABILITY_PRECHECK": "1"}
+    )
     assert gated.returncode == 2
     assert "Traceback" not in gated.stderr
     (line,) = [line for line in gated.stderr.splitlines() if line.startswith("Error: ")]
     assert "MERGEKIT_MERGEABILITY_PRECHECK is set and the precheck says stop" in line
     assert "NaN/Inf" in gated.stderr + gated.stdout
     assert not (tmp_path / "merged").exists()
-    plain = subprocess.run(command, capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "MERGEKIT_MERGEABILITY_PRECHECK"})
+    plain = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "MERGEKIT_MERGEABILITY_PRECHECK"},
+    )
     assert plain.returncode == 0, plain.stderr[-2000:]
 
 
@@ -344,7 +403,9 @@ def test_a_cancelling_pair_is_do_not_merge_and_leaves_nothing_runnable(tmp_path,
     assert rec["verdict"] == "do_not_merge" and rec["models"] == []
     assert "known and undo cancel each other (task-vector cosine -1.00)" in rec["reasons"][0]
     experts = [m for m in report["models"] if m["role"] == "expert"]
-    assert len(experts) == 2 and all(m["predicted_mergeability"] < 0.5 and m["kept_share"] == pytest.approx(0, abs=1e-3) for m in experts)
+    assert len(experts) == 2 and all(
+        m["predicted_mergeability"] < 0.5 and m["kept_share"] == pytest.approx(0, abs=1e-3) for m in experts
+    )
     assert not (stale / "recommended.yml").exists() and not (stale / "recommended").exists()
     assert "cancel each other" in (stale / "report.html").read_text()
 
@@ -398,7 +459,10 @@ def test_the_precheck_fails_closed_when_the_builtin_signals_cannot_be_measured(t
         manager.unregister(name="builtin")
         manager.register(builtin, name="builtin")
     assert result.exit_code == 3, result.output
-    assert "the precheck could not measure: plugin 'builtin' failed in mergeability_diagnostics: ImportError" in result.output
+    assert (
+        "the precheck could not measure: plugin 'builtin' failed in mergeability_diagnostics: ImportError"
+        in result.output
+    )
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
     assert not (tmp_path / "out" / "recommended.yml").exists()
 
@@ -415,10 +479,17 @@ def test_a_crash_inside_a_builtin_diagnostic_is_exit_3_and_stops_the_gate(tmp_pa
     monkeypatch.setattr(WeightStatistics, "run", crash)
     config = _config(tmp_path, pool, ["known", "unknown"], [None, None])
     result = _precheck(config, tmp_path / "out")
-    assert result.exit_code == 3 and "diagnostic 'weights' from plugin 'builtin' failed: RuntimeError: out of memory" in result.output
+    assert (
+        result.exit_code == 3
+        and "diagnostic 'weights' from plugin 'builtin' failed: RuntimeError: out of memory" in result.output
+    )
     monkeypatch.setenv("MERGEKIT_MERGEABILITY_PRECHECK", "1")
     with pytest.raises(Exception, match="could not measure"):
-        run_merge(MergeConfiguration.model_validate(yaml.safe_load(config.read_text())), str(tmp_path / "merged"), MergeOptions(quiet=True, write_model_card=False))
+        run_merge(
+            MergeConfiguration.model_validate(yaml.safe_load(config.read_text())),
+            str(tmp_path / "merged"),
+            MergeOptions(quiet=True, write_model_card=False),
+        )
     assert not (tmp_path / "merged").exists()
 
 
@@ -438,7 +509,9 @@ def test_a_third_party_diagnostic_failure_is_a_listed_warning(tmp_path, pool):
     with _registered(flaky_plugin=Plugin()):
         result = _precheck(_config(tmp_path, pool, ["known", "unknown"], [None, None]), tmp_path / "out")
     assert result.exit_code == 0, result.output
-    assert "diagnostic 'flaky' from plugin 'flaky_plugin' failed: ValueError: bad luck" in " ".join(result.output.split())
+    assert "diagnostic 'flaky' from plugin 'flaky_plugin' failed: ValueError: bad luck" in " ".join(
+        result.output.split()
+    )
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
     assert report["failed_diagnostics"] == ["flaky"]
     assert "bad luck" in (tmp_path / "out" / "report.html").read_text()
@@ -452,7 +525,11 @@ def test_models_with_the_same_folder_name_stay_apart_at_80_columns(tmp_path, poo
         shutil.copytree(pool["known"] if parent == "team_a" else pool["unknown"], tmp_path / parent / "expert")
     twins = {**pool, "a": tmp_path / "team_a" / "expert", "b": tmp_path / "team_b" / "expert"}
     config = _config(tmp_path, twins, ["a", "b"], ["probe_known", "probe_unknown"])
-    result = CliRunner().invoke(main, ["precheck", str(config), "--out", str(tmp_path / "out"), "--quiet", "--skip", "representations"], env={"COLUMNS": "80"})
+    result = CliRunner().invoke(
+        main,
+        ["precheck", str(config), "--out", str(tmp_path / "out"), "--quiet", "--skip", "representations"],
+        env={"COLUMNS": "80"},
+    )
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert max(map(len, lines)) <= 80
@@ -466,7 +543,18 @@ def test_models_with_the_same_folder_name_stay_apart_at_80_columns(tmp_path, poo
 
 @pytest.mark.parametrize(
     "value, report_to",
-    [("1", None), ("true", None), ("TRUE", None), ("Yes", None), ("./reports", "reports"), ("true-reports", "true-reports"), ("0", "off"), ("False", "off"), ("no", "off"), ("", "off")],
+    [
+        ("1", None),
+        ("true", None),
+        ("TRUE", None),
+        ("Yes", None),
+        ("./reports", "reports"),
+        ("true-reports", "true-reports"),
+        ("0", "off"),
+        ("False", "off"),
+        ("no", "off"),
+        ("", "off"),
+    ],
 )
 def test_the_gate_setting_reads_a_switch_or_a_folder(tmp_path, pool, monkeypatch, value, report_to):
     from mergekit.config import MergeConfiguration

@@ -23,7 +23,12 @@ def test_multiple_choice_and_generation_lines(tmp_path):
         ],
     )
     first, second, third = load(str(path))
-    assert (first.prompt, first.continuations, first.label, first.kind) == ("2+2?\nAnswer:", (" 3", " 4"), 1, MULTIPLE_CHOICE)
+    assert (first.prompt, first.continuations, first.label, first.kind) == (
+        "2+2?\nAnswer:",
+        (" 3", " 4"),
+        1,
+        MULTIPLE_CHOICE,
+    )
     assert second.label == 0 and second.gold == " blue"
     assert (third.continuations, third.kind) == ((" 100 C",), GENERATION)
     assert len(load(str(path), limit=2)) == 2
@@ -54,7 +59,10 @@ def test_missing_file_is_a_user_error(tmp_path):
 
 
 def test_an_lm_eval_task_yaml(tmp_path):
-    data = _jsonl(tmp_path / "facts.jsonl", [{"q": f"Fact {i}?", "options": ["yes", "no", "maybe"], "gold": i % 3} for i in range(5)])
+    data = _jsonl(
+        tmp_path / "facts.jsonl",
+        [{"q": f"Fact {i}?", "options": ["yes", "no", "maybe"], "gold": i % 3} for i in range(5)],
+    )
     task = tmp_path / "facts.yaml"
     task.write_text(
         f"""task: probe_facts_test
@@ -78,7 +86,9 @@ metric_list:
 
 
 def _task_yaml(folder, name="probe_shared_test", items=6):
-    data = _jsonl(folder / "shared.jsonl", [{"q": f"Fact {i}?", "options": ["yes", "no"], "gold": i % 2} for i in range(items)])
+    data = _jsonl(
+        folder / "shared.jsonl", [{"q": f"Fact {i}?", "options": ["yes", "no"], "gold": i % 2} for i in range(items)]
+    )
     task = folder / "shared.yaml"
     task.write_text(
         f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"

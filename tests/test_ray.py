@@ -35,13 +35,31 @@ def cluster():
 def pool(llama, tmp_path_factory):
     root = tmp_path_factory.mktemp("raypool")
     base = llama["base"]
-    experts = {f"e{i}": derive(base, root / f"e{i}", noise(20 + i, 0.3, lambda name: ".mlp." in name)) for i in range(3)}
-    probes = {name: ranked_probes(root / f"{name}.jsonl", path, QUESTIONS, CHOICES, pick=0) for name, path in experts.items()}
+    experts = {
+        f"e{i}": derive(base, root / f"e{i}", noise(20 + i, 0.3, lambda name: ".mlp." in name)) for i in range(3)
+    }
+    probes = {
+        name: ranked_probes(root / f"{name}.jsonl", path, QUESTIONS, CHOICES, pick=0) for name, path in experts.items()
+    }
     models = [{"model": str(p), "probe": str(probes[n]), "parameters": {"weight": 0.5}} for n, p in experts.items()]
     document = {"merge_method": "task_arithmetic", "base_model": str(base), "models": models, "dtype": "float32"}
     (root / "pool.yml").write_text(yaml.safe_dump(document, sort_keys=False))
-    adapters = [make_adapter(base, root / f"a{i}", ["model.layers.0.mlp.up_proj.weight", "model.layers.1.self_attn.q_proj.weight"], seed=i) for i in range(3)]
-    lora = {**document, "models": [{"model": f"{base}+{a}", "probe": str(probes[f"e{i}"]), "parameters": {"weight": 0.5}} for i, a in enumerate(adapters)]}
+    adapters = [
+        make_adapter(
+            base,
+            root / f"a{i}",
+            ["model.layers.0.mlp.up_proj.weight", "model.layers.1.self_attn.q_proj.weight"],
+            seed=i,
+        )
+        for i in range(3)
+    ]
+    lora = {
+        **document,
+        "models": [
+            {"model": f"{base}+{a}", "probe": str(probes[f"e{i}"]), "parameters": {"weight": 0.5}}
+            for i, a in enumerate(adapters)
+        ],
+    }
     (root / "lora.yml").write_text(yaml.safe_dump(lora, sort_keys=False))
     return {"root": root, "config": root / "pool.yml", "lora": root / "lora.yml"}
 
@@ -87,7 +105,11 @@ def test_weight_pass_splits_into_shards_and_reduces_exactly(cluster, pool):
     from mergekit_mergeability.diagnostics.weights import WeightStatistics
 
     spec = yaml.safe_load(pool["config"].read_text())
-    inputs = DiagnosticInputs(ModelInput("base", spec["base_model"]), tuple(ModelInput(m["model"], m["model"]) for m in spec["models"]), {"quiet": True})
+    inputs = DiagnosticInputs(
+        ModelInput("base", spec["base_model"]),
+        tuple(ModelInput(m["model"], m["model"]) for m in spec["models"]),
+        {"quiet": True},
+    )
     here = WeightStatistics().run(inputs)
     with distributed.cluster(None):
         assert distributed.workers() == 2
@@ -106,9 +128,13 @@ def test_shards_are_contiguous_and_balanced():
 
 def test_without_ray_the_option_says_how_to_install_it(pool, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
-    result = CliRunner().invoke(main, ["precheck", str(pool["config"]), "--out", str(tmp_path / "out"), "--quiet", "--ray"])
+    result = CliRunner().invoke(
+        main, ["precheck", str(pool["config"]), "--out", str(tmp_path / "out"), "--quiet", "--ray"]
+    )
     assert result.exit_code == 2
-    assert result.output.strip().splitlines() == ["Error: --ray needs the ray package, which is not installed: pip install mergekit-mergeability[ray]"]
+    assert result.output.strip().splitlines() == [
+        "Error: --ray needs the ray package, which is not installed: pip install mergekit-mergeability[ray]"
+    ]
     assert not (tmp_path / "out").exists()
 
 
@@ -130,8 +156,14 @@ def test_inside_a_cluster_auto_is_the_cluster_device_and_model_tasks_ask_for_it(
     from mergekit_mergeability import distributed
 
     with distributed.cluster(None):
-        assert distributed.device("auto") == "cpu" and distributed.device("cuda") == "cuda"  # the local cluster has no GPU
-    assert distributed.gpus({"device": "cuda:0"}) == 1 and distributed.gpus({"device": "cpu"}) == 0 and distributed.gpus({}) == 0
+        assert (
+            distributed.device("auto") == "cpu" and distributed.device("cuda") == "cuda"
+        )  # the local cluster has no GPU
+    assert (
+        distributed.gpus({"device": "cuda:0"}) == 1
+        and distributed.gpus({"device": "cpu"}) == 0
+        and distributed.gpus({}) == 0
+    )
 
 
 def test_an_error_in_a_task_reaches_the_driver_as_itself(cluster):
@@ -160,13 +192,37 @@ def test_an_address_where_nothing_answers_is_one_line_at_once(cluster, monkeypat
 
 def test_sweep_on_ray_scores_every_lambda_as_in_process_and_fills_the_cache(cluster, llama, tmp_path):
     task = tmp_path / "task.jsonl"
-    task.write_text("".join(json.dumps({"prompt": f"The capital of France is {w}", "answer": w}) + "\n" for w in ("the", "a", "water", "fox")))
-    args = ["sweep", llama["base"], llama["expert0"], "--tasks", task, "--lambdas", "0,0.5,1", "--refine", "1", "--marker", "e", "-k", "2"]
+    task.write_text(
+        "".join(
+            json.dumps({"prompt": f"The capital of France is {w}", "answer": w}) + "\n"
+            for w in ("the", "a", "water", "fox")
+        )
+    )
+    args = [
+        "sweep",
+        llama["base"],
+        llama["expert0"],
+        "--tasks",
+        task,
+        "--lambdas",
+        "0,0.5,1",
+        "--refine",
+        "1",
+        "--marker",
+        "e",
+        "-k",
+        "2",
+    ]
     here = _run(*args, "--cache-dir", tmp_path / "here", "--out", tmp_path / "here_out")
     there = _run(*args, "--cache-dir", tmp_path / "there", "--out", tmp_path / "there_out", "--ray")
     assert here.exit_code == there.exit_code == 0, there.output
     points = [json.loads((tmp_path / out / "sweep.json").read_text())["points"] for out in ("here_out", "there_out")]
     assert [p["lambda"] for p in points[0]] == [p["lambda"] for p in points[1]] and len(points[0]) >= 3
     for a, b in zip(*points):
-        _close({k: a[k] for k in ("accuracy", "tokens", "marker_rate", "pass_at")}, {k: b[k] for k in ("accuracy", "tokens", "marker_rate", "pass_at")})
-    assert sorted(p.name for p in (tmp_path / "there").iterdir()) == sorted(p.name for p in (tmp_path / "here").iterdir())  # the workers' answers cached by the same keys
+        _close(
+            {k: a[k] for k in ("accuracy", "tokens", "marker_rate", "pass_at")},
+            {k: b[k] for k in ("accuracy", "tokens", "marker_rate", "pass_at")},
+        )
+    assert sorted(p.name for p in (tmp_path / "there").iterdir()) == sorted(
+        p.name for p in (tmp_path / "here").iterdir()
+    )  # the workers' answers cached by the same keys

@@ -14,7 +14,12 @@ from click.testing import CliRunner
 from mergekit_mergeability.checkpoints import load_causal_lm
 from mergekit_mergeability.cli import main
 from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
-from mergekit_mergeability.diagnostics.selectivity import Selectivity, activation_modules, activation_probabilities, probe_groups
+from mergekit_mergeability.diagnostics.selectivity import (
+    Selectivity,
+    activation_modules,
+    activation_probabilities,
+    probe_groups,
+)
 from mergekit_mergeability.maths import selectivity as lape
 from mergekit_mergeability.precheck.predict import cutoff_from_curve, decide_cutoff, divergence_curve
 from mergekit_mergeability.precheck.report import SCHEMA
@@ -65,7 +70,9 @@ def test_specific_neurons_hand_computed():
     assert lape.kth_smallest(P, 0.7) == 0.5
     # above the bar: l0 n0 (g0), l0 n1 (g1), l0 n2 (g0 and g1: every group, never a candidate),
     # l0 n3 (g0), l1 n0 (g1). Entropies: l0 n0 and l0 n1 0; l0 n3 H(1/8, 7/8) = 0.54; l1 n0 H(0.4, 0.6) = 0.97
-    assert lape.normalised_entropy(P)[0, 3] == pytest.approx(-(math.log(1 / 8) / 8 + 7 / 8 * math.log(7 / 8)) / math.log(2))
+    assert lape.normalised_entropy(P)[0, 3] == pytest.approx(
+        -(math.log(1 / 8) / 8 + 7 / 8 * math.log(7 / 8)) / math.log(2)
+    )
     # keep round(10 · 0.2) = 2: the cut is the 2nd smallest entropy, 0
     assert lape.thresholds([P], 0.2, 0.7) == (0.5, 0.0)
     assert _specific(P, 0.2, 0.7) == [[0, 0, 0], [1, 0, 1]]
@@ -149,11 +156,15 @@ def keyed(llama, tmp_path_factory):
     }
     lines = {
         "digits": [{"prompt": f"Say {i}: ", "answer": DIGITS[i:] + DIGITS[:i], "group": "digits"} for i in range(6)],
-        "letters": [{"prompt": f"Say {i}: ", "answer": LETTERS[i % 5 :] + LETTERS, "group": "letters"} for i in range(6)],
+        "letters": [
+            {"prompt": f"Say {i}: ", "answer": LETTERS[i % 5 :] + LETTERS, "group": "letters"} for i in range(6)
+        ],
     }
     for group, rows in lines.items():
         (root / f"{group}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        (root / f"{group}_plain.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "group"}) + "\n" for r in rows))
+        (root / f"{group}_plain.jsonl").write_text(
+            "".join(json.dumps({k: v for k, v in r.items() if k != "group"}) + "\n" for r in rows)
+        )
     return {**models, "root": root}
 
 
@@ -246,23 +257,41 @@ def test_cutoff_from_a_per_block_curve_and_which_signal_decides():
     nan = float("nan")
     # per block: the overlap settles below 0.5 from block 2, so blocks 0-1 are merged
     assert cutoff_from_curve([1.0, 0.9, 0.2, 0.1, 0.1], 0.5, offset=0) == 2
-    assert cutoff_from_curve([1.0, nan, 0.9, 0.2, nan, 0.1], 0.5, offset=0) == 3  # blocks without specific neurons skipped
+    assert (
+        cutoff_from_curve([1.0, nan, 0.9, 0.2, nan, 0.1], 0.5, offset=0) == 3
+    )  # blocks without specific neurons skipped
     assert cutoff_from_curve([nan, nan], 0.5, offset=0) is None
     assert decide_cutoff("cka", 5, 3) == (5, "cka")
     assert decide_cutoff("selectivity", 5, 3) == (3, "selectivity")
-    assert decide_cutoff("both", 5, 3) == (3, "selectivity") and decide_cutoff("both", 3, 3) == (3, "cka and selectivity")
-    assert decide_cutoff("both", None, 4) == (4, "selectivity") and decide_cutoff("selectivity", 5, None) == (None, None)
+    assert decide_cutoff("both", 5, 3) == (3, "selectivity") and decide_cutoff("both", 3, 3) == (
+        3,
+        "cka and selectivity",
+    )
+    assert decide_cutoff("both", None, 4) == (4, "selectivity") and decide_cutoff("selectivity", 5, None) == (
+        None,
+        None,
+    )
     # pairs without a value in a block are left out of the median
-    assert divergence_curve({("a", "b"): [0.2, nan], ("a", "c"): [0.4, 0.3], ("b", "c"): [0.9, nan]}, None) == [0.4, 0.3]
+    assert divergence_curve({("a", "b"): [0.2, nan], ("a", "c"): [0.4, 0.3], ("b", "c"): [0.9, nan]}, None) == [
+        0.4,
+        0.3,
+    ]
 
 
 # precheck end to end
 
 
 def _keyed_precheck(keyed, tmp_path, *extra):
-    models = [{"model": str(keyed[n]), "probe": str(keyed["root"] / f"{g}.jsonl"), "parameters": {"weight": 1.0}} for n, g in (("same", "digits"), ("swapped", "letters"))]
+    models = [
+        {"model": str(keyed[n]), "probe": str(keyed["root"] / f"{g}.jsonl"), "parameters": {"weight": 1.0}}
+        for n, g in (("same", "digits"), ("swapped", "letters"))
+    ]
     config = tmp_path / "config.yml"
-    config.write_text(yaml.safe_dump({"merge_method": "task_arithmetic", "base_model": str(keyed["base"]), "models": models, "dtype": "float32"}))
+    config.write_text(
+        yaml.safe_dump(
+            {"merge_method": "task_arithmetic", "base_model": str(keyed["base"]), "models": models, "dtype": "float32"}
+        )
+    )
     out = tmp_path / "out"
     result = CliRunner().invoke(main, ["precheck", str(config), "--out", str(out), "--quiet", *extra])
     assert result.exit_code in (0, 1), result.output
@@ -274,7 +303,11 @@ def _keyed_precheck(keyed, tmp_path, *extra):
 def test_precheck_reports_selectivity(keyed, tmp_path):
     report, _, out = _keyed_precheck(keyed, tmp_path, "--lape-entropy-quantile", "0.05")
     selectivity = report["layers"]["selectivity"]
-    assert selectivity["groups"] == ["digits", "letters"] and selectivity["span"] == "answer" and selectivity["entropy_quantile"] == 0.05
+    assert (
+        selectivity["groups"] == ["digits", "letters"]
+        and selectivity["span"] == "answer"
+        and selectivity["entropy_quantile"] == 0.05
+    )
     assert selectivity["collisions"] == [{"a": str(keyed["same"]), "b": str(keyed["swapped"]), "blocks": [0]}]
     base = next(m for m in report["models"] if m["role"] == "base")
     assert base["specific_neurons"] == {"digits": [4, 0, 0, 0], "letters": [2, 0, 0, 0]}
@@ -283,7 +316,9 @@ def test_precheck_reports_selectivity(keyed, tmp_path):
     assert any("collide" in f["message"] for f in report["findings"])
     html = (out / "report.html").read_text()
     assert "Group-specific neurons per block" in html and "Specific-neuron overlap per block" in html
-    assert report["layers"]["cutoff_signal"] == "cka" and selectivity["cutoff"] == 0  # computed, not read: CKA decides by default
+    assert (
+        report["layers"]["cutoff_signal"] == "cka" and selectivity["cutoff"] == 0
+    )  # computed, not read: CKA decides by default
     assert report["layers"]["decided_by"] in (None, "cka")
 
 
@@ -292,5 +327,7 @@ def test_precheck_cutoff_from_selectivity_says_so(keyed, tmp_path):
     report, result, out = _keyed_precheck(keyed, tmp_path, "--cutoff-signal", "selectivity")
     assert report["layers"]["decided_by"] == "selectivity" and report["layers"]["cutoff"] == 0
     assert report["recommendation"]["verdict"] == "do_not_merge" and result.exit_code == 1
-    assert "group-specific neurons (LAPE overlap) diverge from the first block" in report["recommendation"]["reasons"][0]
+    assert (
+        "group-specific neurons (LAPE overlap) diverge from the first block" in report["recommendation"]["reasons"][0]
+    )
     assert "Layer cut-off set by: selectivity" in (out / "report.html").read_text()

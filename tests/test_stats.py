@@ -29,7 +29,9 @@ def test_unrelated_values_are_not_significant_and_the_interval_covers_zero():
 
 def test_seeded_results_are_reproducible():
     x, y = [1, 3, 2, 5, 4, 6], [2, 1, 4, 3, 6, 5]
-    assert correlate(x, y, permutations=500, resamples=200, seed=3) == correlate(x, y, permutations=500, resamples=200, seed=3)
+    assert correlate(x, y, permutations=500, resamples=200, seed=3) == correlate(
+        x, y, permutations=500, resamples=200, seed=3
+    )
 
 
 def test_too_few_pairs_is_an_error():

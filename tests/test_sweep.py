@@ -37,16 +37,37 @@ def world(llama, tmp_path_factory):
     from lm_eval.models.huggingface import HFLM
 
     module, tokenizer = load_causal_lm(llama["base"])
-    problems = GenerationTask(tasks.resolve(str(draft)), 1, 1.0).answer(HFLM(pretrained=module, tokenizer=tokenizer, device="cpu"), None, 0)["problems"]
+    problems = GenerationTask(tasks.resolve(str(draft)), 1, 1.0).answer(
+        HFLM(pretrained=module, tokenizer=tokenizer, device="cpu"), None, 0
+    )["problems"]
     task = root / "own.jsonl"
-    rows = [{"prompt": p, "answer": problem["answers"][0] if i % 2 == 0 else "never said"} for i, (p, problem) in enumerate(zip(PROMPTS, problems))]
+    rows = [
+        {"prompt": p, "answer": problem["answers"][0] if i % 2 == 0 else "never said"}
+        for i, (p, problem) in enumerate(zip(PROMPTS, problems))
+    ]
     task.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return {"root": root, "task": task, "a": llama["base"], "b": llama["expert0"]}
 
 
 def _sweep(world, out, *extra, lambdas="0,0.5,1", cache=None):
     cache = cache or world["root"] / "cache"
-    args = ["sweep", str(world["a"]), str(world["b"]), "--tasks", str(world["task"]), "--lambdas", lambdas, "--marker", "e", "--cache-dir", str(cache), "--out", str(out), "-q", *extra]
+    args = [
+        "sweep",
+        str(world["a"]),
+        str(world["b"]),
+        "--tasks",
+        str(world["task"]),
+        "--lambdas",
+        lambdas,
+        "--marker",
+        "e",
+        "--cache-dir",
+        str(cache),
+        "--out",
+        str(out),
+        "-q",
+        *extra,
+    ]
     return CliRunner().invoke(main, args)
 
 
@@ -60,10 +81,12 @@ def test_a_tiny_sweep_end_to_end_and_its_rerun_from_the_cache(world, tmp_path):
     assert [p["lambda"] for p in points if not p["refined"]] == [0, 0.5, 1] and len(report["refinement"]["added"]) <= 2
     for point in points:
         assert set(point["pass_at"]) == {"1", "2", "3"} and point["pass_at"]["1"] == pytest.approx(point["accuracy"])
-        assert point["pass_at"]["1"] <= point["pass_at"]["2"] <= point["pass_at"]["3"] and 0 <= point["marker_rate"] <= 1
+        assert (
+            point["pass_at"]["1"] <= point["pass_at"]["2"] <= point["pass_at"]["3"] and 0 <= point["marker_rate"] <= 1
+        )
     assert max(len(line) for line in result.output.splitlines()) <= 80
     assert "Mean@3" in result.output and "Pass@3" in result.output and "Sweet spot" in result.output
-    assert "<table class=\"sortable\">" in (tmp_path / "out" / "report.html").read_text()
+    assert '<table class="sortable">' in (tmp_path / "out" / "report.html").read_text()
     cached = sorted((world["root"] / "cache").iterdir())
     again = _sweep(world, tmp_path / "again", "--samples", "3", "--refine", "2", "--marker", "x")
     assert again.exit_code == 0, again.output
@@ -124,7 +147,21 @@ def test_task_vectors_of_a_base(world, tmp_path):
     assert torch.equal(patch[q], base[q] + 2)  # not interpolated: A's, which the loaded base lacks
     with pytest.raises(Exception, match="a model, but with --base"):
         sweep_models.endpoints(str(world["b"]), str(tmp_path / "tb"), str(world["a"]))
-    args = ["sweep", str(tmp_path / "ta"), str(tmp_path / "tb"), "--base", str(world["a"]), "--tasks", str(world["task"]), "--lambdas", "0,1", "--no-cache", "--out", str(tmp_path / "out"), "-q"]
+    args = [
+        "sweep",
+        str(tmp_path / "ta"),
+        str(tmp_path / "tb"),
+        "--base",
+        str(world["a"]),
+        "--tasks",
+        str(world["task"]),
+        "--lambdas",
+        "0,1",
+        "--no-cache",
+        "--out",
+        str(tmp_path / "out"),
+        "-q",
+    ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "sweep.json").read_text())
@@ -136,11 +173,27 @@ def test_chosen_yml_runs_with_the_stock_mergekit_yaml_and_builds_the_swept_model
     from mergekit.scripts.run_yaml import main as mergekit_yaml
 
     # λ = 0 would be A itself, which no mistake in the interpolation could change: the grid leaves it out
-    result = _sweep(world, tmp_path / "out", "--layers", "1-2", "--modules", "mlp", "--budget", "1000", "--refine", "0", "--save-chosen", lambdas="0.5,1")
+    result = _sweep(
+        world,
+        tmp_path / "out",
+        "--layers",
+        "1-2",
+        "--modules",
+        "mlp",
+        "--budget",
+        "1000",
+        "--refine",
+        "0",
+        "--save-chosen",
+        lambdas="0.5,1",
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "sweep.json").read_text())
     lam = report["sweet_spot"]["lambda"]
-    merged = CliRunner().invoke(mergekit_yaml, [str(tmp_path / "out" / "chosen.yml"), str(tmp_path / "merged"), "--no-copy-tokenizer", "--quiet"])
+    merged = CliRunner().invoke(
+        mergekit_yaml,
+        [str(tmp_path / "out" / "chosen.yml"), str(tmp_path / "merged"), "--no-copy-tokenizer", "--quiet"],
+    )
     assert merged.exit_code == 0, merged.output
     a, out = state_dict(world["a"]), state_dict(tmp_path / "merged")
     ends = sweep_models.endpoints(str(world["a"]), str(world["b"]))
@@ -156,7 +209,16 @@ def test_chosen_yml_runs_with_the_stock_mergekit_yaml_and_builds_the_swept_model
 
 
 def test_the_demo_sweep_step_on_tiny_models(tmp_path):
-    args = ["demo", "--quick", "--sweep", "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "out"), "--quiet"]
+    args = [
+        "demo",
+        "--quick",
+        "--sweep",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--out",
+        str(tmp_path / "out"),
+        "--quiet",
+    ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "sweep" / "sweep.json").read_text())
@@ -192,11 +254,32 @@ def _nothing_written(world, out):
 )
 def test_bad_input_is_one_line_before_any_work(world, tmp_path, monkeypatch, change, message):
     (tmp_path / "choice.jsonl").write_text(json.dumps({"question": "which?", "choices": ["a", "b"], "label": 0}) + "\n")
-    monkeypatch.setattr("mergekit_mergeability.checkpoints.load_causal_lm", lambda *a, **k: pytest.fail("a model was loaded"))
-    values = {"a": world["a"], "b": world["b"], "task": world["task"], "lambdas": "0:1:0.5", "marker": "e", **change(world, tmp_path)}
-    args = ["sweep", str(values["a"]), str(values["b"]), "--tasks", str(values["task"]), "--lambdas", values["lambdas"], "--marker", values["marker"]]
+    monkeypatch.setattr(
+        "mergekit_mergeability.checkpoints.load_causal_lm", lambda *a, **k: pytest.fail("a model was loaded")
+    )
+    values = {
+        "a": world["a"],
+        "b": world["b"],
+        "task": world["task"],
+        "lambdas": "0:1:0.5",
+        "marker": "e",
+        **change(world, tmp_path),
+    }
+    args = [
+        "sweep",
+        str(values["a"]),
+        str(values["b"]),
+        "--tasks",
+        str(values["task"]),
+        "--lambdas",
+        values["lambdas"],
+        "--marker",
+        values["marker"],
+    ]
     args += [f"--{k}={values[k]}" for k in ("layers", "base") if k in values]
-    result = CliRunner().invoke(main, [*args, "--cache-dir", str(world["root"] / "refused_cache"), "--out", str(tmp_path / "out")])
+    result = CliRunner().invoke(
+        main, [*args, "--cache-dir", str(world["root"] / "refused_cache"), "--out", str(tmp_path / "out")]
+    )
     assert result.exit_code == 2, result.output
     assert message in result.output and len(result.output.strip().splitlines()) == 1, result.output
     _nothing_written(world, tmp_path / "out")
@@ -207,7 +290,9 @@ def test_the_cache_key_covers_what_changes_a_score(world):
 
     def key(**changes):
         settings = Settings(str(world["task"]), grid("0,1"), **changes)
-        return Sweep(str(world["a"]), str(world["b"]), None, settings, {"limit": None, "dtype": "float32"}, Cache(None)).key(0.5)
+        return Sweep(
+            str(world["a"]), str(world["b"]), None, settings, {"limit": None, "dtype": "float32"}, Cache(None)
+        ).key(0.5)
 
     plain = key()
     assert key(marker="x") == plain and key(budget=3) == plain  # applied to cached answers

@@ -38,7 +38,11 @@ def test_mean_pass_and_vote_over_problems():
     # problem 1: "7" twice (wrong) beats "5" once; problem 2: a tie goes to the first given ("9", right)
     answers = [["5", "7", "7", "3"], ["9", "4", "4", "9"]]
     assert sampling.vote_at(answers, [[True, False, False, False], [True, False, False, True]]) == pytest.approx(0.5)
-    assert sampling.reported_ks(1) == [1] and sampling.reported_ks(6) == [1, 2, 4, 6] and sampling.reported_ks(8) == [1, 2, 4, 8]
+    assert (
+        sampling.reported_ks(1) == [1]
+        and sampling.reported_ks(6) == [1, 2, 4, 6]
+        and sampling.reported_ks(8) == [1, 2, 4, 8]
+    )
 
 
 def _logistic(x):
@@ -93,7 +97,9 @@ def test_refinement_locates_a_step_with_fewer_evaluations_than_a_fine_grid():
 def test_sweet_spot_matches_the_best_accuracy_with_fewest_tokens_or_keeps_to_a_budget():
     lambdas, accuracy, tokens = [0, 0.5, 0.8, 1], [0.1, 0.6, 0.79, 0.8], [2, 15, 17, 22]
     spot = stages.sweet_spot(lambdas, accuracy, tokens, tolerance=0.02)
-    assert spot.lam == 0.8  # 0.79 is within 0.02 of 0.8 at fewer tokens; λ = 0 has more accuracy per token but is no match
+    assert (
+        spot.lam == 0.8
+    )  # 0.79 is within 0.02 of 0.8 at fewer tokens; λ = 0 has more accuracy per token but is no match
     assert stages.sweet_spot(lambdas, accuracy, tokens, tolerance=0.0).lam == 1
     assert stages.sweet_spot(lambdas, accuracy, tokens, tolerance=0.02, budget=16).lam == 0.5
     over = stages.sweet_spot(lambdas, accuracy, tokens, tolerance=0.02, budget=1)

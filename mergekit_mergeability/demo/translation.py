@@ -39,7 +39,14 @@ def train(demo) -> Dict[str, Path]:
 
     data, s = rows(), demo.s
     names = list(dict.fromkeys(r["expert"] for r in data))
-    recipe = [data, s.translation_layers, s.translation_rank, s.translation_steps, s.translation_batch, s.translation_lr]
+    recipe = [
+        data,
+        s.translation_layers,
+        s.translation_rank,
+        s.translation_steps,
+        s.translation_batch,
+        s.translation_lr,
+    ]
     home = demo.cache / "experts" / f"translators-{Cache.key(*recipe)[:12]}"  # new data or settings: new experts
     made = {}
     with task("experts: English into invented languages", len(names), demo.quiet) as advance:
@@ -49,7 +56,15 @@ def train(demo) -> Dict[str, Path]:
                 model, tokenizer = demo.model()
                 own = [r for r in data if r["expert"] == name and r["split"] == "train"]
                 changed = training.translation_expert(
-                    model, tokenizer, own, s.translation_layers, s.translation_rank, 100 + index, s.translation_steps, s.translation_lr, s.translation_batch
+                    model,
+                    tokenizer,
+                    own,
+                    s.translation_layers,
+                    s.translation_rank,
+                    100 + index,
+                    s.translation_steps,
+                    s.translation_lr,
+                    s.translation_batch,
                 )
                 save_expert(demo.base(), changed, folder)
             made[name] = folder
@@ -100,12 +115,22 @@ def plans(demo, name: str, path: Path, precheck: Dict[str, Any]) -> List[Tuple[s
     folder = demo.out / "precheck" / name
     advice = precheck["recommendation"]["models"]
     per_expert = [a for a in advice if a["expert"] and a["file"] != "recommended.yml"]
-    recommended = [("recommended", folder / a["file"], a["expert"]) for a in per_expert] or [("recommended", folder / advice[0]["file"], None)]
-    if [yaml.safe_load(p.read_text()) for _, p, _ in recommended] != [document]:  # the same merge as configured: scored once
+    recommended = [("recommended", folder / a["file"], a["expert"]) for a in per_expert] or [
+        ("recommended", folder / advice[0]["file"], None)
+    ]
+    if [yaml.safe_load(p.read_text()) for _, p, _ in recommended] != [
+        document
+    ]:  # the same merge as configured: scored once
         out += recommended
     cutoff = patch_cutoff(precheck)
     for expert in [m["model"] for m in document["models"]]:
-        out.append(("layer patch", demo.write_config(f"{name}_patch_{Path(expert).name}", patched(document, expert, cutoff)), expert))
+        out.append(
+            (
+                "layer patch",
+                demo.write_config(f"{name}_patch_{Path(expert).name}", patched(document, expert, cutoff)),
+                expert,
+            )
+        )
     return out
 
 
@@ -119,17 +144,25 @@ def score(demo, name: str, label: str, path: Path, expert: Optional[str] = None)
     spec = merge_config.read(path)
     cutoff = (spec.document.get("parameters") or {}).get("cutoff")
     report = evaluation.evaluate(spec, demo.merge(path), None, demo.options(), harness.Cache(demo.cache / "scores"))
-    evaluation.write(report, demo.out / "evaluation" / name / f"{label.replace(' ', '_')}_{Path(expert).name if expert else 'both'}")
+    evaluation.write(
+        report, demo.out / "evaluation" / name / f"{label.replace(' ', '_')}_{Path(expert).name if expert else 'both'}"
+    )
     scores, rows = report["scores"], []
     for row in report["tasks"]:
         if expert is None or row["expert_model"] == expert:
-            rows.append({
-                "merge": label, "method": spec.merge_method, "cutoff": cutoff,
-                "expert": Path(row["expert_model"]).name.removeprefix("translate_"),
-                **scores["merged"][row["task"]]["metrics"], "kept": row["retention"],
-                "alone": scores[row["expert_model"]][row["task"]]["metrics"], "base": scores[spec.base_model][row["task"]]["metrics"],
-                "signatures": row["signatures"],
-            })
+            rows.append(
+                {
+                    "merge": label,
+                    "method": spec.merge_method,
+                    "cutoff": cutoff,
+                    "expert": Path(row["expert_model"]).name.removeprefix("translate_"),
+                    **scores["merged"][row["task"]]["metrics"],
+                    "kept": row["retention"],
+                    "alone": scores[row["expert_model"]][row["task"]]["metrics"],
+                    "base": scores[spec.base_model][row["task"]]["metrics"],
+                    "signatures": row["signatures"],
+                }
+            )
     return rows
 
 
@@ -164,11 +197,18 @@ def layer_signals(precheck: Dict[str, Any]) -> Dict[str, List[float]]:
     }
     if "specific_overlap" in between:
         signals["overlap_experts"] = between["specific_overlap"]
-        signals["overlap_base"] = [statistics.fmean(values) for values in zip(*(p["specific_overlap"] for p in from_base))]
+        signals["overlap_base"] = [
+            statistics.fmean(values) for values in zip(*(p["specific_overlap"] for p in from_base))
+        ]
     return signals
 
 
-def findings(results: Dict[str, Dict[str, Any]], signals: Dict[str, Dict[str, List[float]]], base_counts: Sequence[int], updated: Sequence[int]) -> List[Dict[str, Any]]:
+def findings(
+    results: Dict[str, Dict[str, Any]],
+    signals: Dict[str, Dict[str, List[float]]],
+    base_counts: Sequence[int],
+    updated: Sequence[int],
+) -> List[Dict[str, Any]]:
     """Paper 3's findings, each checked on the demo's translators: what it says, what we
     measured, and whether it reproduces. A "more" or "better" needs a gap of at least
     ``MARGIN``, so that a tie on 40 sentences does not pass."""
@@ -177,7 +217,9 @@ def findings(results: Dict[str, Dict[str, Any]], signals: Dict[str, Dict[str, Li
     blocks = len(signals["different_targets"]["cka_experts"]) - 1
     # the lowest third of the blocks the experts trained (those below are the base's, by construction)
     lower = list(updated)[: max(1, len(updated) // 3)]
-    lowest_lower = min(s["cka_lowest"][b + 1] for s in signals.values() for b in lower)  # CKA's entry 0 is the embeddings
+    lowest_lower = min(
+        s["cka_lowest"][b + 1] for s in signals.values() for b in lower
+    )  # CKA's entry 0 is the embeddings
     final = {name: s["cka_experts"][-1] for name, s in signals.items()}
     out = [
         {
@@ -193,32 +235,44 @@ def findings(results: Dict[str, Dict[str, Any]], signals: Dict[str, Dict[str, Li
         {
             "finding": "the final block diverges, more when the targets differ",
             "measured": f"final-block CKA between the experts: {final['different_targets']:.2f} (different) vs {final['shared_target']:.2f} (shared)",
-            "reproduces": final["different_targets"] + MARGIN <= final["shared_target"] and final["shared_target"] < lowest_lower,
+            "reproduces": final["different_targets"] + MARGIN <= final["shared_target"]
+            and final["shared_target"] < lowest_lower,
         },
     ]
     if base_counts:
         middle = [base_counts[b] for b in range(blocks // 3, 2 * blocks // 3)]
         top = [base_counts[b] for b in range(2 * blocks // 3, blocks)]
-        out.append({
-            "finding": "language-specific neurons sit in the first MLP block and the upper blocks",
-            "measured": f"base's specific neurons: block 0 {base_counts[0]}, upper third {mean(top):.0f} per block, middle third {mean(middle):.0f}",
-            "reproduces": base_counts[0] > 2 * mean(middle) and mean(top) > 2 * mean(middle),
-        })
+        out.append(
+            {
+                "finding": "language-specific neurons sit in the first MLP block and the upper blocks",
+                "measured": f"base's specific neurons: block 0 {base_counts[0]}, upper third {mean(top):.0f} per block, middle third {mean(middle):.0f}",
+                "reproduces": base_counts[0] > 2 * mean(middle) and mean(top) > 2 * mean(middle),
+            }
+        )
     changed = list(updated)[1:]  # a gate changes from the block after the first trained up_proj
     if "overlap_base" in signals["different_targets"] and changed:
         overlap = mean(signals["different_targets"]["overlap_base"][b] for b in changed)
-        out.append({
-            "finding": "fine-tuning redistributes specific neurons (base vs fine-tune Jaccard ≈ 0.12)",
-            "measured": f"mean base vs expert overlap, different-target pair, blocks {changed[0]}–{changed[-1]} (whose gates changed): {overlap:.2f}",
-            "reproduces": overlap < 0.5,
-        })
+        out.append(
+            {
+                "finding": "fine-tuning redistributes specific neurons (base vs fine-tune Jaccard ≈ 0.12)",
+                "measured": f"mean base vs expert overlap, different-target pair, blocks {changed[0]}–{changed[-1]} (whose gates changed): {overlap:.2f}",
+                "reproduces": overlap < 0.5,
+            }
+        )
     patch = {name: kept(r, "layer patch") for name, r in results.items()}
     plain = {name: kept(r, "task_arithmetic") for name, r in results.items()}
-    out.append({
-        "finding": "the layer patch (upper blocks from the target language's expert) recovers translation",
-        "measured": "chrF kept, patch vs task_arithmetic: " + "; ".join(f"{n.split('_')[0]} {e} {patch[n][e]:.2f} vs {plain[n][e]:.2f}" for n in results for e in patch[n]),
-        "reproduces": mean(patch["different_targets"].values()) >= mean(plain["different_targets"].values()) + MARGIN and all(patch[n][e] >= plain[n][e] for n in results for e in patch[n]),
-    })
+    out.append(
+        {
+            "finding": "the layer patch (upper blocks from the target language's expert) recovers translation",
+            "measured": "chrF kept, patch vs task_arithmetic: "
+            + "; ".join(
+                f"{n.split('_')[0]} {e} {patch[n][e]:.2f} vs {plain[n][e]:.2f}" for n in results for e in patch[n]
+            ),
+            "reproduces": mean(patch["different_targets"].values())
+            >= mean(plain["different_targets"].values()) + MARGIN
+            and all(patch[n][e] >= plain[n][e] for n in results for e in patch[n]),
+        }
+    )
     return out
 
 
@@ -227,7 +281,9 @@ def lost_by_advice(results: Dict[str, Dict[str, Any]]) -> List[str]:
     return [name for name, result in results.items() if all(k < LOST for k in kept(result, result["advice"]).values())]
 
 
-def plot(signals: Dict[str, Dict[str, List[float]]], cutoffs: Dict[str, Optional[int]], patch: int, threshold: float) -> bytes:
+def plot(
+    signals: Dict[str, Dict[str, List[float]]], cutoffs: Dict[str, Optional[int]], patch: int, threshold: float
+) -> bytes:
     """CKA and LAPE overlap between each pair's experts, per block, with the precheck's CKA
     threshold and cut-offs and paper 3's patch."""
     from mergekit_mergeability.plots import png
@@ -242,7 +298,9 @@ def plot(signals: Dict[str, Dict[str, List[float]]], cutoffs: Dict[str, Optional
             if cutoffs.get(name) is not None:
                 ax.axvline(cutoffs[name] - 0.5, color=colour, alpha=0.4, linestyle="--")
         ax.axvline(patch - 0.5, color="grey", alpha=0.5, label=f"paper 3's patch (blocks ≥ {patch})")
-        ax.axhline(threshold, color="black", alpha=0.3, linestyle="-.", label=f"the precheck's CKA threshold ({threshold})")
+        ax.axhline(
+            threshold, color="black", alpha=0.3, linestyle="-.", label=f"the precheck's CKA threshold ({threshold})"
+        )
         ax.set_xlabel("block (dashed: the precheck's cut-off for the pair of that colour)")
         ax.set_ylabel("between the two experts")
         ax.set_ylim(0, 1.05)
@@ -251,10 +309,15 @@ def plot(signals: Dict[str, Dict[str, List[float]]], cutoffs: Dict[str, Optional
     return png(draw, "Where the translators part: CKA (target span) and LAPE overlap per block", width=9)
 
 
-def section(demo, configs: Dict[str, Path], prechecks: Dict[str, Dict[str, Any]], updated: Sequence[int]) -> Dict[str, Any]:
+def section(
+    demo, configs: Dict[str, Path], prechecks: Dict[str, Dict[str, Any]], updated: Sequence[int]
+) -> Dict[str, Any]:
     """Step 4's translation half: every merge of both pairs, their layer signals, paper 3's
     findings; the plot and JSON are written under ``out/translation``."""
-    results = {name: compare(demo, f"translation_{name}", configs[f"translation_{name}"], prechecks[f"translation_{name}"]) for name in PAIRS}
+    results = {
+        name: compare(demo, f"translation_{name}", configs[f"translation_{name}"], prechecks[f"translation_{name}"])
+        for name in PAIRS
+    }
     signals = {name: layer_signals(prechecks[f"translation_{name}"]) for name in PAIRS}
     precheck = prechecks["translation_different_targets"]
     selectivity = precheck["diagnostics"].get("selectivity", {}).get("per_layer", {}).get(precheck["base_model"], {})
@@ -263,14 +326,24 @@ def section(demo, configs: Dict[str, Path], prechecks: Dict[str, Dict[str, Any]]
     cutoffs = {name: a["cutoff"] for name, a in advice.items()}
     patch = patch_cutoff(precheck)
     summary = {
-        "pairs": {name: {**results[name], "signals": signals[name], "verdict": advice[name]["verdict"], "cutoff": cutoffs[name]} for name in PAIRS},
+        "pairs": {
+            name: {
+                **results[name],
+                "signals": signals[name],
+                "verdict": advice[name]["verdict"],
+                "cutoff": cutoffs[name],
+            }
+            for name in PAIRS
+        },
         "patch_cutoff": patch,
         "trained_blocks": list(updated),
         "findings": findings(results, signals, base_counts, updated),
         "advice_lost_most": lost_by_advice(results),
     }
     folder = demo.out / "translation"
-    summary["files"] = f"{folder / 'translation.json'}, {folder / 'layers.png'}; reports: {demo.out / 'precheck' / 'translation_*' / 'report.html'}"
+    summary["files"] = (
+        f"{folder / 'translation.json'}, {folder / 'layers.png'}; reports: {demo.out / 'precheck' / 'translation_*' / 'report.html'}"
+    )
     write_atomic(folder / "layers.png", plot(signals, cutoffs, patch, precheck["layers"]["cka_threshold"]))
     write_atomic(folder / "translation.json", json.dumps(summary, indent=2) + "\n")
     return summary
@@ -283,40 +356,66 @@ def print_section(console, summary: Dict[str, Any], smoke_test: bool = False) ->
 
     pairs = summary["pairs"]
     table = wrapping_table(
-        "Translators on held-out sentences", "pair", "merge", "expert", "chrF", "BLEU", "kept",
+        "Translators on held-out sentences",
+        "pair",
+        "merge",
+        "expert",
+        "chrF",
+        "BLEU",
+        "kept",
         caption=f"kept = merged chrF ÷ alone; ★ the precheck's advice\npatch (paper 3): blocks ≥ {summary['patch_cutoff']} from the target language's expert",
     )
     for name, pair in pairs.items():
         short = name.split("_")[0]
         for expert, scores in pair["experts"].items():
-            table.add_row(short, "alone", expert, f"{scores['alone']['chrf']:.1f}", f"{scores['alone']['bleu']:.1f}", "1.00")
+            table.add_row(
+                short, "alone", expert, f"{scores['alone']['chrf']:.1f}", f"{scores['alone']['bleu']:.1f}", "1.00"
+            )
         for m in pair["merges"]:
-            label = {"layer patch": "patch", "recommended": " ".join(str(part) for part in (m["method"], m["cutoff"]) if part is not None)}.get(m["merge"], m["merge"])
+            label = {
+                "layer patch": "patch",
+                "recommended": " ".join(str(part) for part in (m["method"], m["cutoff"]) if part is not None),
+            }.get(m["merge"], m["merge"])
             star = " ★" if m["merge"] == pair["advice"] else ""
             table.add_row(short, label + star, m["expert"], f"{m['chrf']:.1f}", f"{m['bleu']:.1f}", f"{m['kept']:.2f}")
     console.print(table)
     for key, value in (next(iter(pairs.values()))["signatures"] or {}).items():
         console.print(f"[dim]{key.removesuffix('_signature')}: {value}[/dim]")
     layers = wrapping_table(
-        "CKA and LAPE overlap between each pair's experts", "block", "CKA diff.", "CKA shared", "LAPE diff.", "LAPE shared",
+        "CKA and LAPE overlap between each pair's experts",
+        "block",
+        "CKA diff.",
+        "CKA shared",
+        "LAPE diff.",
+        "LAPE shared",
         caption="CKA: unbiased, target span (as the precheck reads it)\nLAPE: Jaccard overlap of group-specific neurons",
     )
     blocks = len(pairs["different_targets"]["signals"]["cka_experts"]) - 1
     first = summary["trained_blocks"][0]  # below it every model is the base: a few rows suffice
     cutoffs = {c for c in (p["cutoff"] for p in pairs.values()) if c is not None}
-    for block in sorted({0, first // 2, first - 1, *range(first, blocks, 2), first + 1, blocks - 1, *cutoffs} & set(range(blocks))):
+    for block in sorted(
+        {0, first // 2, first - 1, *range(first, blocks, 2), first + 1, blocks - 1, *cutoffs} & set(range(blocks))
+    ):
         cka = [f"{pairs[n]['signals']['cka_experts'][block + 1]:.2f}" for n in PAIRS]
-        overlap = [f"{pairs[n]['signals']['overlap_experts'][block]:.2f}" if "overlap_experts" in pairs[n]["signals"] else "–" for n in PAIRS]
+        overlap = [
+            f"{pairs[n]['signals']['overlap_experts'][block]:.2f}" if "overlap_experts" in pairs[n]["signals"] else "–"
+            for n in PAIRS
+        ]
         layers.add_row(f"{block} ◀" if block in cutoffs else str(block), *cka, *overlap)
     console.print(layers)
     if cutoffs:
         console.print("[dim]◀ the precheck's cut-off: from this block up, each expert's own[/dim]")
     title = "Paper 3's findings on these translators"
-    console.print(f"[bold]{title}[/bold]" + (" [yellow](tiny random models: a smoke test, the findings mean nothing here)[/yellow]" if smoke_test else ""))
+    console.print(
+        f"[bold]{title}[/bold]"
+        + (" [yellow](tiny random models: a smoke test, the findings mean nothing here)[/yellow]" if smoke_test else "")
+    )
     for f in summary["findings"]:
         mark = "[green]reproduces[/green]" if f["reproduces"] else "[yellow]does not reproduce[/yellow]"
         console.print(f"- {f['finding']}: {mark} ({f['measured']})")
     for name in summary["advice_lost_most"]:
         verdict = pairs[name]["verdict"].replace("_", " ")
-        console.print(f"[bold red]The precheck's advice failed on {name.replace('_', ' ')}[/bold red]: it said {verdict}, and that merge kept less than {LOST:.0%} of every translator's chrF.")
+        console.print(
+            f"[bold red]The precheck's advice failed on {name.replace('_', ' ')}[/bold red]: it said {verdict}, and that merge kept less than {LOST:.0%} of every translator's chrF."
+        )
     console.print(f"wrote {summary['files']}")

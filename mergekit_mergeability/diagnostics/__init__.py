@@ -12,7 +12,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Mapping, Optional, Protocol, Tuple, Union, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Dict,
+    FrozenSet,
+    List,
+    Mapping,
+    Optional,
+    Protocol,
+    Tuple,
+    Union,
+    runtime_checkable,
+)
 
 if TYPE_CHECKING:
     from mergekit_mergeability.checkpoints import HubModel
@@ -34,7 +46,9 @@ class ModelInput:
     path: Union[Path, "HubModel"]
     probes: Optional[Any] = None  # the model's probe set, when PROBES is needed
     shots: Optional[Any] = None  # solved examples for few-shot prompts (its fewshot: file, else a neutral set)
-    dtype: Optional[str] = None  # what a pass loads it in (the precheck resolves --dtype auto per model); None: options' dtype
+    dtype: Optional[str] = (
+        None  # what a pass loads it in (the precheck resolves --dtype auto per model); None: options' dtype
+    )
 
     def load_dtype(self, options: Mapping[str, Any]) -> str:
         return self.dtype or options.get("dtype", "float32")
@@ -61,7 +75,9 @@ class DiagnosticResult:
     per_pair: Dict[Tuple[str, str], Dict[str, float]] = field(default_factory=dict)  # (a, b) -> metric -> value
     # model, or (a, b) for a pair -> metric -> one value per layer
     per_layer: Dict[Union[str, Tuple[str, str]], Dict[str, List[float]]] = field(default_factory=dict)
-    per_instance: Dict[str, List[Dict[str, Any]]] = field(default_factory=dict)  # model -> one record per probe instance
+    per_instance: Dict[str, List[Dict[str, Any]]] = field(
+        default_factory=dict
+    )  # model -> one record per probe instance
     findings: List[Finding] = field(default_factory=list)
 
 

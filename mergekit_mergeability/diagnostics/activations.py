@@ -87,7 +87,9 @@ def choice_logprobs(model, tokenizer, instances: Sequence[Instance], batch_size:
     letter (None without letters); for generation, the answer's per-token distribution."""
     for instance in instances:
         if instance.kind == "multiple_choice":
-            scores = shared_prompt_logprobs(model, tokenizer, instance.prompt, instance.continuations + instance.letters)
+            scores = shared_prompt_logprobs(
+                model, tokenizer, instance.prompt, instance.continuations + instance.letters
+            )
             options, letters = scores[: len(instance.continuations)], scores[len(instance.continuations) :]
             yield options, (letters if instance.letters else None)
         else:
@@ -106,9 +108,13 @@ def shared_prompt_logprobs(model, tokenizer, prompt: str, continuations: Sequenc
     prompt + option alone; tests check it).
     """
     parameters = inspect.signature(model.forward).parameters
-    argument = next((a for a in ("cache", "past_key_values") if a in parameters), None)  # transformers ≥ 5.2x renamed it
+    argument = next(
+        (a for a in ("cache", "past_key_values") if a in parameters), None
+    )  # transformers ≥ 5.2x renamed it
     if argument is None:  # a model without a key/value cache: score each option whole
-        return torch.stack([s.continuation_logprobs.sum() for s in score(model, tokenizer, [(prompt, c) for c in continuations])])
+        return torch.stack(
+            [s.continuation_logprobs.sum() for s in score(model, tokenizer, [(prompt, c) for c in continuations])]
+        )
     encoded = [encode(tokenizer, prompt, c) for c in continuations]
     context = encoded[0][0]
     device = next(model.parameters()).device

@@ -24,7 +24,16 @@ from mergekit_mergeability.errors import UserError
 Shapes = Dict[str, Tuple[int, ...]]
 
 # config keys, in Hugging Face's and GPT-2's spellings, whose change reshapes tensors
-WIDTH = ("hidden_size", "n_embd", "intermediate_size", "n_inner", "num_attention_heads", "n_head", "num_key_value_heads", "head_dim")
+WIDTH = (
+    "hidden_size",
+    "n_embd",
+    "intermediate_size",
+    "n_inner",
+    "num_attention_heads",
+    "n_head",
+    "num_key_value_heads",
+    "head_dim",
+)
 DEPTH = ("num_hidden_layers", "n_layer")
 
 
@@ -80,7 +89,10 @@ class _Facts:
 
     def summary(self) -> Dict[str, float]:
         parameters = sum(math.prod(shape) for shape in self.shapes.values())
-        return {"num_layers": self.config.get("num_hidden_layers", self.config.get("n_layer", 0)), "parameters": parameters}
+        return {
+            "num_layers": self.config.get("num_hidden_layers", self.config.get("n_layer", 0)),
+            "parameters": parameters,
+        }
 
 
 def _unnamed_architecture(facts: _Facts) -> Iterator[Finding]:
@@ -99,7 +111,11 @@ def _compare(ref: _Facts, model: _Facts) -> Iterator[Finding]:
     against = f"{model.name} vs {ref.name}"
 
     def changed(keys) -> List[str]:
-        return [f"{k} is {model.config.get(k)} vs {ref.config[k]}" for k in keys if k in ref.config and ref.config[k] != model.config.get(k)]
+        return [
+            f"{k} is {model.config.get(k)} vs {ref.config[k]}"
+            for k in keys
+            if k in ref.config and ref.config[k] != model.config.get(k)
+        ]
 
     architecture = changed(["architectures"])
     if architecture:  # every tensor differs then: one line says it all
@@ -109,8 +125,11 @@ def _compare(ref: _Facts, model: _Facts) -> Iterator[Finding]:
     reshaped = [
         (name, shape, model.shapes[name])
         for name, shape in ref.shapes.items()
-        if name in model.shapes and model.shapes[name] != shape
-        and not (len(vocab_sizes) > 1 and vocab_sizes & {*shape, *model.shapes[name]})  # the vocabulary line covers these
+        if name in model.shapes
+        and model.shapes[name] != shape
+        and not (
+            len(vocab_sizes) > 1 and vocab_sizes & {*shape, *model.shapes[name]}
+        )  # the vocabulary line covers these
     ]
     missing = [name for name in ref.shapes if name not in model.shapes]
     extra = [name for name in model.shapes if name not in ref.shapes]
@@ -142,11 +161,24 @@ def _compare_vocabularies(ref: _Facts, model: _Facts, source: Optional[str], ali
                 yield Finding("info", f"{against}: {what}; tokenizer_source: {source} aligns them")
             else:
                 yield Finding("error", f"{against}: {what}, so a merge garbles text; {align}")
-        elif (added := sorted(ref_ids.keys() ^ ids.keys())) and ref.config.get("vocab_size") == model.config.get("vocab_size"):  # else the vocab_size line says it
+        elif (added := sorted(ref_ids.keys() ^ ids.keys())) and ref.config.get("vocab_size") == model.config.get(
+            "vocab_size"
+        ):  # else the vocab_size line says it
             token = ids.get(added[0], ref_ids.get(added[0]))
-            yield Finding("info" if source else "warning", f"{against}: vocabularies differ by {len(added)} added tokens (first: id {added[0]} {token!r}); set tokenizer_source: union in the config to keep them")
-    special = [f"{k} {b.special[k]!r} vs {a.special[k]!r}" for k in vocabulary.SPECIAL_TOKENS if a.special[k] != b.special[k]]
+            yield Finding(
+                "info" if source else "warning",
+                f"{against}: vocabularies differ by {len(added)} added tokens (first: id {added[0]} {token!r}); set tokenizer_source: union in the config to keep them",
+            )
+    special = [
+        f"{k} {b.special[k]!r} vs {a.special[k]!r}" for k in vocabulary.SPECIAL_TOKENS if a.special[k] != b.special[k]
+    ]
     if special:
-        yield Finding("warning", f"{against}: special tokens differ ({', '.join(special)}); the merge keeps one tokenizer's, so the other model's may stop or pad wrongly")
+        yield Finding(
+            "warning",
+            f"{against}: special tokens differ ({', '.join(special)}); the merge keeps one tokenizer's, so the other model's may stop or pad wrongly",
+        )
     if a.chat_template != b.chat_template:
-        yield Finding("warning", f"{against}: chat templates differ; the merge keeps one tokenizer's, so prompts in the other's format may not work")
+        yield Finding(
+            "warning",
+            f"{against}: chat templates differ; the merge keeps one tokenizer's, so prompts in the other's format may not work",
+        )

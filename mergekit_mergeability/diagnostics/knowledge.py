@@ -38,7 +38,9 @@ class Knowledge:
     needs = frozenset({Need.BASE_MODEL, Need.PROBES})
 
     def run(self, inputs: DiagnosticInputs) -> DiagnosticResult:
-        (result,) = distributed.each(base_knowledge, [inputs], gpus=distributed.gpus(inputs.options))  # on Ray: one task, the base model alone
+        (result,) = distributed.each(
+            base_knowledge, [inputs], gpus=distributed.gpus(inputs.options)
+        )  # on Ray: one task, the base model alone
         return result
 
 
@@ -53,7 +55,9 @@ def base_knowledge(inputs: DiagnosticInputs) -> DiagnosticResult:
     lettered = {m.name: probes.with_shots(m.probes, shots, m.shots or ()) for m in inputs.models if m.probes}
     model, tokenizer = load_causal_lm(inputs.base.path, options.get("device", "cpu"), inputs.base.load_dtype(options))
     sequences = sum(len(i.continuations) + len(i.letters) for instances in lettered.values() for i in instances)
-    sequences += sum(len(i.continuations) for name in scored for i, a in zip(scored[name], lettered[name]) if not _same_request(i, a))
+    sequences += sum(
+        len(i.continuations) for name in scored for i, a in zip(scored[name], lettered[name]) if not _same_request(i, a)
+    )
     with task("knowledge: base model on probes", sequences, options.get("quiet", False)) as advance:
         for name, asked in lettered.items():
             paper = _scores(model, tokenizer, asked, advance)
@@ -68,7 +72,9 @@ def base_knowledge(inputs: DiagnosticInputs) -> DiagnosticResult:
                 **{f"scored_{key}": view[key] for key in SCORED},
                 **scored_format(scored[name]),
             }
-            result.per_instance[name] = [{**asdict(s), "scored_p_gold": t.p_gold, "scored_correct": t.correct} for s, t in zip(paper, as_task)]
+            result.per_instance[name] = [
+                {**asdict(s), "scored_p_gold": t.p_gold, "scored_correct": t.correct} for s, t in zip(paper, as_task)
+            ]
         undeclared = [m for m, instances in scored.items() if not all(i.declared for i in instances)]
         if undeclared:
             result.findings.append(Finding("info", _assumed(undeclared)))
@@ -92,7 +98,9 @@ def scored_format(instances) -> dict:
 
 
 def _assumed(models) -> str:
-    names = ", ".join(Path(str(m)).name for m in models[:3]) + (f" and {len(models) - 3} more" if len(models) > 3 else "")
+    names = ", ".join(Path(str(m)).name for m in models[:3]) + (
+        f" and {len(models) - 3} more" if len(models) > 3 else ""
+    )
     return (
         f'probe format assumed: cloze (question, then "Answer:" and each choice) for {names}, whose probe lines do not say; '
         'if the fine-tune was trained and is scored with the options listed, add "format": "options" (and its "shots") to each line'
@@ -105,6 +113,8 @@ def _same_request(a: probes.Instance, b: probes.Instance) -> bool:
 
 def _scores(model, tokenizer, instances, advance):
     return [
-        knowledge.multiple_choice(scored[0], instance.label, scored[1]) if instance.kind == probes.MULTIPLE_CHOICE else knowledge.generation(*scored)
+        knowledge.multiple_choice(scored[0], instance.label, scored[1])
+        if instance.kind == probes.MULTIPLE_CHOICE
+        else knowledge.generation(*scored)
         for instance, scored in zip(instances, choice_logprobs(model, tokenizer, instances, progress=advance))
     ]

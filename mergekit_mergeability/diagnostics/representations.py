@@ -37,11 +37,20 @@ class Representations:
         result = DiagnosticResult()
         rows = [(i.prompt, i.gold) for m in inputs.models for i in (m.probes or ())]
         if len(rows) < MIN_ROWS:
-            result.findings.append(Finding("warning", f"representations: {len(rows)} probe instances; CKA needs at least {MIN_ROWS}, skipped"))
+            result.findings.append(
+                Finding(
+                    "warning", f"representations: {len(rows)} probe instances; CKA needs at least {MIN_ROWS}, skipped"
+                )
+            )
             return result
         members = [m for m in (inputs.base, *inputs.models) if m is not None]
         if distributed.active():  # one task per model, each loading its own
-            pooled = dict(zip((m.name for m in members), distributed.each(pooled_states, members, rows, inputs, gpus=distributed.gpus(inputs.options))))
+            pooled = dict(
+                zip(
+                    (m.name for m in members),
+                    distributed.each(pooled_states, members, rows, inputs, gpus=distributed.gpus(inputs.options)),
+                )
+            )
         else:
             loaded = _Loaded(inputs, {str(m.path.base) for m in members if isinstance(m.path, AdapterModel)})
             pooled = {m.name: pooled_states(m, rows, inputs, loaded) for m in members}
@@ -58,7 +67,12 @@ class Representations:
         depth = len(next(iter(pooled.values()))[0])
         if selected is not None and max(selected) >= depth:
             outside = sorted(i for i in selected if i >= depth)
-            result.findings.append(Finding("warning", f"--layers: {', '.join(map(str, outside[:5]))}{' …' if len(outside) > 5 else ''} beyond these models' layers 0–{depth - 1} (0 = embedding output); compared only those within"))
+            result.findings.append(
+                Finding(
+                    "warning",
+                    f"--layers: {', '.join(map(str, outside[:5]))}{' …' if len(outside) > 5 else ''} beyond these models' layers 0–{depth - 1} (0 = embedding output); compared only those within",
+                )
+            )
         return result
 
 
@@ -72,7 +86,9 @@ def pooled_states(member: ModelInput, rows, inputs: DiagnosticInputs, loaded: Op
         prompts: List[torch.Tensor] = []
         with (loaded or _Loaded(inputs, set())).model(member.path, member.load_dtype(options)) as (model, tokenizer):
             with task(f"representations: {member.name}", len(rows), options.get("quiet", False)) as advance:
-                for scored in score(model, tokenizer, rows, options.get("batch_size", 16), hidden_states=True, progress=advance):
+                for scored in score(
+                    model, tokenizer, rows, options.get("batch_size", 16), hidden_states=True, progress=advance
+                ):
                     answers.append(scored.continuation_pool)
                     prompts.append(scored.prompt_pool)
         return {"answers": torch.stack(answers, dim=1), "prompts": torch.stack(prompts, dim=1)}

@@ -53,20 +53,43 @@ class Selectivity:
         result = DiagnosticResult()
         rows, labels, groups = probe_groups(inputs.models)
         if len(groups) < 2:
-            result.findings.append(Finding("info", f"selectivity: {len(groups)} probe group(s); LAPE compares at least 2 (a group: field per probe line, or probes for two models), skipped"))
+            result.findings.append(
+                Finding(
+                    "info",
+                    f"selectivity: {len(groups)} probe group(s); LAPE compares at least 2 (a group: field per probe line, or probes for two models), skipped",
+                )
+            )
             return result
-        quantiles = options.get("lape_entropy_quantile", lape.ENTROPY_QUANTILE), options.get("lape_activation_quantile", lape.ACTIVATION_QUANTILE)
+        quantiles = (
+            options.get("lape_entropy_quantile", lape.ENTROPY_QUANTILE),
+            options.get("lape_activation_quantile", lape.ACTIVATION_QUANTILE),
+        )
         members = [m for m in (inputs.base, *inputs.models) if m is not None]
         probabilities: Dict[str, np.ndarray] = {}
-        for member, p in zip(members, distributed.each(member_probabilities, members, rows, labels, len(groups), inputs, gpus=distributed.gpus(options))):  # Ray: one task per model
+        for member, p in zip(
+            members,
+            distributed.each(
+                member_probabilities, members, rows, labels, len(groups), inputs, gpus=distributed.gpus(options)
+            ),
+        ):  # Ray: one task per model
             if p is None:
-                result.findings.append(Finding("warning", f"selectivity: model {member.name}: no MLP activation module per decoder block (…mlp.act_fn or …mlp.act); skipped"))
+                result.findings.append(
+                    Finding(
+                        "warning",
+                        f"selectivity: model {member.name}: no MLP activation module per decoder block (…mlp.act_fn or …mlp.act); skipped",
+                    )
+                )
                 return result
             probabilities[member.name] = p
         bar, cut = lape.thresholds(list(probabilities.values()), *quantiles)
         masks = {name: lape.specific(p, bar, cut) for name, p in probabilities.items()}
         if not any(mask.any() for mask in masks.values()):
-            result.findings.append(Finding("info", f"selectivity: no MLP neuron is specific to one of the {len(groups)} probe groups in any model; no overlap to compare (more probe lines per group may separate them)"))
+            result.findings.append(
+                Finding(
+                    "info",
+                    f"selectivity: no MLP neuron is specific to one of the {len(groups)} probe groups in any model; no overlap to compare (more probe lines per group may separate them)",
+                )
+            )
         for name, mask in masks.items():
             result.per_layer[name] = {f"{SPECIFIC}{g}": c.tolist() for g, c in zip(groups, lape.counts(mask))}
         experts = {m.name for m in inputs.models}
@@ -77,21 +100,32 @@ class Selectivity:
                 layers["specific_union"] = lape.specific_union(masks[a], masks[b]).tolist()
                 hit = colliding_layers(layers["specific_collisions"], layers["specific_union"])
                 if hit:
-                    result.findings.append(Finding("warning", f"selectivity: {a} and {b}: specific neurons collide in block{'s' if len(hit) > 1 else ''} {', '.join(map(str, hit))} (≥ {COLLISION_SHARE:.0%} of them specific to different groups in the two)"))
+                    result.findings.append(
+                        Finding(
+                            "warning",
+                            f"selectivity: {a} and {b}: specific neurons collide in block{'s' if len(hit) > 1 else ''} {', '.join(map(str, hit))} (≥ {COLLISION_SHARE:.0%} of them specific to different groups in the two)",
+                        )
+                    )
             result.per_layer[(a, b)] = layers
         return result
 
 
-def member_probabilities(member: ModelInput, rows, labels, groups: int, inputs: DiagnosticInputs) -> Optional[np.ndarray]:
+def member_probabilities(
+    member: ModelInput, rows, labels, groups: int, inputs: DiagnosticInputs
+) -> Optional[np.ndarray]:
     """``member``'s activation probabilities (``activation_probabilities``), the model loaded for this pass alone."""
     options = inputs.options
     base_path = inputs.base.path if inputs.base else None
     span = options.get("selectivity_span", "answer")
 
     def compute():
-        model, tokenizer = load_causal_lm(member.path, options.get("device", "cpu"), member.load_dtype(options), base_path)
+        model, tokenizer = load_causal_lm(
+            member.path, options.get("device", "cpu"), member.load_dtype(options), base_path
+        )
         with task(f"selectivity: {member.name}", len(rows), options.get("quiet", False)) as advance:
-            p = activation_probabilities(model, tokenizer, rows, labels, groups, span, options.get("batch_size", 16), advance)
+            p = activation_probabilities(
+                model, tokenizer, rows, labels, groups, span, options.get("batch_size", 16), advance
+            )
         return {} if p is None else {"probabilities": torch.from_numpy(p)}
 
     settings = (rows, list(labels), groups, span, member.load_dtype(options), options.get("batch_size", 16))
@@ -131,7 +165,14 @@ def activation_modules(model) -> Optional[List[torch.nn.Module]]:
 
 @torch.inference_mode()
 def activation_probabilities(
-    model, tokenizer, rows: Sequence[Tuple[str, str]], labels: Sequence[int], groups: int, span: str = "answer", batch_size: int = 16, progress=None
+    model,
+    tokenizer,
+    rows: Sequence[Tuple[str, str]],
+    labels: Sequence[int],
+    groups: int,
+    span: str = "answer",
+    batch_size: int = 16,
+    progress=None,
 ) -> Optional[np.ndarray]:
     """(groups, layers, neurons): the share of each group's span tokens on which each MLP neuron is active (> 0).
 
@@ -157,7 +198,9 @@ def activation_probabilities(
 
         return count
 
-    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}  # the span needs no logits
+    keep = (
+        {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    )  # the span needs no logits
     encoded = [encode(tokenizer, p, c) for p, c in rows]
     handles = [m.register_forward_hook(counter(i)) for i, m in enumerate(modules)]
     try:

@@ -136,7 +136,11 @@ class WeightStatistics:
     needs = frozenset({Need.WEIGHTS, Need.BASE_MODEL})
 
     def run(self, inputs: DiagnosticInputs) -> DiagnosticResult:
-        adapters = {m.name: m.path for m in inputs.models if isinstance(m.path, AdapterModel) and same_model(m.path.base, inputs.base.path)}
+        adapters = {
+            m.name: m.path
+            for m in inputs.models
+            if isinstance(m.path, AdapterModel) and same_model(m.path.base, inputs.base.path)
+        }
         low_rank = len(adapters) == len(inputs.models)
         index = tensor_index(inputs.base.path)
         if low_rank:
@@ -152,7 +156,9 @@ class WeightStatistics:
             if distributed.active():  # one task per shard of tensors; partial sums added in tensor order, as below
                 runs = distributed.shards([math.prod(index[n].shape) for n in names], distributed.workers())
                 shards = [[names[i] for i in run] for run in runs]
-                for partials in distributed.each(shard_sums, shards, inputs.base.path, sources, low_rank, done=lambda i, found: advance(len(found))):
+                for partials in distributed.each(
+                    shard_sums, shards, inputs.base.path, sources, low_rank, done=lambda i, found: advance(len(found))
+                ):
                     for partial in partials:
                         sums.merge(partial)
             else:
@@ -176,7 +182,11 @@ def tensor_sums(names: Sequence[str], base: Source, sources: Mapping[str, Source
     for name in names:
         sums, part = _Sums(sources), _part(name)
         for start, stop in reference.blocks(name):
-            sums.add(part, reference.rows(name, start, stop).float(), {m: r.rows(name, start, stop) for m, r in readers.items()})
+            sums.add(
+                part,
+                reference.rows(name, start, stop).float(),
+                {m: r.rows(name, start, stop) for m, r in readers.items()},
+            )
         sums.end_tensor()
         yield sums
 
@@ -201,7 +211,9 @@ def _result(sums: _Sums) -> DiagnosticResult:
         }
         result.per_layer[model] = {"update_norm": [math.sqrt(parts.get(i, 0.0)) for i in range(depth)]}
         if bad:
-            result.findings.append(Finding("error", f"{model}: {bad} NaN/Inf values in its weights; re-export the checkpoint"))
+            result.findings.append(
+                Finding("error", f"{model}: {bad} NaN/Inf values in its weights; re-export the checkpoint")
+            )
     for (a, b), dot, sign_dot, both in sums.pairs():
         result.per_pair[a, b] = {
             "cosine": dot / (norms[a] * norms[b]) if norms[a] * norms[b] > 0 else 0.0,

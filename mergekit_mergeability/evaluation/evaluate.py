@@ -21,7 +21,6 @@ from mergekit_mergeability.precheck.config import MergeSpec
 from mergekit_mergeability.progress import task as progress
 
 
-
 def owned_tasks(spec: MergeSpec, overrides: Optional[List[str]]) -> Dict[str, Optional[str]]:
     """task spec -> the model it belongs to (None for --tasks, which belong to every model)."""
     if overrides:
@@ -31,7 +30,9 @@ def owned_tasks(spec: MergeSpec, overrides: Optional[List[str]]) -> Dict[str, Op
     return {probe: model for model, probe in spec.probes.items()}
 
 
-def evaluate(spec: MergeSpec, merged: Path, overrides: Optional[List[str]], options: Mapping[str, Any], cache: harness.Cache) -> Dict[str, Any]:
+def evaluate(
+    spec: MergeSpec, merged: Path, overrides: Optional[List[str]], options: Mapping[str, Any], cache: harness.Cache
+) -> Dict[str, Any]:
     if not spec.base_model:
         raise UserError(f"{spec.source}: evaluate needs a base_model to compare against")
     if not Path(merged).is_dir():
@@ -44,14 +45,24 @@ def evaluate(spec: MergeSpec, merged: Path, overrides: Optional[List[str]], opti
     resolved = task_specs.resolve_all(owners, spec.folder)  # a bad task fails here, before work
     scorer = Scorer(folders[spec.base_model], options, cache)
     # each task on the base, the merge, and its own expert (every expert for --tasks)
-    plan = [(name, s) for s in resolved for name in (spec.base_model, "merged", *([owners[s]] if owners[s] else spec.models))]
+    plan = [
+        (name, s)
+        for s in resolved
+        for name in (spec.base_model, "merged", *([owners[s]] if owners[s] else spec.models))
+    ]
     scores: Dict[str, Dict[str, Any]] = {}
     with progress("evaluate", len(plan), options.get("quiet", False)) as advance:
         for name, spec_text in plan:
             scores.setdefault(name, {})[spec_text] = scorer.folder(folders[name], resolved[spec_text])
             advance(1)
     rows = [_row(s, t, owners[s], spec, scores) for s, t in resolved.items()]
-    return {"schema_version": SCHEMA_VERSION, "config": str(spec.source), "merged": str(merged), "tasks": rows, "scores": scores}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "config": str(spec.source),
+        "merged": str(merged),
+        "tasks": rows,
+        "scores": scores,
+    }
 
 
 def _row(spec_text: str, task, owner: Optional[str], spec: MergeSpec, scores) -> Dict[str, Any]:
@@ -75,7 +86,10 @@ def _row(spec_text: str, task, owner: Optional[str], spec: MergeSpec, scores) ->
 
 
 def write(report: Dict[str, Any], out: Path) -> List[Path]:
-    return [write_atomic(out / "evaluation.json", json.dumps(report, indent=2) + "\n"), write_atomic(out / "evaluation.png", plot(report))]
+    return [
+        write_atomic(out / "evaluation.json", json.dumps(report, indent=2) + "\n"),
+        write_atomic(out / "evaluation.png", plot(report)),
+    ]
 
 
 def plot(report: Dict[str, Any]) -> bytes:

@@ -69,7 +69,9 @@ def _file_digest(file: Path, size: int, mtime: int) -> str:
     return _digests[key]
 
 
-def score(model, tokenizer, task: Task, limit: Optional[int] = None, batch_size: int = 16, device: str = "cpu") -> Dict[str, Any]:
+def score(
+    model, tokenizer, task: Task, limit: Optional[int] = None, batch_size: int = 16, device: str = "cpu"
+) -> Dict[str, Any]:
     """Run one task; returns {"metrics": {name: value}, "primary": name, "score": value, "samples": n}."""
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
@@ -79,16 +81,28 @@ def score(model, tokenizer, task: Task, limit: Optional[int] = None, batch_size:
         logging.getLogger(noisy).setLevel(logging.ERROR)
     with quiet_harness(), compiled_templates():
         lm = HFLM(pretrained=model, tokenizer=tokenizer, device=device, batch_size=batch_size)
-        out = simple_evaluate(model=lm, tasks=[entry], task_manager=manager, limit=limit, log_samples=True, verbosity="ERROR")
+        out = simple_evaluate(
+            model=lm, tasks=[entry], task_manager=manager, limit=limit, log_samples=True, verbosity="ERROR"
+        )
     # a group (Task.check made sure it has one) is scored by lm-eval's aggregate over its tasks
     raw = (out.get("groups") or {}).get(task.name) or out["results"][task.name]
     samples = out["samples"].get(task.name, [])
-    metrics = {k.split(",")[0]: float(v) for k, v in raw.items() if "," in k and "_stderr" not in k and isinstance(v, (int, float))}
-    result = {"metrics": metrics, "primary": next(iter(metrics)), "samples": int(raw.get("sample_len", 0) or len(samples))}
+    metrics = {
+        k.split(",")[0]: float(v)
+        for k, v in raw.items()
+        if "," in k and "_stderr" not in k and isinstance(v, (int, float))
+    }
+    result = {
+        "metrics": metrics,
+        "primary": next(iter(metrics)),
+        "samples": int(raw.get("sample_len", 0) or len(samples)),
+    }
     if TRANSLATION_METRICS & metrics.keys() and samples:
         from mergekit_mergeability.evaluation.translation import corpus_scores
 
-        translation = corpus_scores([_text(s["filtered_resps"]) for s in samples], [_text(s["target"]) for s in samples])
+        translation = corpus_scores(
+            [_text(s["filtered_resps"]) for s in samples], [_text(s["target"]) for s in samples]
+        )
         metrics.update({k: v for k, v in translation.items() if k in TRANSLATION_METRICS})
         result["signatures"] = {k: v for k, v in translation.items() if k.endswith("_signature")}
     result["score"] = metrics[result["primary"]]

@@ -28,12 +28,18 @@ def load_update(base: TensorReader, source: Source, name: str) -> Update:
         return FormedUpdate(model)
     missing = set(base.index) - set(model.index)
     if missing:
-        raise UserError(f"model {name}: tensor {sorted(missing)[0]} of the base is missing; pools share one architecture")
+        raise UserError(
+            f"model {name}: tensor {sorted(missing)[0]} of the base is missing; pools share one architecture"
+        )
     return {t: model[t] for t in base.index if not torch.equal(model[t], base[t])}
 
 
 def merge_updates(
-    base: TensorReader, updates: Mapping[str, Update], method: str, parameters: Mapping[str, Any], per_model: Mapping[str, Mapping[str, Any]]
+    base: TensorReader,
+    updates: Mapping[str, Update],
+    method: str,
+    parameters: Mapping[str, Any],
+    per_model: Mapping[str, Mapping[str, Any]],
 ) -> Dict[str, torch.Tensor]:
     """Merge the members' updates with ``method``; returns only the tensors that differ from the base."""
     from mergekit.merge_methods import merge_tensors
@@ -44,15 +50,23 @@ def merge_updates(
     for name in sorted(set().union(*(u.keys() for u in updates.values()))):
         reference = base[name]
         tensors = [reference, *(updates[m].get(name, reference) for m in members)]
-        merged[name] = merge_tensors(tensors, method, ids=ids, base_index=0, parameters=_parameters(parameters, per_model, members), name=name)
+        merged[name] = merge_tensors(
+            tensors, method, ids=ids, base_index=0, parameters=_parameters(parameters, per_model, members), name=name
+        )
     return merged
 
 
-def _parameters(shared: Mapping[str, Any], per_model: Mapping[str, Mapping[str, Any]], members: Sequence[str]) -> Dict[str, Any]:
+def _parameters(
+    shared: Mapping[str, Any], per_model: Mapping[str, Mapping[str, Any]], members: Sequence[str]
+) -> Dict[str, Any]:
     keys = {k for m in members for k in per_model.get(m, {})}
     values: Dict[str, Any] = {k: v for k, v in shared.items() if k not in keys}
     for key in keys:
-        values[key] = {m: per_model.get(m, {}).get(key, shared.get(key)) for m in members if key in per_model.get(m, {}) or key in shared}
+        values[key] = {
+            m: per_model.get(m, {}).get(key, shared.get(key))
+            for m in members
+            if key in per_model.get(m, {}) or key in shared
+        }
     return values
 
 

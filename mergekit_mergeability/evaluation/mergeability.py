@@ -27,7 +27,6 @@ from mergekit_mergeability.precheck.config import MergeSpec, model_entries
 from mergekit_mergeability.progress import task as progress
 
 
-
 def check_pool(spec: MergeSpec, partner_count: int, method: str) -> None:
     from mergekit.merge_methods import registered_methods
 
@@ -37,15 +36,28 @@ def check_pool(spec: MergeSpec, partner_count: int, method: str) -> None:
     if missing:
         raise UserError(f"{spec.source}: model {missing[0]} has no probe: key; each pool model needs its own task")
     if partner_count >= len(spec.models):
-        raise UserError(f"--partners {partner_count}: the pool has {len(spec.models)} models, so at most {len(spec.models) - 1} partners")
+        raise UserError(
+            f"--partners {partner_count}: the pool has {len(spec.models)} models, so at most {len(spec.models) - 1} partners"
+        )
     if method not in {m.spec.name for m in registered_methods()}:
         raise UserError(f"--method {method}: not a registered merge method; see `mergekit-mergeability methods`")
 
 
-def measure(spec: MergeSpec, method: str, partner_count: int, trials: int, seed: int, options: Mapping[str, Any], cache: harness.Cache, out: Path) -> Dict[str, Any]:
+def measure(
+    spec: MergeSpec,
+    method: str,
+    partner_count: int,
+    trials: int,
+    seed: int,
+    options: Mapping[str, Any],
+    cache: harness.Cache,
+    out: Path,
+) -> Dict[str, Any]:
     check_pool(spec, partner_count, method)
     folders = spec.sources()
-    require_compatible(ModelInput(spec.base_model, folders[spec.base_model]), [ModelInput(m, folders[m]) for m in spec.models])
+    require_compatible(
+        ModelInput(spec.base_model, folders[spec.base_model]), [ModelInput(m, folders[m]) for m in spec.models]
+    )
     tasks = task_specs.resolve_all(dict.fromkeys(spec.probes[m] for m in spec.models), spec.folder)
     own_task = {m: tasks[spec.probes[m]] for m in spec.models}
     shared = dict(spec.document.get("parameters") or {})
@@ -54,12 +66,28 @@ def measure(spec: MergeSpec, method: str, partner_count: int, trials: int, seed:
     trials_of = Trials(folders, spec.base_model, method, shared, per_model, fingerprints, own_task, options, cache)
     scorer = trials_of.scorer()
     # a resumed run reuses a trial only if nothing that changes its score has changed
-    settings = {"method": method, "partners": partner_count, "seed": seed, "parameters": shared, "per_model": per_model, "fingerprints": fingerprints}
+    settings = {
+        "method": method,
+        "partners": partner_count,
+        "seed": seed,
+        "parameters": shared,
+        "per_model": per_model,
+        "fingerprints": fingerprints,
+    }
     log = TrialLog(Path(out) / "trials.jsonl", settings, {m: scorer.settings(own_task[m]) for m in spec.models})
-    to_run = [(m, t, partners(spec.models, m, partner_count, t, seed)) for m in spec.models for t in range(trials) if log.get(m, t) is None]
+    to_run = [
+        (m, t, partners(spec.models, m, partner_count, t, seed))
+        for m in spec.models
+        for t in range(trials)
+        if log.get(m, t) is None
+    ]
 
     rows = []
-    with progress(f"mergeability ({method}, {partner_count} partners × {trials} trials)", len(spec.models) * (trials + 2), options.get("quiet", False)) as advance:
+    with progress(
+        f"mergeability ({method}, {partner_count} partners × {trials} trials)",
+        len(spec.models) * (trials + 2),
+        options.get("quiet", False),
+    ) as advance:
         advance(len(spec.models) * trials - len(to_run))
 
         def finished(index, score):  # appended as it arrives: a killed run resumes from here
@@ -136,13 +164,17 @@ class Trials:
         """The base's result on ``model``'s own task, and ``model``'s own score there."""
         task = self.own_task[model]
         base = self.scorer().folder(self.folders[self.base], task)
-        return base, self.scorer().patch(("update", self.fingerprints[model]), task, lambda: self.update(model))["score"]
+        return base, self.scorer().patch(("update", self.fingerprints[model]), task, lambda: self.update(model))[
+            "score"
+        ]
 
     def score(self, model: str, drawn: List[str]) -> float:
         """Model ``model``'s own-task score after merging it with ``drawn``."""
         members = [model, *drawn]
         recipe = (self.method, self.shared, [(self.fingerprints[m], self.per_model.get(m)) for m in members])
-        make = lambda: merge_updates(self.reader(), {m: self.update(m) for m in members}, self.method, self.shared, self.per_model)  # noqa: E731
+        make = lambda: merge_updates(
+            self.reader(), {m: self.update(m) for m in members}, self.method, self.shared, self.per_model
+        )  # noqa: E731
         return self.scorer().patch(recipe, self.own_task[model], make)["score"]
 
 

@@ -36,7 +36,11 @@ def summarise(scores: List[float], seed: int = 0, resamples: int = 2000) -> Dict
     rng = np.random.default_rng(seed)
     boot = values[rng.integers(0, len(values), size=(resamples, len(values)))].mean(axis=1)
     low, high = np.percentile(boot, [2.5, 97.5])
-    return {"mergeability": float(values.mean()), "interval": [float(low), float(high)], "std": float(values.std(ddof=1)) if len(values) > 1 else 0.0}
+    return {
+        "mergeability": float(values.mean()),
+        "interval": [float(low), float(high)],
+        "std": float(values.std(ddof=1)) if len(values) > 1 else 0.0,
+    }
 
 
 class TrialLog:

@@ -29,7 +29,12 @@ class Scorer:
 
     def _run(self, module, tokenizer, task: Task) -> Dict[str, Any]:
         return harness.score(
-            module, tokenizer, task, self.options.get("limit"), self.options.get("batch_size", 16), self.options.get("device", "cpu")
+            module,
+            tokenizer,
+            task,
+            self.options.get("limit"),
+            self.options.get("batch_size", 16),
+            self.options.get("device", "cpu"),
         )
 
     def folder(self, path: Source, task: Task) -> Dict[str, Any]:
@@ -45,7 +50,9 @@ class Scorer:
         if same_model(path, self.base):
             module, tokenizer = self.base_module()
         else:
-            module, tokenizer = load_causal_lm(path, self.options.get("device", "cpu"), self.options.get("dtype", "float32"), self.base)
+            module, tokenizer = load_causal_lm(
+                path, self.options.get("device", "cpu"), self.options.get("dtype", "float32"), self.base
+            )
         return self.cache.put(key, self._run(module, tokenizer, task))
 
     def patch(self, recipe: Any, task: Task, make: Callable[[], Mapping[str, torch.Tensor]]) -> Dict[str, Any]:
@@ -61,5 +68,7 @@ class Scorer:
 
     def base_module(self):
         if self._module is None:
-            self._module, self._tokenizer = load_causal_lm(self.base, self.options.get("device", "cpu"), self.options.get("dtype", "float32"))
+            self._module, self._tokenizer = load_causal_lm(
+                self.base, self.options.get("device", "cpu"), self.options.get("dtype", "float32")
+            )
         return self._module, self._tokenizer

@@ -48,12 +48,18 @@ class Task:
             with quiet_harness():
                 loaded = manager.load(entry)
         except Exception as error:  # lm-eval's and datasets' errors: the first line is what the user can act on
-            raise UserError(f"lm-eval task {self.name!r}: cannot be loaded ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})") from None
+            raise UserError(
+                f"lm-eval task {self.name!r}: cannot be loaded ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
+            ) from None
         group = loaded["groups"].get(self.name)
         if group is not None and not group.aggregate_metric_list:
-            raise UserError(f"lm-eval group {self.name!r} has no aggregate_metric_list, so no single score; add one, or name one of its tasks: {', '.join(sorted(loaded['tasks']))}")
+            raise UserError(
+                f"lm-eval group {self.name!r} has no aggregate_metric_list, so no single score; add one, or name one of its tasks: {', '.join(sorted(loaded['tasks']))}"
+            )
         if group is None and len(loaded["tasks"]) != 1:
-            raise UserError(f"lm-eval tag {self.name!r} stands for {len(loaded['tasks'])} tasks; name one, or a group with an aggregate_metric_list")
+            raise UserError(
+                f"lm-eval tag {self.name!r} stands for {len(loaded['tasks'])} tasks; name one, or a group with an aggregate_metric_list"
+            )
 
 
 @functools.lru_cache(maxsize=None)
@@ -93,7 +99,11 @@ def resolve_all(specs, relative_to: Optional[Path] = None) -> Dict[str, Task]:
 
 def _declared_name(path: Path) -> str:
     """The task or group a YAML file declares, as lm-eval's own index of its folder reads it."""
-    names = [e.name for e in _manager(str(path.parent), False).task_index.values() if e.yaml_path and Path(e.yaml_path).resolve() == path]
+    names = [
+        e.name
+        for e in _manager(str(path.parent), False).task_index.values()
+        if e.yaml_path and Path(e.yaml_path).resolve() == path
+    ]
     if not names:
         raise UserError(f"{path}: not an lm-eval task or group YAML (it needs a `task:` or `group:` name)")
     return names[0]
@@ -106,7 +116,12 @@ def _declares(yaml_file: Path, name: str) -> bool:
 def _jsonl_task(path: Path) -> Task:
     first = json.loads(next(line for line in path.read_text().splitlines() if line.strip()))
     name = f"{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
-    common = {"task": name, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(path)}}, "test_split": "test"}
+    common = {
+        "task": name,
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"test": str(path)}},
+        "test_split": "test",
+    }
     if "choices" in first and _lettered(path):
         # each line as ``probes`` renders it (its own format and shots): what is scored is what the precheck asked
         config = {
@@ -136,7 +151,12 @@ def _jsonl_task(path: Path) -> Task:
         "doc_to_text": "{{prompt}}",
         "doc_to_target": "{{answer}}",
         "generation_kwargs": {"until": ["\n"], "max_gen_toks": 32, "do_sample": False},
-        "filter_list": [{"name": "strip", "filter": [{"function": "regex", "regex_pattern": r"^\s*(.*?)\s*$"}, {"function": "take_first"}]}],
+        "filter_list": [
+            {
+                "name": "strip",
+                "filter": [{"function": "regex", "regex_pattern": r"^\s*(.*?)\s*$"}, {"function": "take_first"}],
+            }
+        ],
         "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
     }
     return Task(name, config, None, _digest(path) + json.dumps(config, sort_keys=True))
@@ -156,7 +176,10 @@ def _scored_docs(path: str, dataset):
 
     from mergekit_mergeability.probes import scored_lines
 
-    rows = [{"prompt": i.prompt, "choices": [c[1:] if c.startswith(" ") else c for c in i.continuations], "label": i.label} for i in scored_lines(Path(path))]
+    rows = [
+        {"prompt": i.prompt, "choices": [c[1:] if c.startswith(" ") else c for c in i.continuations], "label": i.label}
+        for i in scored_lines(Path(path))
+    ]
     return Dataset.from_list(rows)
 
 

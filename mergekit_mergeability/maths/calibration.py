@@ -55,7 +55,14 @@ class Linear:
     def from_dict(cls, data: Dict) -> "Linear":
         features = data["features"]
         column = lambda key: np.array([float(f[key]) for f in features])  # noqa: E731
-        return cls([f["name"] for f in features], column("direction"), column("mean"), column("std"), column("weight"), float(data["intercept"]))
+        return cls(
+            [f["name"] for f in features],
+            column("direction"),
+            column("mean"),
+            column("std"),
+            column("weight"),
+            float(data["intercept"]),
+        )
 
 
 def fit(x: np.ndarray, y: np.ndarray, names: Sequence[str], directions: Sequence[int], ridge: float = RIDGE) -> Linear:
@@ -77,12 +84,16 @@ def _standardise(x: np.ndarray, means: np.ndarray, stds: np.ndarray) -> np.ndarr
     return np.nan_to_num(z, nan=0.0)
 
 
-def held_out_predictions(x: np.ndarray, y: np.ndarray, groups: Sequence[str], names, directions, by_group: bool = False) -> np.ndarray:
+def held_out_predictions(
+    x: np.ndarray, y: np.ndarray, groups: Sequence[str], names, directions, by_group: bool = False
+) -> np.ndarray:
     """Each model predicted by a fit that never saw it: leave one model out, or
     (``by_group``) leave its whole pool out."""
     x, y, groups = np.asarray(x, dtype=float), np.asarray(y, dtype=float), np.asarray(groups)
     predictions = np.empty(len(y))
-    folds = [groups == g for g in dict.fromkeys(groups)] if by_group else [np.arange(len(y)) == i for i in range(len(y))]
+    folds = (
+        [groups == g for g in dict.fromkeys(groups)] if by_group else [np.arange(len(y)) == i for i in range(len(y))]
+    )
     for held in folds:
         model = fit(x[~held], y[~held], names, directions)
         predictions[held] = model.predict(x[held])
@@ -102,7 +113,14 @@ def within_pools(predicted: np.ndarray, y: np.ndarray, groups: Sequence[str]) ->
 
 
 def permutation_null(
-    x: np.ndarray, y: np.ndarray, groups: Sequence[str], names, directions, permutations: int = 200, seed: int = 0, by_group: bool = False
+    x: np.ndarray,
+    y: np.ndarray,
+    groups: Sequence[str],
+    names,
+    directions,
+    permutations: int = 200,
+    seed: int = 0,
+    by_group: bool = False,
 ) -> np.ndarray:
     """Held-out Spearman of the whole fitting procedure on targets shuffled within pools."""
     rng = np.random.default_rng(seed)
@@ -136,4 +154,3 @@ def single_features(x: np.ndarray, y: np.ndarray, groups: Sequence[str], names, 
 
 def best(scores: Dict[str, float]) -> Optional[str]:
     return max(scores, key=scores.get) if scores else None
-

@@ -49,7 +49,9 @@ def minibatch_cka(x: torch.Tensor, y: torch.Tensor, batch_size: int = 0) -> floa
     return xy / denominator if denominator > 0 else float("nan")
 
 
-def layerwise(x_layers: torch.Tensor, y_layers: torch.Tensor, unbiased: bool = False, batch_size: int = 0) -> List[float]:
+def layerwise(
+    x_layers: torch.Tensor, y_layers: torch.Tensor, unbiased: bool = False, batch_size: int = 0
+) -> List[float]:
     """CKA per layer for two stacks shaped (layers, examples, features)."""
     if unbiased:
         return [minibatch_cka(x, y, batch_size) for x, y in zip(x_layers, y_layers)]

@@ -42,7 +42,9 @@ class TaskKnowledge:
     instances: int
 
 
-def multiple_choice(option_logprobs: torch.Tensor, label: int, letter_logprobs: Optional[torch.Tensor] = None) -> InstanceKnowledge:
+def multiple_choice(
+    option_logprobs: torch.Tensor, label: int, letter_logprobs: Optional[torch.Tensor] = None
+) -> InstanceKnowledge:
     probabilities = torch.softmax(option_logprobs.double(), dim=0)
     top = int(torch.argmax(option_logprobs))
     letter = None if letter_logprobs is None else torch.softmax(letter_logprobs.double(), dim=0)

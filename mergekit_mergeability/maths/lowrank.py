@@ -83,13 +83,17 @@ def finite(update: LowRank) -> LowRank:
     return LowRank(clean(update.a), clean(update.b), update.scale)
 
 
-def row_blocks(update: LowRank, elements: int = 1 << 16, dtype: torch.dtype = torch.float64) -> Iterator[Tuple[int, int, torch.Tensor]]:
+def row_blocks(
+    update: LowRank, elements: int = 1 << 16, dtype: torch.dtype = torch.float64
+) -> Iterator[Tuple[int, int, torch.Tensor]]:
     """``(start, stop, ΔW[start:stop])`` in blocks of about ``elements`` values."""
     for start, stop, block in stacked_row_blocks([update], elements, dtype):
         yield start, stop, block[0]
 
 
-def stacked_row_blocks(updates: Sequence[LowRank], elements: int = 1 << 20, dtype: torch.dtype = torch.float32) -> Iterator[Tuple[int, int, torch.Tensor]]:
+def stacked_row_blocks(
+    updates: Sequence[LowRank], elements: int = 1 << 20, dtype: torch.dtype = torch.float32
+) -> Iterator[Tuple[int, int, torch.Tensor]]:
     """``(start, stop, block)`` with block[i] = ΔW_i[start:stop] for updates of one shape, about
     ``elements`` values in all (so memory stays flat however many updates there are). One
     batched product per block; factors of lower rank are padded with zeros."""

@@ -60,7 +60,9 @@ def _ranked_entropy(p: np.ndarray, bar: float) -> np.ndarray:
 
 
 def thresholds(
-    probabilities: Sequence[np.ndarray], entropy_quantile: float = ENTROPY_QUANTILE, activation_quantile: float = ACTIVATION_QUANTILE
+    probabilities: Sequence[np.ndarray],
+    entropy_quantile: float = ENTROPY_QUANTILE,
+    activation_quantile: float = ACTIVATION_QUANTILE,
 ) -> Tuple[float, float]:
     """(activation bar, entropy cut) over the models' (G, L, N) probabilities together."""
     bar = kth_smallest(np.stack(probabilities), activation_quantile)

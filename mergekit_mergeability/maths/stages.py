@@ -88,7 +88,10 @@ def midpoints(lambdas: Sequence[float], curves: Curves, resolution: float) -> Li
 
 
 def refine(
-    points: Dict[float, Mapping[str, float]], measure: Callable[[float], Mapping[str, float]], resolution: float, budget: int
+    points: Dict[float, Mapping[str, float]],
+    measure: Callable[[float], Mapping[str, float]],
+    resolution: float,
+    budget: int,
 ) -> List[float]:
     """Add points (λ → curve values, measured by ``measure``) where the curves change most,
     round by round, until every jumping curve's steepest interval is at most 2 × resolution
@@ -122,7 +125,13 @@ class SweetSpot:
     reason: str
 
 
-def sweet_spot(lambdas: Sequence[float], accuracy: Sequence[float], tokens: Sequence[float], tolerance: float, budget: Optional[float] = None) -> SweetSpot:
+def sweet_spot(
+    lambdas: Sequence[float],
+    accuracy: Sequence[float],
+    tokens: Sequence[float],
+    tolerance: float,
+    budget: Optional[float] = None,
+) -> SweetSpot:
     """With ``budget``: the best accuracy among the λ whose answers average at most that many
     tokens (fewer tokens break ties). Without: the most accuracy per token among the λ within
     ``tolerance`` of the best accuracy. Accuracy per token over every λ would crown a model
@@ -133,10 +142,14 @@ def sweet_spot(lambdas: Sequence[float], accuracy: Sequence[float], tokens: Sequ
         within = [r for r in rows if r[2] <= budget]
         if not within:
             fewest = min(rows, key=lambda r: r[2])
-            return SweetSpot(None, f"no λ answers within {budget:g} tokens on average (fewest: {fewest[2]:.1f} at λ = {fewest[0]:g})")
+            return SweetSpot(
+                None, f"no λ answers within {budget:g} tokens on average (fewest: {fewest[2]:.1f} at λ = {fewest[0]:g})"
+            )
         lam = max(within, key=lambda r: (r[1], -r[2]))[0]
         return SweetSpot(lam, f"the best accuracy within {budget:g} tokens per answer")
     best = max(accuracy)
     matching = [r for r in rows if r[1] >= best - tolerance]
     lam = max(matching, key=lambda r: (per_token(r[1], r[2]), r[1]))[0]
-    return SweetSpot(lam, f"the most accuracy per token among the λ within {tolerance:g} of the best accuracy ({best:.2f})")
+    return SweetSpot(
+        lam, f"the most accuracy per token among the λ within {tolerance:g} of the best accuracy ({best:.2f})"
+    )

@@ -60,7 +60,9 @@ def _permuted_spearman(x: np.ndarray, y: np.ndarray, permutations: int, rng) -> 
     return shuffled @ rx / scale
 
 
-def difference(a: Sequence[float], b: Sequence[float], y: Sequence[float], resamples: int = 2_000, seed: int = 0) -> Tuple[float, Tuple[float, float]]:
+def difference(
+    a: Sequence[float], b: Sequence[float], y: Sequence[float], resamples: int = 2_000, seed: int = 0
+) -> Tuple[float, Tuple[float, float]]:
     """Spearman(a, y) − Spearman(b, y), with a paired percentile bootstrap 95% interval
     (the same resampled models for both, so their shared noise cancels)."""
     a, b, y = (np.asarray(v, dtype=float) for v in (a, b, y))

@@ -84,9 +84,7 @@ def knowledge_weighted(
     base, experts = group.base.tensor, group.non_base
     if not experts:
         return base
-    w = knowledge_weights(
-        knowledge.values_for(experts), temperature, weight.values_for(experts)
-    ).to(base.dtype)
+    w = knowledge_weights(knowledge.values_for(experts), temperature, weight.values_for(experts)).to(base.dtype)
     if not ties:
         merged = base.clone()
         for w_i, expert in zip(w.tolist(), experts):

@@ -60,7 +60,9 @@ def layer_selective(
     name = group.metadata.name
     if name is None:
         raise UserError("layer_selective needs tensor names (pass name= to merge_tensors)")
-    source: TensorEntry = _upper_source(group.entries, lambda e: upper[e.id], group.base is not None, name) or group.base
+    source: TensorEntry = (
+        _upper_source(group.entries, lambda e: upper[e.id], group.base is not None, name) or group.base
+    )
     position = tensor_position(name)
     from_upper = (
         (position.part == "head" and not 0 < num_layers <= cutoff)

@@ -42,14 +42,20 @@ def probe_specs(spec: MergeSpec, overrides: Mapping[str, str]) -> Dict[str, str]
     """The config's ``probe:`` keys, then ``--probe MODEL=SPEC`` (MODEL as written, or its folder name)."""
     chosen = dict(spec.probes)
     for key, value in overrides.items():
-        matches = [m for m in spec.models if key in (m, Path(m).name, Path(m.split("+")[-1]).name)]  # BASE+ADAPTER: the adapter's name
+        matches = [
+            m for m in spec.models if key in (m, Path(m).name, Path(m.split("+")[-1]).name)
+        ]  # BASE+ADAPTER: the adapter's name
         if len(matches) != 1:
-            raise UserError(f"--probe {key}={value}: {key!r} matches {len(matches)} models of the config; use the path as written: {', '.join(spec.models)}")
+            raise UserError(
+                f"--probe {key}={value}: {key!r} matches {len(matches)} models of the config; use the path as written: {', '.join(spec.models)}"
+            )
         chosen[matches[0]] = value
     return chosen
 
 
-def load_inputs(spec: MergeSpec, specs: Mapping[str, str], limit: Optional[int], dtype: str = "auto") -> Tuple[Optional[ModelInput], Tuple[ModelInput, ...]]:
+def load_inputs(
+    spec: MergeSpec, specs: Mapping[str, str], limit: Optional[int], dtype: str = "auto"
+) -> Tuple[Optional[ModelInput], Tuple[ModelInput, ...]]:
     """The config's models with their probes, few-shot examples and the dtype each is loaded
     in (``--dtype auto``: the config's ``dtype:``, else each checkpoint's own; ``load_dtype``)."""
     from mergekit_mergeability.checkpoints import load_dtype
@@ -57,13 +63,19 @@ def load_inputs(spec: MergeSpec, specs: Mapping[str, str], limit: Optional[int],
     folder = spec.folder
     sources = spec.sources()
     dtypes = {name: load_dtype(dtype, source, spec.document.get("dtype")) for name, source in sources.items()}
-    base = ModelInput(spec.base_model, sources[spec.base_model], dtype=dtypes[spec.base_model]) if spec.base_model else None
+    base = (
+        ModelInput(spec.base_model, sources[spec.base_model], dtype=dtypes[spec.base_model])
+        if spec.base_model
+        else None
+    )
     neutral = probes.shots_from(None)
     models = []
     for name in spec.models:
         probe, shots = None, neutral
         if name in specs:
-            with spec.naming(f"{spec.entries[name]}.probe") if specs[name] == spec.probes.get(name) else nullcontext():  # --probe names itself
+            with (
+                spec.naming(f"{spec.entries[name]}.probe") if specs[name] == spec.probes.get(name) else nullcontext()
+            ):  # --probe names itself
                 probe = probes.load(specs[name], limit, folder)
         if name in spec.fewshot:
             with spec.naming(f"{spec.entries[name]}.fewshot"):
@@ -81,7 +93,9 @@ def measure(spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping
     from mergekit_mergeability.plugins import plugin_diagnostics, plugin_manager
 
     if not plugin_manager().has_plugin(BUILTIN):
-        raise MeasurementError("the built-in diagnostics did not load (see the warning above); reinstall mergekit-mergeability")
+        raise MeasurementError(
+            "the built-in diagnostics did not load (see the warning above); reinstall mergekit-mergeability"
+        )
     from mergekit_mergeability.precheck.config import tokenizer_source
 
     specs = probe_specs(spec, overrides)
@@ -92,7 +106,9 @@ def measure(spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping
     diagnostics = plugin_diagnostics(strict=(BUILTIN,))
     unknown = skip - {d.name for _, d in diagnostics}
     if unknown:
-        raise UserError(f"--skip {', '.join(sorted(unknown))}: no such diagnostic; the diagnostics are {', '.join(d.name for _, d in diagnostics)}")
+        raise UserError(
+            f"--skip {', '.join(sorted(unknown))}: no such diagnostic; the diagnostics are {', '.join(d.name for _, d in diagnostics)}"
+        )
     planned = False
     for plugin, diagnostic in diagnostics:
         if measured.errors():
@@ -105,10 +121,16 @@ def measure(spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping
             measured.skipped.append(diagnostic.name)
             continue
         if Need.BASE_MODEL in diagnostic.needs and base is None:
-            measured.results[diagnostic.name] = DiagnosticResult(findings=[Finding("info", f"{diagnostic.name}: skipped, the config has no base_model")])
+            measured.results[diagnostic.name] = DiagnosticResult(
+                findings=[Finding("info", f"{diagnostic.name}: skipped, the config has no base_model")]
+            )
             continue
         if Need.PROBES in diagnostic.needs and not any(m.probes for m in models):
-            measured.results[diagnostic.name] = DiagnosticResult(findings=[Finding("info", f"{diagnostic.name}: skipped, no model declares a probe (probe: key or --probe)")])
+            measured.results[diagnostic.name] = DiagnosticResult(
+                findings=[
+                    Finding("info", f"{diagnostic.name}: skipped, no model declares a probe (probe: key or --probe)")
+                ]
+            )
             continue
         try:
             measured.results[diagnostic.name] = diagnostic.run(inputs)
@@ -140,7 +162,9 @@ def _first_line(error: Exception) -> str:
     return (str(error).splitlines() or [""])[0]
 
 
-def run(spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping[str, Any] = {}, out: Optional[Path] = None) -> Dict[str, Any]:
+def run(
+    spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping[str, Any] = {}, out: Optional[Path] = None
+) -> Dict[str, Any]:
     """The whole precheck: measure, predict, recommend, ask plugins whether to stop, write ``out``."""
     from types import MappingProxyType
 
@@ -156,8 +180,12 @@ def run(spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping[str
         raise
     report = reports.build(measured, dict(options))
     failures: List[str] = []  # a plugin's bug must not cost the user the report: a warning, the others still answer
-    answers = results(REPORT_HOOK, failed=failures.append, report=MappingProxyType(report), config_path=str(spec.source))
-    report["findings"] += [{"diagnostic": REPORT_HOOK, "severity": "warning", "message": message} for message in failures]
+    answers = results(
+        REPORT_HOOK, failed=failures.append, report=MappingProxyType(report), config_path=str(spec.source)
+    )
+    report["findings"] += [
+        {"diagnostic": REPORT_HOOK, "severity": "warning", "message": message} for message in failures
+    ]
     reasons = [reason for _, reason in answers]
     if report["recommendation"]["verdict"] == DO_NOT_MERGE:
         reasons = ["; ".join(report["recommendation"]["reasons"]), *reasons]

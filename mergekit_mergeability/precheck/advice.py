@@ -25,11 +25,27 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from mergekit_mergeability.methods.knowledge_weighted import DEFAULT_DENSITY, DEFAULT_TEMPERATURE, DEFAULT_TIES
 from mergekit_mergeability.precheck.config import model_entries
-from mergekit_mergeability.precheck.predict import DO_NOT_MERGE, KNOWLEDGE_WEIGHTED, LAYER_SELECTIVE, LEAVE_OUT, SIGN_ELECTION
+from mergekit_mergeability.precheck.predict import (
+    DO_NOT_MERGE,
+    KNOWLEDGE_WEIGHTED,
+    LAYER_SELECTIVE,
+    LEAVE_OUT,
+    SIGN_ELECTION,
+)
 
 MAIN = "recommended.yml"
 PER_EXPERT = "recommended"  # folder of layer_selective's per-expert configs
-SUMMING = ("task_arithmetic", "ties", "dare_ties", "dare_linear", "breadcrumbs", "breadcrumbs_ties", "della", "della_linear", "linear")
+SUMMING = (
+    "task_arithmetic",
+    "ties",
+    "dare_ties",
+    "dare_linear",
+    "breadcrumbs",
+    "breadcrumbs_ties",
+    "della",
+    "della_linear",
+    "linear",
+)
 
 
 @dataclass
@@ -56,7 +72,13 @@ def configured_update(document: Mapping[str, Any]) -> Dict[str, Any]:
     normalize = bool(shared.get("normalize", spec.get("normalize", False)))
     total = round(lam * (1.0 if normalize else sum(weights)), 4)  # weights of 1/n are written rounded
     how = f"lambda {lam:g} × " + ("1 (weights normalised)" if normalize else f"Σ weight {round(sum(weights), 4):g}")
-    return {"total": total, "lambda": lam, "normalize": normalize, "sum_weights": sum(weights), "note": f"{method}: {how} = {total:g}"}
+    return {
+        "total": total,
+        "lambda": lam,
+        "normalize": normalize,
+        "sum_weights": sum(weights),
+        "note": f"{method}: {how} = {total:g}",
+    }
 
 
 def configured_weights(document: Mapping[str, Any]) -> Dict[str, float]:
@@ -77,7 +99,12 @@ def _experts(document) -> List[Dict[str, Any]]:
     return [e for e in model_entries(document) if e.get("model") != base]
 
 
-def advise(recommendation: Mapping[str, Any], document: Mapping[str, Any], names: Mapping[str, str], predicted: Mapping[str, Optional[float]]) -> List[Advice]:
+def advise(
+    recommendation: Mapping[str, Any],
+    document: Mapping[str, Any],
+    names: Mapping[str, str],
+    predicted: Mapping[str, Optional[float]],
+) -> List[Advice]:
     """One ``Advice`` per recommended model; none for ``do_not_merge``."""
     verdict = recommendation["verdict"]
     if verdict == DO_NOT_MERGE:
@@ -93,10 +120,19 @@ def advise(recommendation: Mapping[str, Any], document: Mapping[str, Any], names
         lost = recommendation["left_out"]
         return [_leave_out(lost, document, names, predicted), *(_alone(m, document, names) for m in lost)]
     every = ", ".join(names.get(str(e["model"]), str(e["model"])) for e in _experts(document))
-    return [Advice(MAIN, copy.deepcopy(dict(document)), f"the configured {document['merge_method']} merge of {every}", "nothing the precheck can predict")]
+    return [
+        Advice(
+            MAIN,
+            copy.deepcopy(dict(document)),
+            f"the configured {document['merge_method']} merge of {every}",
+            "nothing the precheck can predict",
+        )
+    ]
 
 
-def _with_method(document, method: str, shared: Mapping[str, Any], per_model: Mapping[str, Mapping[str, Any]]) -> Tuple[Dict[str, Any], List[str]]:
+def _with_method(
+    document, method: str, shared: Mapping[str, Any], per_model: Mapping[str, Mapping[str, Any]]
+) -> Tuple[Dict[str, Any], List[str]]:
     """The config with another method: parameters it does not declare are dropped (and listed)."""
     from mergekit import merge_methods
 
@@ -107,7 +143,11 @@ def _with_method(document, method: str, shared: Mapping[str, Any], per_model: Ma
     config["parameters"] = {**{k: v for k, v in (config.get("parameters") or {}).items() if k in declared}, **shared}
     for entry in model_entries(config):
         parameters = {k: v for k, v in (entry.get("parameters") or {}).items() if k in declared}
-        dropped += sorted(k for k in (entry.get("parameters") or {}) if k not in declared and k not in per_model.get(str(entry["model"]), {}))
+        dropped += sorted(
+            k
+            for k in (entry.get("parameters") or {})
+            if k not in declared and k not in per_model.get(str(entry["model"]), {})
+        )
         parameters.update(per_model.get(str(entry["model"]), {}))
         if parameters:
             entry["parameters"] = parameters
@@ -120,15 +160,24 @@ def _with_method(document, method: str, shared: Mapping[str, Any], per_model: Ma
 def _knowledge_weighted(recommendation, document, names, update) -> Advice:
     knowledge = recommendation["knowledge"]
     scale = update["total"] if update["total"] is not None else 1.0
-    shared = {"temperature": DEFAULT_TEMPERATURE, "ties": DEFAULT_TIES, "density": DEFAULT_DENSITY, "scale": round(scale, 6)}
+    shared = {
+        "temperature": DEFAULT_TEMPERATURE,
+        "ties": DEFAULT_TIES,
+        "density": DEFAULT_DENSITY,
+        "scale": round(scale, 6),
+    }
     per_model = {m: {"knowledge": round(k, 4)} for m, k in knowledge.items()}
     config, notes = _with_method(document, "knowledge_weighted", shared, per_model)
     shares = recommendation.get("weights") or {}
     order = sorted(shares, key=shares.get, reverse=True)
-    keeps = "every expert's update, shares by how little the base knows its task: " + ", ".join(f"{names.get(m, m)} {shares[m]:.2f}" for m in order[:5])
+    keeps = "every expert's update, shares by how little the base knows its task: " + ", ".join(
+        f"{names.get(m, m)} {shares[m]:.2f}" for m in order[:5]
+    )
     if len(order) > 5:
         keeps += f" … ({len(order)} experts)"
-    drops = "nothing wholly; well-known experts get smaller shares" + (f", and each update's smallest {1 - DEFAULT_DENSITY:.0%} of entries (ties)" if DEFAULT_TIES else "")
+    drops = "nothing wholly; well-known experts get smaller shares" + (
+        f", and each update's smallest {1 - DEFAULT_DENSITY:.0%} of entries (ties)" if DEFAULT_TIES else ""
+    )
     notes.append(f"scale {scale:g} keeps the configured update size ({update['note']})")
     return Advice(MAIN, config, keeps, drops, notes=notes)
 
@@ -139,7 +188,13 @@ def _sign_election(document, update) -> Advice:
     for entry in _experts(config):
         entry.setdefault("parameters", {}).setdefault("weight", 1.0)
     notes.append(f"normalize: {str(normalize).lower()} keeps the configured update size ({update['note']})")
-    return Advice(MAIN, config, "every expert's update where its sign wins the per-entry vote", "the entries whose sign loses the vote", notes=notes)
+    return Advice(
+        MAIN,
+        config,
+        "every expert's update where its sign wins the per-entry vote",
+        "the entries whose sign loses the vote",
+        notes=notes,
+    )
 
 
 def _leave_out(lost, document, names, predicted) -> Advice:
@@ -153,24 +208,50 @@ def _leave_out(lost, document, names, predicted) -> Advice:
             output_slice["sources"] = [e for e in output_slice.get("sources") or () if str(e.get("model")) not in lost]
     kept = ", ".join(names.get(str(e["model"]), str(e["model"])) for e in _experts(config))
     apart = ", ".join(f"{names.get(m, m)} (predicted {predicted[m]:.2f} in the merge)" for m in lost)
-    notes = [f"serve {names.get(m, m)} on its own: merged, it is predicted to keep {predicted[m]:.2f} of its task" for m in lost]
-    return Advice(MAIN, config, f"the configured {document['merge_method']} merge of {kept}", f"{apart}: kept apart, not merged", notes=notes)
+    notes = [
+        f"serve {names.get(m, m)} on its own: merged, it is predicted to keep {predicted[m]:.2f} of its task"
+        for m in lost
+    ]
+    return Advice(
+        MAIN,
+        config,
+        f"the configured {document['merge_method']} merge of {kept}",
+        f"{apart}: kept apart, not merged",
+        notes=notes,
+    )
 
 
 def _alone(model: str, document, names) -> Advice:
     """A model kept apart, as a config that gives it back unchanged (mergekit's ``linear`` of
     it alone), so every recommended model has a file the stock ``mergekit-yaml`` runs."""
-    config = {key: copy.deepcopy(value) for key, value in document.items() if key not in ("models", "slices", "modules", "parameters", "base_model", "merge_method")}
+    config = {
+        key: copy.deepcopy(value)
+        for key, value in document.items()
+        if key not in ("models", "slices", "modules", "parameters", "base_model", "merge_method")
+    }
     entry = next(e for e in model_entries(document) if str(e.get("model")) == model)
-    config.update(merge_method="linear", models=[{**{k: v for k, v in entry.items() if k != "parameters"}, "parameters": {"weight": 1.0}}])
+    config.update(
+        merge_method="linear",
+        models=[{**{k: v for k, v in entry.items() if k != "parameters"}, "parameters": {"weight": 1.0}}],
+    )
     name = names.get(model, model)
-    return Advice(f"{PER_EXPERT}/{file_name(name)}.yml", config, f"{name} as it is (merged with nothing)", "nothing of its own; the others' tasks", expert=model)
+    return Advice(
+        f"{PER_EXPERT}/{file_name(name)}.yml",
+        config,
+        f"{name} as it is (merged with nothing)",
+        "nothing of its own; the others' tasks",
+        expert=model,
+    )
 
 
 def _layer_selective(cutoff: int, document, names, predicted) -> List[Advice]:
     experts = [str(e["model"]) for e in _experts(document)]
     marked = [str(e["model"]) for e in _experts(document) if (e.get("parameters") or {}).get("upper")]
-    inner = document["merge_method"] if document["merge_method"] in ("task_arithmetic", "linear", "ties") else "task_arithmetic"
+    inner = (
+        document["merge_method"]
+        if document["merge_method"] in ("task_arithmetic", "linear", "ties")
+        else "task_arithmetic"
+    )
     advice = []
     for expert in dict.fromkeys(experts):
         others = [names.get(e, e) for e in experts if e != expert]
@@ -189,9 +270,23 @@ def _layer_selective(cutoff: int, document, names, predicted) -> List[Advice]:
     else:
         known = {e: predicted[e] for e in experts if predicted.get(e) is not None}
         chosen = min(known, key=known.get) if known else experts[0]
-        why = f"{names.get(chosen, chosen)} is predicted to lose most ({known[chosen]:.2f})" if known else f"no predictions: the first expert, {names.get(chosen, chosen)}"
+        why = (
+            f"{names.get(chosen, chosen)} is predicted to lose most ({known[chosen]:.2f})"
+            if known
+            else f"no predictions: the first expert, {names.get(chosen, chosen)}"
+        )
     main = next(a for a in advice if a.expert == chosen)
-    return [Advice(MAIN, main.config, main.keeps, main.drops, chosen, [*main.notes, f"{MAIN} is the model for {names.get(chosen, chosen)}: {why}"]), *advice]
+    return [
+        Advice(
+            MAIN,
+            main.config,
+            main.keeps,
+            main.drops,
+            chosen,
+            [*main.notes, f"{MAIN} is the model for {names.get(chosen, chosen)}: {why}"],
+        ),
+        *advice,
+    ]
 
 
 def file_name(name: str) -> str:

@@ -72,7 +72,11 @@ FEATURES: Dict[str, int] = {
 LETTERED = ("p_gold", "gap", "accuracy", "letter_p_gold", "gold_logprob_per_token")
 CALIBRATED: Dict[str, int] = {name: d for name, d in FEATURES.items() if name not in LETTERED}
 Features = Dict[str, Optional[float]]
-RENAMED = {"task_p_gold": "scored_p_gold", "task_accuracy": "scored_accuracy", "task_gap": "scored_gap"}  # before schema 2.2
+RENAMED = {
+    "task_p_gold": "scored_p_gold",
+    "task_accuracy": "scored_accuracy",
+    "task_gap": "scored_gap",
+}  # before schema 2.2
 KNOWLEDGE_VALUES = ("scored_p_gold", "p_gold")  # candidates for knowledge_weighted's knowledge: in [0, 1]
 PRECHECK_FIELDS = ("path", "role", "knowledge", "weights")
 # How a reason names each feature's value; the relative_* features are log ratios to the pool median
@@ -158,9 +162,13 @@ class Calibration:
                 feature["name"] = RENAMED.get(feature["name"], feature["name"])
             return cls(fitting.Linear.from_dict(document["model"]), document, path)
         except FileNotFoundError:
-            raise UserError(f"--calibration {path}: no such file; write one with `mergekit-mergeability calibrate`") from None
+            raise UserError(
+                f"--calibration {path}: no such file; write one with `mergekit-mergeability calibrate`"
+            ) from None
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            raise UserError(f"--calibration {path}: not a calibration file (written by `mergekit-mergeability calibrate`)") from None
+            raise UserError(
+                f"--calibration {path}: not a calibration file (written by `mergekit-mergeability calibrate`)"
+            ) from None
 
     def predict(self, values: Features) -> Tuple[Optional[float], List[str]]:
         """Predicted mergeability in [0, 1], and what drove it (the largest contributions)."""
@@ -171,14 +179,20 @@ class Calibration:
         value = float(np.clip(self.model.predict(x)[0], 0.0, 1.0))
         z = np.nan_to_num((x[0] - self.model.means) / self.model.stds) * self.model.directions * self.model.weights
         drivers = sorted((i for i in range(len(names)) if self.model.weights[i] > 0), key=lambda i: -abs(z[i]))
-        reasons = [f"{'↑' if z[i] >= 0 else '↓'} {say(names[i], values[names[i]])}" for i in drivers[:2] if values.get(names[i]) is not None and abs(z[i]) >= 0.02]
+        reasons = [
+            f"{'↑' if z[i] >= 0 else '↓'} {say(names[i], values[names[i]])}"
+            for i in drivers[:2]
+            if values.get(names[i]) is not None and abs(z[i]) >= 0.02
+        ]
         missing = [names[i] for i in drivers if values.get(names[i]) is None]
         if missing:
             reasons.append(f"not measured, taken as typical: {', '.join(missing)}")
         return value, reasons
 
 
-def measured_pool(precheck_path: Path, mergeability_path: Path, target: str = "mergeability", names: Sequence[str] = tuple(CALIBRATED)) -> Tuple[List[str], np.ndarray, np.ndarray, dict]:
+def measured_pool(
+    precheck_path: Path, mergeability_path: Path, target: str = "mergeability", names: Sequence[str] = tuple(CALIBRATED)
+) -> Tuple[List[str], np.ndarray, np.ndarray, dict]:
     """(models, features (n × f, columns ``names``), targets, mergeability report) for the models both files share."""
     precheck = read_report(precheck_path, "precheck", PRECHECK_FIELDS)
     measured = read_report(mergeability_path, "mergeability", ("path",))
@@ -186,7 +200,9 @@ def measured_pool(precheck_path: Path, mergeability_path: Path, target: str = "m
     outcome = {m["path"]: m.get(target) for m in measured.get("models", [])}
     common = [m for m in table if outcome.get(m) is not None]
     if len(common) < 3:
-        raise UserError(f"{precheck_path} and {mergeability_path} share {len(common)} models (matched by path as written); need at least 3")
+        raise UserError(
+            f"{precheck_path} and {mergeability_path} share {len(common)} models (matched by path as written); need at least 3"
+        )
     x = np.array([[np.nan if table[m][f] is None else table[m][f] for f in names] for m in common], dtype=float)
     return common, x, np.array([outcome[m] for m in common], dtype=float), measured
 
@@ -199,13 +215,21 @@ def probe_domain(models: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
         if model["role"] != "expert":
             continue
         k = model.get("knowledge") or {}
-        described.append({"path": model["path"], "format": k.get("scored_format", "cloze") if k else None, "lines": k.get("instances")})
+        described.append(
+            {
+                "path": model["path"],
+                "format": k.get("scored_format", "cloze") if k else None,
+                "lines": k.get("instances"),
+            }
+        )
     return described
 
 
 def domain(precheck_paths: Sequence[Path], x: np.ndarray, names: Sequence[str]) -> Dict[str, Any]:
     """What a calibration was fitted on: scored formats, probe lines per model, feature ranges."""
-    probes = [d for path in precheck_paths for d in probe_domain(read_report(path, "precheck", PRECHECK_FIELDS)["models"])]
+    probes = [
+        d for path in precheck_paths for d in probe_domain(read_report(path, "precheck", PRECHECK_FIELDS)["models"])
+    ]
     lines = [d["lines"] for d in probes if d["lines"]]
     ranges = {}
     for j, name in enumerate(names):
@@ -225,7 +249,9 @@ RANGE_SLACK = 0.25
 LINES_FACTOR = 4
 
 
-def domain_check(calibration: "Calibration", models: Sequence[Mapping[str, Any]], table: Mapping[str, Features]) -> Dict[str, List[str]]:
+def domain_check(
+    calibration: "Calibration", models: Sequence[Mapping[str, Any]], table: Mapping[str, Features]
+) -> Dict[str, List[str]]:
     """Per expert, where its probe or features lie outside what the calibration was fitted
     on (empty lists: inside; no entry at all: the calibration records no domain)."""
     fitted = calibration.document.get("domain")
@@ -238,7 +264,9 @@ def domain_check(calibration: "Calibration", models: Sequence[Mapping[str, Any]]
             outside.append(f"probe scored as {probe['format']}; fitted on {', '.join(fitted['formats'])} probes only")
         low, high = fitted.get("probe_lines") or (None, None)
         if probe["lines"] and low and (probe["lines"] > LINES_FACTOR * high or probe["lines"] * LINES_FACTOR < low):
-            outside.append(f"{probe['lines']} probe lines; fitted on probes of {low}–{high} lines (another granularity)")
+            outside.append(
+                f"{probe['lines']} probe lines; fitted on probes of {low}–{high} lines (another granularity)"
+            )
         for feature, (least, most) in fitted.get("features", {}).items():
             value, slack = table.get(probe["path"], {}).get(feature), RANGE_SLACK * (most - least)
             if value is not None and not least - slack <= value <= most + slack:
@@ -247,7 +275,9 @@ def domain_check(calibration: "Calibration", models: Sequence[Mapping[str, Any]]
     return checked
 
 
-def calibrate(pairs: Sequence[Tuple[Path, Path]], target: str = "mergeability", permutations: int = 500, seed: int = 0) -> Dict[str, Any]:
+def calibrate(
+    pairs: Sequence[Tuple[Path, Path]], target: str = "mergeability", permutations: int = 500, seed: int = 0
+) -> Dict[str, Any]:
     """Fit on every pool, and judge the fit out of sample (leave one model out, leave one
     pool out) against each feature alone and a permutation null of the whole procedure."""
     names, directions = list(CALIBRATED), list(CALIBRATED.values())
@@ -255,7 +285,16 @@ def calibrate(pairs: Sequence[Tuple[Path, Path]], target: str = "mergeability", 
     for index, (precheck_path, mergeability_path) in enumerate(pairs):
         models, x, y, measured = measured_pool(precheck_path, mergeability_path, target)
         methods.add((measured.get("method"), measured.get("partners")))
-        pools.append({"precheck": str(precheck_path), "mergeability": str(mergeability_path), "models": len(models), "method": measured.get("method"), "partners": measured.get("partners"), "trials": measured.get("trials")})
+        pools.append(
+            {
+                "precheck": str(precheck_path),
+                "mergeability": str(mergeability_path),
+                "models": len(models),
+                "method": measured.get("method"),
+                "partners": measured.get("partners"),
+                "trials": measured.get("trials"),
+            }
+        )
         rows.append(x)
         targets.append(y)
         groups += [f"pool{index}"] * len(models)
@@ -263,9 +302,15 @@ def calibrate(pairs: Sequence[Tuple[Path, Path]], target: str = "mergeability", 
     usable = [j for j in range(len(names)) if (~np.isnan(x[:, j])).sum() >= 3]
     names, directions, x = [names[j] for j in usable], [directions[j] for j in usable], x[:, usable]
     singles = fitting.single_features(x, y, groups, names, directions)
-    held_out = {"leave_one_model_out": _out_of_sample(x, y, groups, names, directions, singles, permutations, seed, by_group=False)}
+    held_out = {
+        "leave_one_model_out": _out_of_sample(
+            x, y, groups, names, directions, singles, permutations, seed, by_group=False
+        )
+    }
     if len(pairs) > 1:
-        held_out["leave_one_pool_out"] = _out_of_sample(x, y, groups, names, directions, singles, permutations, seed, by_group=True)
+        held_out["leave_one_pool_out"] = _out_of_sample(
+            x, y, groups, names, directions, singles, permutations, seed, by_group=True
+        )
     model = fitting.fit(x, y, names, directions)
     knowing = {f: singles[f] for f in KNOWLEDGE_VALUES if f in singles}
     return {

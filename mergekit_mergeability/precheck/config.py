@@ -28,7 +28,9 @@ class MergeSpec:
     probes: Dict[str, str] = field(default_factory=dict)  # model -> probe spec
     fewshot: Dict[str, str] = field(default_factory=dict)  # model -> few-shot examples file
     fields: Dict[str, str] = field(default_factory=dict)  # model -> the first field naming it (models[0].model)
-    entries: Dict[str, str] = field(default_factory=dict)  # model -> the entry holding its probe: or fewshot: key (models[0])
+    entries: Dict[str, str] = field(
+        default_factory=dict
+    )  # model -> the entry holding its probe: or fewshot: key (models[0])
 
     @property
     def folder(self) -> Path:
@@ -91,14 +93,18 @@ def validate(document: Any, source: Path) -> None:
     try:
         merge_methods.get(document["merge_method"])
     except RuntimeError:
-        raise UserError(f"{source}: merge_method {document['merge_method']!r} is not an installed mergekit method; `mergekit-mergeability methods` lists them") from None
+        raise UserError(
+            f"{source}: merge_method {document['merge_method']!r} is not an installed mergekit method; `mergekit-mergeability methods` lists them"
+        ) from None
     from mergekit.common import dtype_from_name
 
     for key in ("dtype", "out_dtype"):
         try:
             dtype_from_name(document.get(key))
         except RuntimeError:  # mergekit would stop there, after planning
-            raise UserError(f"{source}: {key}: {document[key]!r} is not a dtype mergekit knows; use bfloat16, float16 or float32") from None
+            raise UserError(
+                f"{source}: {key}: {document[key]!r} is not a dtype mergekit knows; use bfloat16, float16 or float32"
+            ) from None
 
 
 def from_document(document: Any, source: Path) -> MergeSpec:
@@ -113,7 +119,10 @@ def from_document(document: Any, source: Path) -> MergeSpec:
         name = reference(entry["model"])
         if name not in names and name != base:
             names.append(name)
-        for key, found, what in ((PROBE_KEY, probes, "a .jsonl file, an lm-eval task YAML or task name"), (FEWSHOT_KEY, fewshot, "a .jsonl file")):
+        for key, found, what in (
+            (PROBE_KEY, probes, "a .jsonl file, an lm-eval task YAML or task name"),
+            (FEWSHOT_KEY, fewshot, "a .jsonl file"),
+        ):
             if key in entry:
                 if not isinstance(entry[key], str) or not entry[key].strip():
                     raise UserError(f"{source}: {where}.{key} is {entry[key]!r}; name {what}")
@@ -156,11 +165,15 @@ def from_pool(folder: Path) -> MergeSpec:
     folder = Path(folder)
     adapters = sorted(p for p in folder.iterdir() if p.is_dir() and lora.is_adapter(p)) if folder.is_dir() else []
     if not adapters:
-        raise UserError(f"--pool {folder}: no adapter folders in it (each with {lora.CONFIG}); name a folder of peft adapters")
+        raise UserError(
+            f"--pool {folder}: no adapter folders in it (each with {lora.CONFIG}); name a folder of peft adapters"
+        )
     bases = {str(lora.read_config(p).get("base_model_name_or_path") or "") for p in adapters}
     if len(bases) != 1 or "" in bases:
         named = ", ".join(sorted(b or "(none)" for b in bases))
-        raise UserError(f"--pool {folder}: its adapters name {len(bases)} bases in base_model_name_or_path ({named}); a pool shares one base")
+        raise UserError(
+            f"--pool {folder}: its adapters name {len(bases)} bases in base_model_name_or_path ({named}); a pool shares one base"
+        )
     document = {
         "merge_method": "task_arithmetic",
         "base_model": bases.pop(),
@@ -201,7 +214,10 @@ def model_entries(document: Dict[str, Any]) -> Iterator[Dict[str, Any]]:
 
 def model_fields(document: Dict[str, Any]) -> Iterator[Tuple[str, Dict[str, Any]]]:
     """``model_entries`` with where each sits: ``models[0]``, ``slices[1].sources[0]``, ``modules.text.models[0]``."""
-    scopes = [("", document), *((f"modules.{name}.", module) for name, module in (document.get("modules") or {}).items())]
+    scopes = [
+        ("", document),
+        *((f"modules.{name}.", module) for name, module in (document.get("modules") or {}).items()),
+    ]
     for prefix, scope in scopes:
         for i, entry in enumerate(scope.get("models") or ()):
             yield f"{prefix}models[{i}]", entry

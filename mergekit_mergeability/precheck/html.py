@@ -53,11 +53,29 @@ def render(report: Dict[str, Any]) -> str:
     rec = report["recommendation"]
     esc = html.escape
     names = {m["path"]: m["name"] for m in report["models"]}
-    plots = (_cka_plot(report, names), _specific_plot(report), _overlap_plot(report, names), _knowledge_plot(report), _cosine_plot(report, names))
+    plots = (
+        _cka_plot(report, names),
+        _specific_plot(report),
+        _overlap_plot(report, names),
+        _knowledge_plot(report),
+        _cosine_plot(report, names),
+    )
     figures = [f for f in plots if f]
+    layers = report["layers"]
+    decided = (
+        f"<p><small>Layer cut-off set by: {esc(layers['decided_by'])} (--cutoff-signal {esc(layers['cutoff_signal'])}).</small></p>"
+        if layers.get("decided_by")
+        else ""
+    )
     rows = "".join(_model_row(m, report) for m in report["models"] if m["role"] == "expert")
-    findings = "".join(f"<li class='{esc(f['severity'])}'><b>{esc(f['severity'])}</b> {esc(shorten(f['message'], names))}</li>" for f in report["findings"])
-    places = "".join(f"<li><code>{esc(folder)}</code>: {esc(', '.join(members))}</li>" for folder, members in legend(report["models"]).items())
+    findings = "".join(
+        f"<li class='{esc(f['severity'])}'><b>{esc(f['severity'])}</b> {esc(shorten(f['message'], names))}</li>"
+        for f in report["findings"]
+    )
+    places = "".join(
+        f"<li><code>{esc(folder)}</code>: {esc(', '.join(members))}</li>"
+        for folder, members in legend(report["models"]).items()
+    )
     advice = "".join(
         f"<li><code>{esc(a['file'])}</code>{' (for ' + esc(names.get(a['expert'], a['expert'])) + ')' if a['expert'] else ''}: "
         f"<b>keeps</b> {esc(a['keeps'])}; <b>drops</b> {esc(a['drops'])}"
@@ -70,31 +88,31 @@ def render(report: Dict[str, Any]) -> str:
     calibration = report.get("calibration") or {}
     stop = "".join(f"<li>{esc(r)}</li>" for r in report["stop"])
     return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>mergeability precheck: {esc(report['config'])}</title>
+<html lang="en"><head><meta charset="utf-8"><title>mergeability precheck: {esc(report["config"])}</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:1220px;margin:1.5em auto;padding:0 1em;color:#222}}
 table{{border-collapse:collapse;font-size:13px;width:100%}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}}
 th{{background:#f3f3f3;cursor:pointer;white-space:nowrap}}th[data-order=up]::after{{content:" ▲"}}th[data-order=down]::after{{content:" ▼"}}
 td.num{{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}}td.name{{white-space:nowrap;max-width:13em;overflow:hidden;text-overflow:ellipsis}}td.why{{min-width:15em}}span.ood{{color:#a60;font-size:small}}li.info{{color:#777}}li.error b{{color:#b00}}li.warning b{{color:#a60}}
-.verdict{{color:white;background:{VERDICT_COLOURS.get(rec['verdict'], '#555')};padding:.2em .7em;border-radius:4px}}
+.verdict{{color:white;background:{VERDICT_COLOURS.get(rec["verdict"], "#555")};padding:.2em .7em;border-radius:4px}}
 img{{max-width:100%}}code{{word-break:break-all}}small{{color:#555}}</style></head><body>
 <h1>Mergeability precheck</h1>
-<p>Config <code>{esc(report['config'])}</code>, method <code>{esc(report['merge_method'])}</code>,
-base <code>{esc(str(report['base_model']))}</code>.</p>
-<h2>Verdict: <span class="verdict">{esc(rec['verdict'])}</span></h2>
-<ul>{''.join(f'<li>{esc(r)}</li>' for r in rec['reasons'])}</ul>
-{f'<p><small>Layer cut-off set by: {esc(report["layers"]["decided_by"])} (--cutoff-signal {esc(report["layers"]["cutoff_signal"])}).</small></p>' if report["layers"].get("decided_by") else ''}
-{f'<p><b>Stop:</b></p><ul>{stop}</ul>' if stop else ''}
+<p>Config <code>{esc(report["config"])}</code>, method <code>{esc(report["merge_method"])}</code>,
+base <code>{esc(str(report["base_model"]))}</code>.</p>
+<h2>Verdict: <span class="verdict">{esc(rec["verdict"])}</span></h2>
+<ul>{"".join(f"<li>{esc(r)}</li>" for r in rec["reasons"])}</ul>
+{decided}
+{f"<p><b>Stop:</b></p><ul>{stop}</ul>" if stop else ""}
 <h2>Recommended models</h2>
 <ul>{advice}</ul>
 <h2>Models</h2>
 <p><small>Click a column to sort. Predicted mergeability: the expected own-task score after merging with 8 random partners
-(calibration <code>{esc(str(calibration.get('path')))}</code>, fitted on {esc(str(calibration.get('fitted_on_models')))} measured experts;
-leave-one-out Spearman {number(calibration.get('leave_one_out_spearman'))}), capped by the share of its update the merge keeps.</small></p>
-<table class="sortable"><thead><tr>{''.join(f'<th title="{esc(t)}">{esc(c)}</th>' for c, t in COLUMNS.items())}</tr></thead><tbody>{rows}</tbody></table>
+(calibration <code>{esc(str(calibration.get("path")))}</code>, fitted on {esc(str(calibration.get("fitted_on_models")))} measured experts;
+leave-one-out Spearman {number(calibration.get("leave_one_out_spearman"))}), capped by the share of its update the merge keeps.</small></p>
+<table class="sortable"><thead><tr>{"".join(f'<th title="{esc(t)}">{esc(c)}</th>' for c, t in COLUMNS.items())}</tr></thead><tbody>{rows}</tbody></table>
 <ul><small>{places}</small></ul>
-{''.join(figures)}
-<h2>Findings</h2><ul>{findings or '<li>none</li>'}</ul>
-<p><small>{esc(report['tool']['name'])} {esc(report['tool']['version'])}, schema {esc(report['schema_version'])}</small></p>
+{"".join(figures)}
+<h2>Findings</h2><ul>{findings or "<li>none</li>"}</ul>
+<p><small>{esc(report["tool"]["name"])} {esc(report["tool"]["version"])}, schema {esc(report["schema_version"])}</small></p>
 <script>{SORT_SCRIPT}</script>
 </body></html>
 """
@@ -122,8 +140,12 @@ def _model_row(model: Dict[str, Any], report: Dict[str, Any]) -> str:
         cells.append(f'<td class="num" data-value="{"" if value is None else value}">{number(value, digits)}</td>')
     outside = model.get("out_of_domain") or []
     if outside:  # beside the prediction: outside what the calibration was fitted on
-        cells[-1] = cells[-1].replace("</td>", f' <span class="ood" title="{esc("; ".join(outside))}">outside domain</span></td>')
-    cells.append(f"<td class=\"why\">{esc('; '.join(model['reasons'] + [f'outside the calibration domain: {o}' for o in outside]))}</td>")
+        cells[-1] = cells[-1].replace(
+            "</td>", f' <span class="ood" title="{esc("; ".join(outside))}">outside domain</span></td>'
+        )
+    cells.append(
+        f'<td class="why">{esc("; ".join(model["reasons"] + [f"outside the calibration domain: {o}" for o in outside]))}</td>'
+    )
     return "<tr>" + "".join(cells) + "</tr>"
 
 
@@ -165,7 +187,10 @@ def _cka_plot(report, names) -> Optional[str]:
 
 
 def _pair_curves(pairs, names, metric: str) -> Dict[str, List[float]]:
-    return {f"{names.get(p['a'], p['a'])} vs {names.get(p['b'], p['b'])}": [math.nan if v is None else v for v in p[metric]] for p in pairs}
+    return {
+        f"{names.get(p['a'], p['a'])} vs {names.get(p['b'], p['b'])}": [math.nan if v is None else v for v in p[metric]]
+        for p in pairs
+    }
 
 
 def _lines(ax, curves: Dict[str, List[float]], what: str) -> None:
@@ -192,7 +217,9 @@ def _specific_plot(report) -> Optional[str]:
     span = report["layers"]["selectivity"]["span"]
 
     def draw(fig, ax):
-        curves = {f"{m['name']}, group {group}": counts for m in models for group, counts in m["specific_neurons"].items()}
+        curves = {
+            f"{m['name']}, group {group}": counts for m in models for group, counts in m["specific_neurons"].items()
+        }
         if len(curves) > MAX_LINES:  # many models: one line per model, its groups summed
             curves = {m["name"]: [sum(c) for c in zip(*m["specific_neurons"].values())] for m in models}
         _lines(ax, curves, "models")
@@ -217,7 +244,12 @@ def _overlap_plot(report, names) -> Optional[str]:
         if report["layers"]["cutoff_signal"] != "cka":
             ax.axhline(selectivity["overlap_threshold"], color="grey", linestyle="--", label="threshold")
             if selectivity["cutoff"] is not None:
-                ax.axvline(selectivity["cutoff"] - 0.5, color="purple", linestyle="-.", label=f"overlap cut-off {selectivity['cutoff']}")
+                ax.axvline(
+                    selectivity["cutoff"] - 0.5,
+                    color="purple",
+                    linestyle="-.",
+                    label=f"overlap cut-off {selectivity['cutoff']}",
+                )
         _layer_axis(ax, "decoder block")
         ax.set_ylabel("Jaccard overlap of specific neurons")
         ax.set_ylim(-0.02, 1.02)
@@ -241,9 +273,13 @@ def _knowledge_plot(report) -> Optional[str]:
         ax.set_yticks(list(y), [m["name"] for m in experts], fontsize=_fontsize(len(experts)))
         ax.set_xlim(0, 1)
         ax.axvline(0.5, color="grey", linestyle=":")
-        ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2)  # below the axes: never over a bar
+        ax.legend(
+            fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2
+        )  # below the axes: never over a bar
 
-    return _figure(draw, "Base-model knowledge and predicted mergeability", width=8, height=max(3, 0.22 * len(experts) + 1.2))
+    return _figure(
+        draw, "Base-model knowledge and predicted mergeability", width=8, height=max(3, 0.22 * len(experts) + 1.2)
+    )
 
 
 def _cosine_plot(report, names) -> Optional[str]:

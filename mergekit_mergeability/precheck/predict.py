@@ -87,7 +87,9 @@ class Recommendation:
     left_out: List[str] = field(default_factory=list)  # the models kept apart (leave_out)
 
 
-def kept_shares(weights: Mapping[str, float], norms: Mapping[str, float], cosines: Mapping[Pair, float]) -> Dict[str, float]:
+def kept_shares(
+    weights: Mapping[str, float], norms: Mapping[str, float], cosines: Mapping[Pair, float]
+) -> Dict[str, float]:
     """kept_i = (Σ_j w_j τ_j · τ_i) / (w_i ‖τ_i‖²), from norms and pairwise cosines."""
     kept = {}
     for model, own in weights.items():
@@ -136,7 +138,9 @@ def _median_of_measured(values: Sequence[float]) -> float:
     return statistics.median(measured) if measured else math.nan
 
 
-def effective_threshold(curve: Sequence[Optional[float]], threshold: float, relative_drop: Optional[float] = RELATIVE_DROP) -> float:
+def effective_threshold(
+    curve: Sequence[Optional[float]], threshold: float, relative_drop: Optional[float] = RELATIVE_DROP
+) -> float:
     """The level below which a curve counts as diverged: ``threshold``, or ``relative_drop``
     below the shared lower blocks (the median of the lowest third of the measured values),
     whichever is higher."""
@@ -147,7 +151,9 @@ def effective_threshold(curve: Sequence[Optional[float]], threshold: float, rela
     return max(threshold, reference - relative_drop)
 
 
-def cutoff_from_curve(curve: Sequence[Optional[float]], threshold: float, offset: int = 1, relative_drop: Optional[float] = None) -> Optional[int]:
+def cutoff_from_curve(
+    curve: Sequence[Optional[float]], threshold: float, offset: int = 1, relative_drop: Optional[float] = None
+) -> Optional[int]:
     """Blocks whose outputs are still shared; None when nothing diverges.
 
     Index i of a CKA curve is the output of block i − 1 (0: embeddings): if the
@@ -168,7 +174,11 @@ def cutoff_from_curve(curve: Sequence[Optional[float]], threshold: float, offset
 def decide_cutoff(signal: str, cka: Optional[int], selectivity: Optional[int]) -> Tuple[Optional[int], Optional[str]]:
     """(cut-off, the signal that set it): ``cka`` or ``selectivity`` alone, or ``both``: the
     lower of the two (the first block where either signal sees the models part)."""
-    found = {name: cut for name, cut in (("cka", cka), ("selectivity", selectivity)) if signal in (name, "both") and cut is not None}
+    found = {
+        name: cut
+        for name, cut in (("cka", cka), ("selectivity", selectivity))
+        if signal in (name, "both") and cut is not None
+    }
     if not found:
         return None, None
     lowest = min(found.values())
@@ -200,7 +210,9 @@ def recommend(
         reason = f"{label(a)} and {label(b)} cancel each other (task-vector cosine {cosines[a, b]:+.2f}){extra}: the merge would return (nearly) the base"
         return Recommendation(DO_NOT_MERGE, None, reasons=[reason], pairs=cancelling)
     if cutoff == 0:
-        return Recommendation(DO_NOT_MERGE, None, 0, reasons=[f"{shared} diverge from the first block: nothing is shared to merge"])
+        return Recommendation(
+            DO_NOT_MERGE, None, 0, reasons=[f"{shared} diverge from the first block: nothing is shared to merge"]
+        )
     if cutoff is not None:
         reason = f"{shared} stay shared up to block {cutoff - 1} and diverge above: merge blocks 0–{cutoff - 1}, keep each expert's own blocks above"
         return Recommendation(LAYER_SELECTIVE, "layer_selective", cutoff, reasons=[reason])
@@ -211,12 +223,22 @@ def recommend(
         reason = f"{len(weak)} model(s) predicted below {LOW_PREDICTION} and the base's p(gold) spreads by {spread:.2f}: weight the weakly-known ones up"
         return Recommendation(KNOWLEDGE_WEIGHTED, "knowledge_weighted", knowledge=known, reasons=[reason])
     grounded = set(known) if grounded is None else grounded
-    lost = sorted((m for m, p in predictions.items() if m in grounded and p.value is not None and p.value < LOST), key=lambda m: predictions[m].value)
+    lost = sorted(
+        (m for m, p in predictions.items() if m in grounded and p.value is not None and p.value < LOST),
+        key=lambda m: predictions[m].value,
+    )
     if lost:
         kept = [m for m in predictions if m not in lost]
-        named = ", ".join(f"{label(m)} ({predictions[m].value:.2f})" for m in lost[:3]) + (f" and {len(lost) - 3} more" if len(lost) > 3 else "")
+        named = ", ".join(f"{label(m)} ({predictions[m].value:.2f})" for m in lost[:3]) + (
+            f" and {len(lost) - 3} more" if len(lost) > 3 else ""
+        )
         if not kept:
-            return Recommendation(DO_NOT_MERGE, None, reasons=[f"every model is predicted to keep under {LOST} of its task: {named}; serve them apart"], left_out=lost)
+            return Recommendation(
+                DO_NOT_MERGE,
+                None,
+                reasons=[f"every model is predicted to keep under {LOST} of its task: {named}; serve them apart"],
+                left_out=lost,
+            )
         reason = f"{named} predicted to keep under {LOST} of its task in this merge, and the base's knowledge does not spread enough to weight it up: merge the others, serve it apart"
         return Recommendation(LEAVE_OUT, method, reasons=[reason], left_out=lost)
     if conflicting and method not in ("ties", "dare_ties"):

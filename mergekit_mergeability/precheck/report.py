@@ -16,7 +16,14 @@ from mergekit_mergeability.files import SCHEMA_VERSION, write_atomic
 from mergekit_mergeability.maths.selectivity import ACTIVATION_QUANTILE, ENTROPY_QUANTILE
 from mergekit_mergeability.names import short_names
 from mergekit_mergeability.precheck import Measurements
-from mergekit_mergeability.precheck.advice import MAIN, PER_EXPERT, Advice, advise, configured_update, configured_weights
+from mergekit_mergeability.precheck.advice import (
+    MAIN,
+    PER_EXPERT,
+    Advice,
+    advise,
+    configured_update,
+    configured_weights,
+)
 from mergekit_mergeability.precheck.calibration import FEATURES as FEATURE_NAMES, Calibration, domain_check, features
 from mergekit_mergeability.precheck.config import model_entries
 from mergekit_mergeability.precheck.predict import (
@@ -49,13 +56,18 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
     threshold = options.get("cka_threshold", DEFAULT_THRESHOLD)
     names = short_names([m.name for m in ([measured.base] if measured.base else []) + list(measured.models)])
     layer_norms = {m: v.get("update_norm") for m, v in _per_layer(results, "weights", pairs=False).items()}
-    specific = {m: {k[len(SPECIFIC) :]: v for k, v in layers.items()} for m, layers in _per_layer(results, "selectivity", pairs=False).items()}
+    specific = {
+        m: {k[len(SPECIFIC) :]: v for k, v in layers.items()}
+        for m, layers in _per_layer(results, "selectivity", pairs=False).items()
+    }
     instances = results["knowledge"].per_instance if "knowledge" in results else {}
     models = [_model(measured.base.name, names, "base")] if measured.base else []
     for m in measured.models:
         knowledge = _metrics(results, "knowledge", m.name)
         weights = _metrics(results, "weights", m.name)
-        record = _model(m.name, names, "expert", measured.probe_specs.get(m.name), knowledge, weights, layer_norms.get(m.name))
+        record = _model(
+            m.name, names, "expert", measured.probe_specs.get(m.name), knowledge, weights, layer_norms.get(m.name)
+        )
         if knowledge is not None:
             record["knowledge"]["per_instance"] = instances.get(m.name, [])
         models.append(record)
@@ -67,7 +79,9 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
     calibration = Calibration.load(options.get("calibration"))
     table = features(models)
     calibrated = {name: Prediction(*calibration.predict(values)) for name, values in table.items()}
-    cosines = {pair: values["cosine"] for pair, values in results["weights"].per_pair.items()} if "weights" in results else {}
+    cosines = (
+        {pair: values["cosine"] for pair, values in results["weights"].per_pair.items()} if "weights" in results else {}
+    )
     norms = {m["path"]: (m["weights"] or {}).get("update_norm") for m in models if m["role"] == "expert"}
     kept = kept_shares(configured_weights(spec.document), norms, cosines)
     predictions = predict(calibrated, kept)
@@ -75,7 +89,12 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
     for record in models:
         if record["role"] == "expert":
             prediction = predictions[record["path"]]
-            record.update(features=table[record["path"]], kept_share=kept.get(record["path"]), predicted_mergeability=prediction.value, reasons=prediction.reasons)
+            record.update(
+                features=table[record["path"]],
+                kept_share=kept.get(record["path"]),
+                predicted_mergeability=prediction.value,
+                reasons=prediction.reasons,
+            )
             record["out_of_domain"] = outside.get(record["path"])
 
     curves = {pair: layers["cka_unbiased"] for pair, layers in _per_layer(results, "representations").items()}
@@ -85,9 +104,20 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
     overlap_threshold = options.get("overlap_threshold", DEFAULT_OVERLAP_THRESHOLD)
     signal = options.get("cutoff_signal", "cka")
     selectivity_cutoff = cutoff_from_curve(overlap, overlap_threshold, offset=0)
-    cutoff, decided_by = decide_cutoff(signal, cutoff_from_curve(curve, threshold, relative_drop=RELATIVE_DROP), selectivity_cutoff)
+    cutoff, decided_by = decide_cutoff(
+        signal, cutoff_from_curve(curve, threshold, relative_drop=RELATIVE_DROP), selectivity_cutoff
+    )
     known = {name: values[calibration.knowledge_feature] for name, values in table.items()}
-    recommendation = recommend(spec.merge_method, predictions, known, cosines, cutoff, measured.errors(), label=names.get, decided_by=decided_by or "cka")
+    recommendation = recommend(
+        spec.merge_method,
+        predictions,
+        known,
+        cosines,
+        cutoff,
+        measured.errors(),
+        label=names.get,
+        decided_by=decided_by or "cka",
+    )
     rec = {
         "verdict": recommendation.verdict,
         "method": recommendation.method,
@@ -123,7 +153,10 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
         },
         "calibration": _calibration_summary(calibration),
         "recommendation": rec,
-        "findings": [{"diagnostic": name, "severity": f.severity, "message": f.message} for name, f in measured.findings()] + _domain_findings(outside, names),
+        "findings": [
+            {"diagnostic": name, "severity": f.severity, "message": f.message} for name, f in measured.findings()
+        ]
+        + _domain_findings(outside, names),
         "skipped_diagnostics": measured.skipped,
         "failed_diagnostics": measured.failed,
         "diagnostics": {name: _raw(result) for name, result in results.items()},
@@ -142,7 +175,13 @@ def _domain_findings(outside: Dict[str, List[str]], names: Dict[str, str]) -> Li
     for kind, models in by_reason.items():
         who = ", ".join(models[:3]) + (f" and {len(models) - 3} more" if len(models) > 3 else "")
         what = f"{kind} beyond the fitted range" if kind in FEATURE_NAMES else kind
-        findings.append({"diagnostic": "calibration", "severity": "warning", "message": f"prediction outside the calibration's domain ({what}) for {who}: read it as a rough guide"})
+        findings.append(
+            {
+                "diagnostic": "calibration",
+                "severity": "warning",
+                "message": f"prediction outside the calibration's domain ({what}) for {who}: read it as a rough guide",
+            }
+        )
     return findings
 
 
@@ -173,7 +212,9 @@ def _model(path, names, role, probe=None, knowledge=None, weights=None, layer_no
     }
 
 
-def _selectivity(results, options: Dict[str, Any], specific: Dict[str, Dict[str, List[float]]], overlap, threshold: float, cutoff) -> Optional[Dict[str, Any]]:
+def _selectivity(
+    results, options: Dict[str, Any], specific: Dict[str, Dict[str, List[float]]], overlap, threshold: float, cutoff
+) -> Optional[Dict[str, Any]]:
     """The LAPE settings, the groups, per pair of experts the blocks where their specific neurons
     collide, and the cut-off the overlap would set."""
     if not specific:
@@ -214,13 +255,21 @@ def _shares(recommendation, spec) -> Optional[Dict[str, float]]:
         from mergekit_mergeability.methods.knowledge_weighted import DEFAULT_TEMPERATURE, knowledge_weights
 
         names = list(recommendation.knowledge)
-        shares = knowledge_weights([recommendation.knowledge[n] for n in names], DEFAULT_TEMPERATURE, [configured.get(n, 1.0) for n in names])
+        shares = knowledge_weights(
+            [recommendation.knowledge[n] for n in names], DEFAULT_TEMPERATURE, [configured.get(n, 1.0) for n in names]
+        )
         return {n: float(w) for n, w in zip(names, shares)}
     return configured or None
 
 
 def _describe(advice: Advice) -> Dict[str, Any]:
-    return {"file": advice.file, "expert": advice.expert, "keeps": advice.keeps, "drops": advice.drops, "notes": advice.notes}
+    return {
+        "file": advice.file,
+        "expert": advice.expert,
+        "keeps": advice.keeps,
+        "drops": advice.drops,
+        "notes": advice.notes,
+    }
 
 
 def _calibration_summary(calibration: Calibration) -> Dict[str, Any]:
@@ -303,8 +352,16 @@ def write(report: Dict[str, Any], measured: Measurements, out: Path) -> List[Pat
     rec = report["recommendation"]
     written = [write_atomic(out / "precheck.json", json.dumps(report, indent=2) + "\n")]
     for advice in advise(rec, measured.spec.document, names, predicted):
-        header = [f"Written by mergekit-mergeability precheck from {measured.spec.source}", f"verdict: {rec['verdict']}. " + " ".join(rec["reasons"]), f"keeps: {advice.keeps}", f"drops: {advice.drops}", *advice.notes]
-        text = "".join(f"# {line}\n" for line in header) + yaml.safe_dump(absolute(advice.config, resolved), sort_keys=False)
+        header = [
+            f"Written by mergekit-mergeability precheck from {measured.spec.source}",
+            f"verdict: {rec['verdict']}. " + " ".join(rec["reasons"]),
+            f"keeps: {advice.keeps}",
+            f"drops: {advice.drops}",
+            *advice.notes,
+        ]
+        text = "".join(f"# {line}\n" for line in header) + yaml.safe_dump(
+            absolute(advice.config, resolved), sort_keys=False
+        )
         written.append(write_atomic(out / advice.file, text))
     written.append(write_atomic(out / "report.html", render(report)))
     return written

@@ -27,10 +27,14 @@ class GenerationTask:
             self.loaded = manager.load(entry)
         tasks = self.loaded["tasks"]
         if self.loaded["groups"] or len(tasks) != 1:
-            raise UserError(f"task {task.name}: a group or tag of {len(tasks)} tasks; the sweep scores one generation task")
+            raise UserError(
+                f"task {task.name}: a group or tag of {len(tasks)} tasks; the sweep scores one generation task"
+            )
         self.name, self.task = next(iter(tasks.items()))
         if self.task.OUTPUT_TYPE != "generate_until":
-            raise UserError(f"task {task.name}: output_type {self.task.OUTPUT_TYPE}; the sweep needs generated answers (output_type: generate_until)")
+            raise UserError(
+                f"task {task.name}: output_type {self.task.OUTPUT_TYPE}; the sweep needs generated answers (output_type: generate_until)"
+            )
         if samples > 1:
             self.task.config.repeats = samples
             self.task.set_config("generation_kwargs", {"do_sample": True, "temperature": temperature}, update=True)
@@ -59,8 +63,19 @@ class GenerationTask:
             answers = [self._extract(r, sample["doc"]) for r in responses]
             results = [self.task.process_results(sample["doc"], [a]) for a in answers]
             metric = metric or next(iter(results[0]))
-            problems.append({"target": str(sample["target"]), "responses": responses, "answers": answers, "scores": [float(r[metric]) for r in results]})
-        aggregate = {k: float(v) for k, v in out["results"][self.name].items() if "," in k and "_stderr" not in k and isinstance(v, (int, float))}
+            problems.append(
+                {
+                    "target": str(sample["target"]),
+                    "responses": responses,
+                    "answers": answers,
+                    "scores": [float(r[metric]) for r in results],
+                }
+            )
+        aggregate = {
+            k: float(v)
+            for k, v in out["results"][self.name].items()
+            if "," in k and "_stderr" not in k and isinstance(v, (int, float))
+        }
         return {"metric": metric, "lm_eval": aggregate, "problems": problems}
 
     def _extract(self, response: str, doc: dict) -> str:

@@ -94,13 +94,17 @@ def endpoints(a: str, b: str, base: Optional[str] = None) -> Endpoints:
 
 def _check_vector(name: str, source, base_name: str, base) -> None:
     if isinstance(source, checkpoints.HubModel) or (Path(source) / "config.json").is_file():
-        raise UserError(f"{name}: a model, but with --base A and B are task vectors (folders of .safetensors holding θ − θ_base); drop --base to interpolate models")
+        raise UserError(
+            f"{name}: a model, but with --base A and B are task vectors (folders of .safetensors holding θ − θ_base); drop --base to interpolate models"
+        )
     shapes = {n: info.shape for n, info in tensor_index(base).items()}
     for tensor, info in tensor_index(source).items():
         if tensor not in shapes:
             raise UserError(f"task vector {name}: tensor {tensor} is not in the base {base_name}")
         if info.shape != shapes[tensor]:
-            raise UserError(f"task vector {name}: tensor {tensor} is {list(info.shape)}, in the base {base_name} {list(shapes[tensor])}")
+            raise UserError(
+                f"task vector {name}: tensor {tensor} is {list(info.shape)}, in the base {base_name} {list(shapes[tensor])}"
+            )
 
 
 def module_kinds(config_source: checkpoints.Source) -> Dict[str, str]:
@@ -135,7 +139,9 @@ class Selection:
             if beyond:
                 raise UserError(f"--layers: layer {beyond[0]} is beyond the model's {depth} layers (0–{depth - 1})")
         if self.modules and self.modules not in kinds.values():
-            raise UserError(f"--modules {self.modules}: the model has no {self.modules} blocks that transformers names as such")
+            raise UserError(
+                f"--modules {self.modules}: the model has no {self.modules} blocks that transformers names as such"
+            )
 
     def keeps(self, name: str, kinds: Mapping[str, str]) -> bool:
         if self.modules and kinds.get(name) != self.modules:
@@ -180,5 +186,7 @@ def plan(ends: Endpoints, selection: Selection) -> Tuple[List[str], int]:
         raise UserError(f"{ends.names['a']} and {ends.names['b']} are identical: there is nothing to interpolate")
     interpolated = [name for name in differing if selection.keeps(name, kinds)]
     if not interpolated:
-        raise UserError(f"--layers/--modules select none of the {len(differing)} tensors where A and B differ (first: {differing[0]})")
+        raise UserError(
+            f"--layers/--modules select none of the {len(differing)} tensors where A and B differ (first: {differing[0]})"
+        )
     return interpolated, len(differing)

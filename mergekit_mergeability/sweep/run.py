@@ -36,7 +36,9 @@ def grid(text: str) -> Tuple[float, ...]:
         else:
             values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise UserError(f"--lambdas {text}: expected START:STOP:STEP with STOP > START and STEP > 0 (e.g. 0:1:0.1), or a list like 0,0.5,1") from None
+        raise UserError(
+            f"--lambdas {text}: expected START:STOP:STEP with STOP > START and STEP > 0 (e.g. 0:1:0.1), or a list like 0,0.5,1"
+        ) from None
     lambdas = tuple(sorted({round(v, stages.DIGITS) for v in values}))
     if len(lambdas) < 2:
         raise UserError(f"--lambdas {text}: a sweep needs at least two λ")
@@ -66,7 +68,9 @@ def marker_pattern(marker: str) -> Pattern[str]:
 
 
 class Sweep:
-    def __init__(self, a: str, b: str, base: Optional[str], settings: Settings, options: Mapping[str, Any], cache: harness.Cache):
+    def __init__(
+        self, a: str, b: str, base: Optional[str], settings: Settings, options: Mapping[str, Any], cache: harness.Cache
+    ):
         from mergekit_mergeability.sweep.answers import GenerationTask
 
         self.s, self.options, self.cache = settings, options, cache
@@ -90,14 +94,30 @@ class Sweep:
 
             from mergekit_mergeability.checkpoints import load_causal_lm
 
-            module, tokenizer = load_causal_lm(self.ends.origin, self.options.get("device", "cpu"), self.options.get("dtype", "float32"))
+            module, tokenizer = load_causal_lm(
+                self.ends.origin, self.options.get("device", "cpu"), self.options.get("dtype", "float32")
+            )
             with harness.quiet_harness():
-                self._lm = HFLM(pretrained=module, tokenizer=tokenizer, device=self.options.get("device", "cpu"), batch_size=self.options.get("batch_size", 16))
+                self._lm = HFLM(
+                    pretrained=module,
+                    tokenizer=tokenizer,
+                    device=self.options.get("device", "cpu"),
+                    batch_size=self.options.get("batch_size", 16),
+                )
         return self._lm
 
     def key(self, lam: float) -> str:
         decoding = (self.s.samples, self.s.temperature if self.s.samples > 1 else None, self.s.seed)
-        return self.cache.key("sweep", self.ends.fingerprints, lam, self.interpolated, self.task.fingerprint, decoding, self.options.get("limit"), self.options.get("dtype", "float32"))
+        return self.cache.key(
+            "sweep",
+            self.ends.fingerprints,
+            lam,
+            self.interpolated,
+            self.task.fingerprint,
+            decoding,
+            self.options.get("limit"),
+            self.options.get("dtype", "float32"),
+        )
 
     def record(self, lam: float) -> Dict[str, Any]:
         """The answers of the λ-model, from the cache or evaluated."""
@@ -148,7 +168,9 @@ class Sweep:
             return
         missing = [lam for lam in lambdas if lam not in self._answered and self.cache.get(self.key(lam)) is None]
         advance(len(lambdas) - len(missing))
-        records = distributed.each(_answer, missing, *self.spec, done=lambda i, r: advance(1), gpus=distributed.gpus(self.options))
+        records = distributed.each(
+            _answer, missing, *self.spec, done=lambda i, r: advance(1), gpus=distributed.gpus(self.options)
+        )
         for lam, record in zip(missing, records):
             self._answered[lam] = self.cache.put(self.key(lam), record)
 
@@ -158,16 +180,22 @@ class Sweep:
         lambdas = sorted(points)
         curves = {name: [points[lam][name] for lam in lambdas] for name in stages.CURVES}
         found = stages.detect(lambdas, curves)
-        spot = stages.sweet_spot(lambdas, curves["accuracy"], [points[lam]["tokens"] for lam in lambdas], self.s.tolerance, self.s.budget)
+        spot = stages.sweet_spot(
+            lambdas, curves["accuracy"], [points[lam]["tokens"] for lam in lambdas], self.s.tolerance, self.s.budget
+        )
         rows = [{"lambda": lam, "stage": found.stage(lam), "refined": lam in added, **points[lam]} for lam in lambdas]
         settings = {k: v for k, v in asdict(self.s).items() if k != "selection"}
         layers = self.s.selection.layers
-        settings.update(lambdas=list(self.s.lambdas), layers=sorted(layers) if layers else None, modules=self.s.selection.modules)
+        settings.update(
+            lambdas=list(self.s.lambdas), layers=sorted(layers) if layers else None, modules=self.s.selection.modules
+        )
         settings.update({k: self.options.get(k) for k in ("limit", "dtype")})
         return {
             "schema_version": SCHEMA_VERSION,
             "tool": {"name": "mergekit-mergeability", "version": version("mergekit-mergeability")},
-            "models": {role: {"name": self.ends.names[role], "path": str(source)} for role, source in self.ends.sources.items()},
+            "models": {
+                role: {"name": self.ends.names[role], "path": str(source)} for role, source in self.ends.sources.items()
+            },
             "task_vectors": self.ends.vectors,
             "task": self.s.task,
             "lm_eval_task": self.generation.name,
@@ -177,7 +205,15 @@ class Sweep:
             "points": rows,
             "stages": stage_table(found, rows),
             "refinement": refinement(self.s.lambdas, added, lambdas, found, self.s.resolution),
-            "sweet_spot": {"lambda": spot.lam, "reason": spot.reason, **({k: points[spot.lam][k] for k in ("accuracy", "tokens", "marker_rate")} if spot.lam is not None else {})},
+            "sweet_spot": {
+                "lambda": spot.lam,
+                "reason": spot.reason,
+                **(
+                    {k: points[spot.lam][k] for k in ("accuracy", "tokens", "marker_rate")}
+                    if spot.lam is not None
+                    else {}
+                ),
+            },
         }
 
     def save_model(self, lam: float, folder: Path) -> Path:
@@ -195,7 +231,9 @@ class Sweep:
 _sweeps: Dict[str, Sweep] = {}  # in a Ray worker process: the sweeps it has served, A loaded once each
 
 
-def _answer(lam: float, a: str, b: str, base: Optional[str], settings: Settings, options: Dict[str, Any]) -> Dict[str, Any]:
+def _answer(
+    lam: float, a: str, b: str, base: Optional[str], settings: Settings, options: Dict[str, Any]
+) -> Dict[str, Any]:
     """One λ point's answers, in a Ray worker (``distributed.each``); the driver caches them."""
     key = repr((a, b, base, settings, sorted(options.items())))
     if key not in _sweeps:
@@ -235,7 +273,10 @@ def stage_table(found: stages.Stages, rows: List[Dict[str, Any]]) -> Dict[str, A
                     "from": members[0]["lambda"],
                     "to": members[-1]["lambda"],
                     "points": len(members),
-                    **{f"{k}_range": [min(r[k] for r in members), max(r[k] for r in members)] for k in ("accuracy", "tokens", "marker_rate")},
+                    **{
+                        f"{k}_range": [min(r[k] for r in members), max(r[k] for r in members)]
+                        for k in ("accuracy", "tokens", "marker_rate")
+                    },
                 }
             )
     return {
@@ -249,7 +290,9 @@ def stage_table(found: stages.Stages, rows: List[Dict[str, Any]]) -> Dict[str, A
     }
 
 
-def refinement(coarse: Tuple[float, ...], added: List[float], lambdas: List[float], found: stages.Stages, resolution: float) -> Dict[str, Any]:
+def refinement(
+    coarse: Tuple[float, ...], added: List[float], lambdas: List[float], found: stages.Stages, resolution: float
+) -> Dict[str, Any]:
     uniform = stages.uniform_points(lambdas[0], lambdas[-1], resolution)
     half_width = (found.transition[1] - found.transition[0]) / 2 if found.transition else None
     return {
@@ -264,7 +307,15 @@ def refinement(coarse: Tuple[float, ...], added: List[float], lambdas: List[floa
     }
 
 
-def run(a: str, b: str, base: Optional[str], settings: Settings, options: Mapping[str, Any], cache: harness.Cache, save_chosen: Optional[Path] = None) -> Tuple[Dict[str, Any], Sweep]:
+def run(
+    a: str,
+    b: str,
+    base: Optional[str],
+    settings: Settings,
+    options: Mapping[str, Any],
+    cache: harness.Cache,
+    save_chosen: Optional[Path] = None,
+) -> Tuple[Dict[str, Any], Sweep]:
     sweep = Sweep(a, b, base, settings, options, cache)
     report = sweep.run()
     lam = report["sweet_spot"]["lambda"]
