@@ -259,7 +259,12 @@ def test_a_model_predicted_to_lose_its_task_is_never_merged_blind():
         _recommend({"a": 0.9, "b": 0.05}, {"a": None, "b": None}).verdict == "merge_as_configured"
     )  # no knowledge: no grounds
     assert _recommend({"a": 0.9, "b": 0.05}, {"a": 0.5, "b": 0.5}, grounded={"a"}).verdict == "merge_as_configured"
-    assert _recommend({"a": 0.1, "b": 0.05}, {"a": 0.5, "b": 0.5}).verdict == "do_not_merge"
+    every = _recommend(
+        {"a": 0.1, "b": 0.05}, {"a": 0.5, "b": 0.5}
+    )  # leaving all out is no merge: say it, then decide as usual
+    assert (every.verdict, every.lost) == ("merge_as_configured", ["b", "a"]) and every.reasons[0].startswith(
+        "every model is predicted to keep under 0.3"
+    )
 
 
 def test_leave_out_advice_is_the_config_without_the_lost_models():

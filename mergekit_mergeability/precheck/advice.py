@@ -113,21 +113,28 @@ def advise(
     if verdict == KNOWLEDGE_WEIGHTED:
         return [_knowledge_weighted(recommendation, document, names, update)]
     if verdict == SIGN_ELECTION:
-        return [_sign_election(document, update)]
+        return [_sign_election(recommendation, document, names, predicted, update)]
     if verdict == LAYER_SELECTIVE:
         return _layer_selective(recommendation["cutoff"], document, names, predicted)
     if verdict == LEAVE_OUT:
         lost = recommendation["left_out"]
         return [_leave_out(lost, document, names, predicted), *(_alone(m, document, names) for m in lost)]
     every = ", ".join(names.get(str(e["model"]), str(e["model"])) for e in _experts(document))
+    keeps = f"the configured {document['merge_method']} merge of {every}"
     return [
         Advice(
             MAIN,
             copy.deepcopy(dict(document)),
-            f"the configured {document['merge_method']} merge of {every}",
-            "nothing the precheck can predict",
+            keeps,
+            _dropped(recommendation, names, predicted) or "nothing the precheck can predict",
         )
     ]
+
+
+def _dropped(recommendation, names, predicted) -> str:
+    """The tasks the merge is predicted to lose (models predicted under 0.3), or ''."""
+    lost = recommendation.get("lost") or []
+    return ", ".join(f"most of {names.get(m, m)}'s task (predicted {predicted[m]:.2f})" for m in lost)
 
 
 def _with_method(
@@ -182,17 +189,18 @@ def _knowledge_weighted(recommendation, document, names, update) -> Advice:
     return Advice(MAIN, config, keeps, drops, notes=notes)
 
 
-def _sign_election(document, update) -> Advice:
+def _sign_election(recommendation, document, names, predicted, update) -> Advice:
     normalize = bool(update.get("normalize", True)) if update["total"] is not None else True
     config, notes = _with_method(document, "ties", {"normalize": normalize}, {})
     for entry in _experts(config):
         entry.setdefault("parameters", {}).setdefault("weight", 1.0)
+    lost = _dropped(recommendation, names, predicted)
     notes.append(f"normalize: {str(normalize).lower()} keeps the configured update size ({update['note']})")
     return Advice(
         MAIN,
         config,
         "every expert's update where its sign wins the per-entry vote",
-        "the entries whose sign loses the vote",
+        "the entries whose sign loses the vote" + (f"; {lost}" if lost else ""),
         notes=notes,
     )
 

@@ -267,7 +267,10 @@ def domain_check(
             outside.append(
                 f"{probe['lines']} probe lines; fitted on probes of {low}–{high} lines (another granularity)"
             )
+        weighed = {n for n, w in zip(calibration.model.names, calibration.model.weights) if w > 0}
         for feature, (least, most) in fitted.get("features", {}).items():
+            if feature not in weighed:
+                continue
             value, slack = table.get(probe["path"], {}).get(feature), RANGE_SLACK * (most - least)
             if value is not None and not least - slack <= value <= most + slack:
                 outside.append(f"{feature} {value:.2f} outside the fitted {least:.2f}–{most:.2f}")

@@ -143,9 +143,8 @@ def _model_row(model: Dict[str, Any], report: Dict[str, Any]) -> str:
         cells[-1] = cells[-1].replace(
             "</td>", f' <span class="ood" title="{esc("; ".join(outside))}">outside domain</span></td>'
         )
-    cells.append(
-        f'<td class="why">{esc("; ".join(model["reasons"] + [f"outside the calibration domain: {o}" for o in outside]))}</td>'
-    )
+    why = model["reasons"] + ([f"outside the calibration's domain: {', '.join(outside)}"] if outside else [])
+    cells.append(f'<td class="why">{esc("; ".join(why))}</td>')
     return "<tr>" + "".join(cells) + "</tr>"
 
 

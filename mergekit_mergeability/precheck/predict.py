@@ -28,7 +28,9 @@ Verdict, first match wins:
    families it lifted the weakest-known third most: README).
 4. ``leave_out``: some model is predicted to keep under LOST (0.3) of its task, the
    prediction rests on measured knowledge, and nothing above protects it: merge the
-   others, keep it apart (one config gives it back as it is).
+   others, keep it apart (one config gives it back as it is). When every model is
+   predicted so, leaving them all out is no merge: the verdicts below decide, and the
+   recommended config names those tasks among what it drops.
 5. ``sign_election``: a conflicting pair: mergekit's ``ties``.
 6. ``merge_as_configured``.
 """
@@ -85,6 +87,7 @@ class Recommendation:
     reasons: List[str] = field(default_factory=list)
     pairs: List[Pair] = field(default_factory=list)  # the pairs the verdict is about (cancel, conflict)
     left_out: List[str] = field(default_factory=list)  # the models kept apart (leave_out)
+    lost: List[str] = field(default_factory=list)  # predicted under LOST, yet merged: the advice names them as dropped
 
 
 def kept_shares(
@@ -232,15 +235,14 @@ def recommend(
         named = ", ".join(f"{label(m)} ({predictions[m].value:.2f})" for m in lost[:3]) + (
             f" and {len(lost) - 3} more" if len(lost) > 3 else ""
         )
-        if not kept:
-            return Recommendation(
-                DO_NOT_MERGE,
-                None,
-                reasons=[f"every model is predicted to keep under {LOST} of its task: {named}; serve them apart"],
-                left_out=lost,
-            )
-        reason = f"{named} predicted to keep under {LOST} of its task in this merge, and the base's knowledge does not spread enough to weight it up: merge the others, serve it apart"
-        return Recommendation(LEAVE_OUT, method, reasons=[reason], left_out=lost)
+        if kept:
+            reason = f"{named} predicted to keep under {LOST} of its task in this merge, and the base's knowledge does not spread enough to weight it up: merge the others, serve it apart"
+            return Recommendation(LEAVE_OUT, method, reasons=[reason], left_out=lost)
+        # every model lost: leaving them all out is no merge; say so beside whatever comes next
+        warning = f"every model is predicted to keep under {LOST} of its task ({named}), and no other method is indicated: expect the merge to keep little of any"
+        following = recommend(method, {}, {}, cosines, None, [], label, decided_by)
+        reasons = [warning] if following.verdict == MERGE_AS_CONFIGURED else [f"{warning};", *following.reasons]
+        return Recommendation(following.verdict, following.method, reasons=reasons, pairs=following.pairs, lost=lost)
     if conflicting and method not in ("ties", "dare_ties"):
         a, b = conflicting[0]
         reason = f"{label(a)} and {label(b)} pull against each other (task-vector cosine {cosines[a, b]:+.2f}): elect signs per entry (TIES)"

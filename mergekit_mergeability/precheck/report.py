@@ -127,6 +127,7 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
         "reasons": recommendation.reasons,
         "pairs": [list(p) for p in recommendation.pairs],
         "left_out": recommendation.left_out,
+        "lost": recommendation.lost,
         "configured_update": configured_update(spec.document),
     }
     predicted = {m["path"]: m["predicted_mergeability"] for m in models}
