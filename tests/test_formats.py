@@ -192,6 +192,10 @@ def test_reports_written_before_the_rename_are_read_as_scored(tmp_path):
     assert set(shipped.model.names) <= set(FEATURES) and shipped.knowledge_feature in FEATURES
 
 
+def _expert(path, **knowledge):
+    return {"path": path, "role": "expert", "weights": None, "knowledge": knowledge}
+
+
 def test_the_domain_check_names_format_granularity_and_range(tmp_path):
     rng = np.random.default_rng(1)
     precheck, measured, _, _ = _pool(tmp_path, "cloze", rng, 30, "cloze")
@@ -202,30 +206,10 @@ def test_the_domain_check_names_format_granularity_and_range(tmp_path):
         2,
         2,
     ]
-    inside = {
-        "path": "in",
-        "role": "expert",
-        "weights": None,
-        "knowledge": {"scored_format": "cloze", "instances": 2, "scored_mean_p_gold": 0.5},
-    }
-    options = {
-        "path": "opt",
-        "role": "expert",
-        "weights": None,
-        "knowledge": {"scored_format": "options", "instances": 2, "scored_mean_p_gold": 0.5},
-    }
-    task = {
-        "path": "task",
-        "role": "expert",
-        "weights": None,
-        "knowledge": {"scored_format": "cloze", "instances": 48, "scored_mean_p_gold": 0.5},
-    }
-    far = {
-        "path": "far",
-        "role": "expert",
-        "weights": None,
-        "knowledge": {"scored_format": "cloze", "instances": 2, "scored_mean_p_gold": 0.5, "scored_mean_gap": 5.0},
-    }
+    inside = _expert("in", scored_format="cloze", instances=2, scored_mean_p_gold=0.5)
+    options = _expert("opt", scored_format="options", instances=2, scored_mean_p_gold=0.5)
+    task = _expert("task", scored_format="cloze", instances=48, scored_mean_p_gold=0.5)
+    far = _expert("far", scored_format="cloze", instances=2, scored_mean_p_gold=0.5, scored_mean_gap=5.0)
     models = [inside, options, task, far]
     checked = domain_check(calibration, models, features(models))
     assert checked["in"] == []
