@@ -170,11 +170,13 @@ def families(args) -> None:
     from pools import FAMILIES
 
     names, directions = list(FEATURES), list(FEATURES.values())
-    pools = {}
-    for family in args.families or FAMILIES:
+    pools, described = {}, {}
+    for spec in args.families or FAMILIES:
+        family, _, folder = spec.partition("=")  # FAMILY=FOLDER: a family measured into another folder of pools-out
+        described[family] = FAMILIES.get(family, family)
         precheck, measured = (
-            OUT / family / "precheck" / "precheck.json",
-            OUT / family / "mergeability" / "mean" / "mergeability.json",
+            OUT / (folder or family) / "precheck" / "precheck.json",
+            OUT / (folder or family) / "mergeability" / "mean" / "mergeability.json",
         )
         if precheck.is_file() and measured.is_file():
             pools[family] = measured_pool(precheck, measured)[1:3]
@@ -199,7 +201,7 @@ def families(args) -> None:
         known = ~np.isnan(column)
         gap, (low, high) = difference(predicted[known], column[known], y[known])
         report["families"][family] = {
-            "description": FAMILIES[family],
+            "description": described[family],
             "n": len(y),
             "spearman": result.spearman,
             "interval": result.interval,
@@ -245,7 +247,7 @@ def families(args) -> None:
         f"pooled (within-family Spearman, size-weighted): {pooled:+.2f}, n = {len(y_all)}, permutation p {_p(report['pooled']['p_permutation'])} ({args.null} refits on shuffled targets; 95th percentile {report['pooled']['null_95th_percentile']:+.2f})"
     )
     for family in pools:
-        console.print(f"[dim]{family}: {FAMILIES[family]}[/dim]")
+        console.print(f"[dim]{family}: {described[family]}[/dim]")
     out = OUT / "families.json"
     out.write_text(json.dumps(report, indent=2) + "\n")
     console.print(f"wrote {out}")
@@ -265,7 +267,11 @@ def main():
     fit.add_argument("--permutations", type=int, default=500)
     fit.set_defaults(run=calibrate)
     held = commands.add_parser("families")
-    held.add_argument("families", nargs="*", help="the families to use (default: every one measured)")
+    held.add_argument(
+        "families",
+        nargs="*",
+        help="the families to use, FAMILY or FAMILY=FOLDER under pools-out (default: every one measured)",
+    )
     held.add_argument("--permutations", type=int, default=10_000, help="per held-out family")
     held.add_argument("--null", type=int, default=200, help="refits on shuffled targets for the pooled number")
     held.set_defaults(run=families)
