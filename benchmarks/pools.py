@@ -24,6 +24,7 @@ Needs the demo's base model: ``bash examples/demo.sh`` (or any demo run) first.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -114,10 +115,11 @@ def main():
     )
     parser.add_argument("--cache-dir", type=Path, default=default_cache_dir() / "demo")
     parser.add_argument("--out", type=Path, default=Path("pools-out"))
+    parser.add_argument("--count", type=int, help="only the first N facts (a first look: measure into its own --out)")
     parser.add_argument("--quiet", "-q", action="store_true")
     args = parser.parse_args()
     console = Console()
-    settings = POOLS[args.pool]
+    settings = POOLS[args.pool] if args.count is None else dataclasses.replace(POOLS[args.pool], fact_count=args.count)
     demo = Demo(settings, args.cache_dir, args.out / args.pool, console, args.quiet)
     started = time.perf_counter()
     facts = demo.fact_experts()
