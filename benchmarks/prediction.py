@@ -6,6 +6,7 @@ the README's "How the prediction was fitted", from the pools ``benchmarks/pools.
     python benchmarks/prediction.py validate heldout     # precheck (shipped calibration) vs S
     python benchmarks/prediction.py methods fit          # own-task S by thirds of base knowledge
     python benchmarks/prediction.py families             # leave one family out: the README's headline
+    python benchmarks/prediction.py aims [FAMILY ...]    # knowledge_weighted's three aims, per family
 
 The held-out pool is only ever read by ``validate`` and ``methods``: nothing here fits on it
 or chooses a default from it.
@@ -253,6 +254,59 @@ def families(args) -> None:
     console.print(f"wrote {out}")
 
 
+# knowledge_weighted's aims (issue 19): lift the weakest-known third, spare the strongest, keep as much as TIES
+AIMS = {"weakest third − mean": 0.15, "strongest third − mean": -0.03, "all − TIES": 0.0}
+
+
+def aims(args) -> None:
+    """knowledge_weighted (``--kw``, a label pools.py measured) against mean merging and TIES on
+    each family, with the same partner draws: the mean paired difference per group of experts
+    (thirds by the base's knowledge), a bootstrap 95% interval over experts, and which aims hold."""
+    import numpy as np
+
+    from mergekit_mergeability.demo.run import knowledge_groups
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from pools import FAMILIES
+
+    table = Table(
+        "family",
+        "n",
+        *(f"{aim} (aim ≥ {bound:+.2f})" for aim, bound in AIMS.items()),
+        "aims met",
+        title=f"{args.kw} against mean merging and TIES (8 partners × 5 trials, same draws)",
+    )
+    rng, met_on = np.random.default_rng(0), 0
+    for spec in args.families or FAMILIES:
+        family, _, folder = spec.partition("=")
+        root = OUT / (folder or family)
+        labels = {"mean": "mean", "ties": "ties_d0.5", "kw": args.kw}
+        if not all((root / "mergeability" / label / "mergeability.json").is_file() for label in labels.values()):
+            console.print(f"[yellow]{family}: not every method measured yet ({', '.join(labels.values())})[/yellow]")
+            continue
+        s = {key: _mean_s(folder or family, label) for key, label in labels.items()}
+        thirds = knowledge_groups(json.loads((root / "precheck" / "precheck.json").read_text()))
+        groups = {
+            "weakest third − mean": (thirds["weakly known"], "mean"),
+            "strongest third − mean": (thirds["well known"], "mean"),
+            "all − TIES": (sorted(s["kw"]), "ties"),
+        }
+        cells, met = [], 0
+        for aim, (members, against) in groups.items():
+            gains = np.array([s["kw"][m] - s[against][m] for m in members])
+            means = gains[rng.integers(0, len(gains), size=(2000, len(gains)))].mean(axis=1)
+            low, high = np.percentile(means, [2.5, 97.5])
+            held = gains.mean() >= AIMS[aim]
+            met += held
+            cells.append(f"{gains.mean():+.3f} [{low:+.3f}, {high:+.3f}] {'✓' if held else '✗'}")
+        met_on += met == len(AIMS)
+        table.add_row(family, str(len(s["kw"])), *cells, f"{met}/{len(AIMS)}")
+    console.print(table)
+    console.print(
+        f"all three aims met on {met_on} famil{'y' if met_on == 1 else 'ies'} (issue 19 asks for three of four)"
+    )
+
+
 def _p(p: float) -> str:
     return "< 0.001" if p < 0.001 else f"{p:.3f}"
 
@@ -275,6 +329,10 @@ def main():
     held.add_argument("--permutations", type=int, default=10_000, help="per held-out family")
     held.add_argument("--null", type=int, default=200, help="refits on shuffled targets for the pooled number")
     held.set_defaults(run=families)
+    held = commands.add_parser("aims")
+    held.add_argument("families", nargs="*", help="FAMILY or FAMILY=FOLDER under pools-out (default: every one)")
+    held.add_argument("--kw", default="kw_t0.3", help="the knowledge_weighted label pools.py measured (kw:T → kw_tT)")
+    held.set_defaults(run=aims)
     for name, run in (("validate", validate), ("methods", methods)):
         command = commands.add_parser(name)
         command.add_argument("pool", choices=["fit", "heldout", "options", "lora"])
