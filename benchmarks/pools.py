@@ -14,7 +14,8 @@ in the format its probe is scored in (``FAMILIES`` says how each family differs)
 are in ``benchmarks/pools/``: ``options`` uses the held-out pool's facts, ``lora`` the fit
 pool's (the family differs in what is updated, not in what is taught). Per pool this writes, under ``--out/<pool>/``: the pool config,
 ``precheck/precheck.json`` (knowledge, weight and interference features) and
-``mergeability/<method>/mergeability.json`` (8 partners × 5 trials, paper 1's protocol).
+``mergeability/<method>/mergeability.json`` (8 partners × 5 trials, paper 1's protocol; ``--partners N``
+measures merges of another size into ``<method>_pN``, for the conditional prediction of ``plan``).
 Methods: ``mean`` (task_arithmetic, weights 1/9), ``ties`` (density 0.5), ``kw:T``
 (knowledge_weighted, temperature T), ``kw-ties:T:D`` (with ties: true, density D).
 Everything is cached (experts, scores, finished trials): a rerun only re-reads.
@@ -116,10 +117,16 @@ def main():
     parser.add_argument("--cache-dir", type=Path, default=default_cache_dir() / "demo")
     parser.add_argument("--out", type=Path, default=Path("pools-out"))
     parser.add_argument("--count", type=int, help="only the first N facts (a first look: measure into its own --out)")
+    parser.add_argument(
+        "--partners", type=int, help="merge each expert with this many random partners (default 8; labels get _pN)"
+    )
     parser.add_argument("--quiet", "-q", action="store_true")
     args = parser.parse_args()
     console = Console()
     settings = POOLS[args.pool] if args.count is None else dataclasses.replace(POOLS[args.pool], fact_count=args.count)
+    if args.partners is not None:
+        settings = dataclasses.replace(settings, partners=args.partners)
+    suffix = "" if settings.partners == POOLS[args.pool].partners else f"_p{settings.partners}"
     demo = Demo(settings, args.cache_dir, args.out / args.pool, console, args.quiet)
     started = time.perf_counter()
     facts = demo.fact_experts()
@@ -128,6 +135,7 @@ def main():
     for k in args.fewshot or ():
         precheck(demo, config, k)
     methods = [method(spec.strip(), settings.partners) for spec in args.methods.split(",") if spec.strip()]
+    methods = [(label + suffix, name, parameters) for label, name, parameters in methods]
     knowledge = {}
     if args.precheck or any(name == "knowledge_weighted" for _, name, _ in methods):
         report = precheck(demo, config, None)
