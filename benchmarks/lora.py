@@ -3,7 +3,7 @@
 Adapters of rank 16 on the projections --modules names (default q_proj and v_proj, peft's default
 for Llama; ``all``: q, k, v, o, gate, up, down) of several layers, seeded random factors, written
 as peft folders. The same adapters written as full model folders
-(base + ΔW, ``lora.materialise``) are the materialised pool. For each pool size, in a fresh
+(base + ΔW, ``sources.adapter.materialise``) are the materialised pool. For each pool size, in a fresh
 process each: the weight pass's time and peak anonymous memory (RssAnon, sampled; file-backed
 pages excluded) above the idle process, and the largest difference between the two passes'
 numbers. Full folders (~540 MB each) go under --work and are deleted at the end.
@@ -22,12 +22,12 @@ from pathlib import Path
 
 from precheck import PeakMemory
 
-from mergekit_mergeability.architecture import tensor_position
-from mergekit_mergeability.checkpoints import resolve
 from mergekit_mergeability.cli import default_cache_dir
 from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
 from mergekit_mergeability.diagnostics.weights import WeightStatistics
-from mergekit_mergeability.lora import materialise
+from mergekit_mergeability.sources import resolve
+from mergekit_mergeability.sources.adapter import materialise
+from mergekit_mergeability.sources.architecture import tensor_position
 from mergekit_mergeability.tiny import make_adapter
 
 MODULES = (

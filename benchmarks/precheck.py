@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from _models import build_models, workdir
-from mergekit_mergeability.checkpoints import TensorReader, load_causal_lm
+from mergekit_mergeability.sources import TensorReader, load_causal_lm
 from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
 from mergekit_mergeability.diagnostics.activations import encode, pad, score
 from mergekit_mergeability.diagnostics.weights import WeightStatistics

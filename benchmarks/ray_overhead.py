@@ -22,7 +22,7 @@ from pathlib import Path
 
 from _models import build_models, workdir
 from mergekit_mergeability import distributed
-from mergekit_mergeability.architecture import tensor_position
+from mergekit_mergeability.sources.architecture import tensor_position
 from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
 from mergekit_mergeability.diagnostics.representations import Representations
 from mergekit_mergeability.diagnostics.weights import WeightStatistics

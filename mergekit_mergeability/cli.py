@@ -195,21 +195,21 @@ def model_options(default_limit: int | None, default_dtype: str = "float32"):
 
 def _options(limit, device, dtype, batch_size, quiet, **extra) -> dict:
     from mergekit_mergeability import distributed
-    from mergekit_mergeability.checkpoints import auto_device
+    from mergekit_mergeability.sources import auto_device
 
     device = distributed.device(device) if distributed.active() else auto_device(device)  # --ray: the workers' devices
     return {"limit": limit, "device": device, "dtype": dtype, "batch_size": batch_size, "quiet": quiet, **extra}
 
 
 def cache_option(command):
-    """--cache-dir and --no-cache, handed to the command as ``cache`` (a harness.Cache)."""
+    """--cache-dir and --no-cache, handed to the command as ``cache`` (a sources.cache.Cache)."""
 
     @functools.wraps(command)
     def wrapper(*args, cache_dir: str, no_cache: bool, **kwargs):
-        from mergekit_mergeability.evaluation import harness
+        from mergekit_mergeability.sources.cache import Cache
 
         # '' must not become Path('') = the working directory
-        return command(*args, cache=harness.Cache(None if no_cache or not cache_dir else Path(cache_dir)), **kwargs)
+        return command(*args, cache=Cache(None if no_cache or not cache_dir else Path(cache_dir)), **kwargs)
 
     wrapper = click.option("--no-cache", is_flag=True, help="Neither read nor write cached scores.")(wrapper)
     return click.option(

@@ -138,7 +138,7 @@ def make_adapter(
 
     from safetensors.torch import save_file
 
-    from mergekit_mergeability.checkpoints import tensor_index
+    from mergekit_mergeability.sources import tensor_index
 
     shapes = {name: info.shape for name, info in tensor_index(base).items()}
     generator = torch.Generator().manual_seed(seed)

@@ -54,7 +54,7 @@ def ranked_probes(path: Path, model_dir: Path, questions, choices, pick: int) ->
 
     import torch
 
-    from mergekit_mergeability.checkpoints import load_causal_lm
+    from mergekit_mergeability.sources import load_causal_lm
     from mergekit_mergeability.diagnostics.activations import choice_logprobs
     from mergekit_mergeability.probes import Instance
 

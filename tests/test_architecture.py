@@ -1,6 +1,6 @@
 import pytest
 
-from mergekit_mergeability.architecture import TensorPosition, UnknownTensorError, num_layers, tensor_position
+from mergekit_mergeability.sources.architecture import TensorPosition, UnknownTensorError, num_layers, tensor_position
 from mergekit_mergeability.tiny import ARCHITECTURES, state_dict
 
 

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from mergekit_mergeability import checkpoints
-from mergekit_mergeability.checkpoints import TensorReader, load_causal_lm, resolve, tensor_index
+from mergekit_mergeability import sources
+from mergekit_mergeability.sources import TensorReader, load_causal_lm, resolve, tensor_index
+from mergekit_mergeability.sources.folder import read_header, weight_files
 from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
 from mergekit_mergeability.diagnostics.compatibility import Compatibility
 from mergekit_mergeability.errors import UserError
@@ -26,7 +27,7 @@ def damaged(llama, tmp_path):
 @pytest.mark.parametrize("kind", ["truncated", "garbled"])
 def test_a_damaged_safetensors_file_is_named_by_every_reader(damaged, kind):
     file = damaged[kind]
-    readers = [tensor_index, TensorReader, load_causal_lm, checkpoints.weight_files]
+    readers = [tensor_index, TensorReader, load_causal_lm, weight_files]
     for read in readers:
         with pytest.raises(UserError) as caught:
             read(file.parent)
@@ -73,7 +74,7 @@ class FakeHub:
         from huggingface_hub.utils._safetensors import SafetensorsFileMetadata, SafetensorsRepoMetadata, TensorInfo
 
         self.calls.append(("headers", repo_id))
-        header = checkpoints.read_header(self.folders[repo_id] / "model.safetensors")
+        header = read_header(self.folders[repo_id] / "model.safetensors")
         tensors = {
             n: TensorInfo(i["dtype"], i["shape"], tuple(i["data_offsets"]))
             for n, i in header.items()
@@ -118,7 +119,7 @@ def test_hub_models_are_checked_from_headers_before_any_weight_downloads(hub, ll
 def test_an_unknown_hub_id_is_one_line(hub):
     missing = resolve("org/missing")
     with pytest.raises(UserError, match="model org/missing: no such folder, and not on the hub"):
-        checkpoints.model_config(missing)
+        sources.model_config(missing)
 
 
 def test_a_bin_only_folder_has_weights_and_a_folder_without_any_is_refused(llama, tmp_path):
@@ -126,9 +127,9 @@ def test_a_bin_only_folder_has_weights_and_a_folder_without_any_is_refused(llama
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     with pytest.raises(UserError, match="no weights"):
-        checkpoints.weight_files(folder)
+        weight_files(folder)
     (folder / "pytorch_model.bin").write_bytes(b"weights")
-    assert checkpoints.weight_files(folder) == [folder / "pytorch_model.bin"]
+    assert weight_files(folder) == [folder / "pytorch_model.bin"]
 
 
 @pytest.mark.parametrize(
@@ -141,8 +142,8 @@ def test_a_bin_only_folder_has_weights_and_a_folder_without_any_is_refused(llama
 )
 def test_a_config_without_architectures_gets_the_class_transformers_loads(tmp_path, written, architectures, inferred):
     (tmp_path / "config.json").write_text(json.dumps(written))
-    assert checkpoints.model_config(tmp_path)["architectures"] == architectures
-    assert checkpoints.inferred_architecture(tmp_path) == inferred
+    assert sources.model_config(tmp_path)["architectures"] == architectures
+    assert sources.inferred_architecture(tmp_path) == inferred
 
 
 def test_a_config_naming_no_class_and_no_known_model_type_says_what_to_add(tmp_path):
@@ -151,7 +152,7 @@ def test_a_config_naming_no_class_and_no_known_model_type_says_what_to_add(tmp_p
         UserError,
         match=r'config.json: no "architectures" list, and model_type .no_such_type. is no causal LM transformers knows; add "architectures"',
     ):
-        checkpoints.model_config(tmp_path)
+        sources.model_config(tmp_path)
 
 
 @pytest.mark.parametrize(

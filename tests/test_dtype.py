@@ -11,7 +11,7 @@ import transformers
 import yaml
 from click.testing import CliRunner
 
-from mergekit_mergeability.checkpoints import load_causal_lm, load_dtype
+from mergekit_mergeability.sources import load_causal_lm, load_dtype
 from mergekit_mergeability.cli import main
 
 PROBE = [{"question": f"Item {i}: which one?", "choices": ["Paris", "water"], "label": i % 2} for i in range(6)]

@@ -11,7 +11,7 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from mergekit_mergeability.checkpoints import load_causal_lm
+from mergekit_mergeability.sources import load_causal_lm
 from mergekit_mergeability.cli import main
 from mergekit_mergeability.diagnostics.activations import choice_logprobs
 from mergekit_mergeability.evaluation.protocol import partners
@@ -235,7 +235,7 @@ def test_shipped_translation_task_scores_chrf_with_signatures(llama):
 
 def test_fingerprints_cover_every_weight_format_and_refuse_a_folder_without_weights(tmp_path):
     from mergekit_mergeability.errors import UserError
-    from mergekit_mergeability.evaluation.harness import fingerprint
+    from mergekit_mergeability.sources.cache import fingerprint
 
     def folder(name, files):
         path = tmp_path / name

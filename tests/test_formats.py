@@ -49,7 +49,7 @@ def _logprob(model, tokenizer, prompt, continuation):
 
 
 def test_cloze_and_options_give_each_formats_log_probs_exactly(tmp_path, llama):
-    from mergekit_mergeability.checkpoints import load_causal_lm
+    from mergekit_mergeability.sources import load_causal_lm
     from mergekit_mergeability.diagnostics.activations import choice_logprobs
 
     row = {"question": QUESTION, "choices": CHOICES, "label": 0}
@@ -67,7 +67,7 @@ def test_cloze_and_options_give_each_formats_log_probs_exactly(tmp_path, llama):
 
 def test_the_lm_eval_task_scores_the_prompt_the_precheck_asked(tmp_path, llama):
     """evaluate and mergeability score an options probe in its own format, not as cloze."""
-    from mergekit_mergeability.checkpoints import load_causal_lm
+    from mergekit_mergeability.sources import load_causal_lm
     from mergekit_mergeability.diagnostics.activations import choice_logprobs
     from mergekit_mergeability.evaluation import harness
     from mergekit_mergeability.evaluation.tasks import _scored_docs, resolve

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mergekit_mergeability.checkpoints import load_causal_lm
+from mergekit_mergeability.sources import load_causal_lm
 from mergekit_mergeability.diagnostics.activations import choice_logprobs, score
 from mergekit_mergeability.maths import knowledge
 from mergekit_mergeability.probes import GENERATION, Instance

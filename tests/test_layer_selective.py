@@ -3,7 +3,7 @@ import torch
 from mergekit.merge_methods import merge_state_dicts, merge_tensors
 
 import mergekit_mergeability  # noqa: F401  (registers the methods)
-from mergekit_mergeability.architecture import tensor_position
+from mergekit_mergeability.sources.architecture import tensor_position
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.tiny import ARCHITECTURES, state_dict
 

@@ -7,8 +7,8 @@ import peft
 import pytest
 import torch
 
-from mergekit_mergeability import lora
-from mergekit_mergeability.checkpoints import load_causal_lm, resolve, tensor_index, tensors
+from mergekit_mergeability.sources import load_causal_lm, resolve, tensor_index, tensors
+from mergekit_mergeability.sources.adapter import AdapterModel
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.tiny import make_adapter, state_dict
 
@@ -27,7 +27,7 @@ def adapter(llama, tmp_path_factory):
 def test_both_references_resolve_to_the_adapter_on_its_base(llama, adapter):
     plain, joined = resolve(str(adapter)), resolve(f"{llama['base']}+{adapter}")
     for found in (plain, joined):
-        assert isinstance(found, lora.AdapterModel)
+        assert isinstance(found, AdapterModel)
         assert found.base == llama["base"].resolve() and found.folder == adapter.resolve()
         assert str(found) == f"{llama['base'].resolve()}+{adapter.resolve()}"  # mergekit's syntax, runs as is
     assert set(plain.targets()) == set(TARGETS)
@@ -82,9 +82,7 @@ def test_an_adapter_of_another_base_is_refused_in_one_line(llama, adapter, tmp_p
         and str(other) in message
         and str(llama["base"].resolve()) in message
     )
-    assert isinstance(
-        resolve(f"{other}+{adapter}", base=other), lora.AdapterModel
-    )  # named explicitly, it is applied there
+    assert isinstance(resolve(f"{other}+{adapter}", base=other), AdapterModel)  # named explicitly, it is applied there
 
 
 @pytest.mark.parametrize(

@@ -7,10 +7,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from mergekit_mergeability.checkpoints import resolve
+from mergekit_mergeability.sources import resolve
 from mergekit_mergeability.cli import main
 from mergekit_mergeability.diagnostics import representations
-from mergekit_mergeability.lora import materialise
+from mergekit_mergeability.sources.adapter import materialise
 from mergekit_mergeability.tiny import make_adapter
 
 from conftest import ranked_probes

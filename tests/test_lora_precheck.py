@@ -6,10 +6,10 @@ import shutil
 import pytest
 import yaml
 
-from mergekit_mergeability.checkpoints import resolve
+from mergekit_mergeability.sources import resolve
 from mergekit_mergeability.diagnostics import weights
 from mergekit_mergeability.precheck import config as merge_config, run
-from mergekit_mergeability.lora import materialise
+from mergekit_mergeability.sources.adapter import materialise
 from mergekit_mergeability.tiny import make_adapter
 
 LAYERS = (

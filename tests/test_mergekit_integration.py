@@ -14,7 +14,7 @@ from mergekit.merge_methods import merge_state_dicts
 from mergekit.options import MergeOptions
 
 import mergekit_mergeability  # noqa: F401
-from mergekit_mergeability.architecture import tensor_position
+from mergekit_mergeability.sources.architecture import tensor_position
 from mergekit_mergeability.cli import main as cli
 from conftest import shipped_config
 from mergekit_mergeability.tiny import state_dict

@@ -11,7 +11,7 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from mergekit_mergeability.checkpoints import load_causal_lm
+from mergekit_mergeability.sources import load_causal_lm
 from mergekit_mergeability.cli import main
 from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
 from mergekit_mergeability.diagnostics.selectivity import (

@@ -14,10 +14,10 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import save_file
 
-from mergekit_mergeability.checkpoints import load_causal_lm
+from mergekit_mergeability.sources import load_causal_lm
 from mergekit_mergeability.cli import main
 from mergekit_mergeability.evaluation import tasks
-from mergekit_mergeability.evaluation.harness import Cache
+from mergekit_mergeability.sources.cache import Cache
 from mergekit_mergeability.sweep import models as sweep_models
 from mergekit_mergeability.sweep.answers import GenerationTask
 from mergekit_mergeability.sweep.report import SCHEMA
@@ -255,7 +255,7 @@ def _nothing_written(world, out):
 def test_bad_input_is_one_line_before_any_work(world, tmp_path, monkeypatch, change, message):
     (tmp_path / "choice.jsonl").write_text(json.dumps({"question": "which?", "choices": ["a", "b"], "label": 0}) + "\n")
     monkeypatch.setattr(
-        "mergekit_mergeability.checkpoints.load_causal_lm", lambda *a, **k: pytest.fail("a model was loaded")
+        "mergekit_mergeability.sources.load_causal_lm", lambda *a, **k: pytest.fail("a model was loaded")
     )
     values = {
         "a": world["a"],

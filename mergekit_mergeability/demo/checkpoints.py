@@ -63,7 +63,7 @@ def save_adapter(base: Path, factors: Dict[str, tuple], folder: Path) -> Path:
     """The factors (tensor name -> (A, B), ΔW = B·A) as a peft LoRA adapter folder on ``base``
     (lora_alpha = r, so peft's scale is 1), atomically."""
     from mergekit_mergeability.files import atomic_folder
-    from mergekit_mergeability.lora import CONFIG, WEIGHTS
+    from mergekit_mergeability.sources.adapter import CONFIG, WEIGHTS
 
     ranks = {a.shape[0] for a, _ in factors.values()}
     if len(ranks) != 1:

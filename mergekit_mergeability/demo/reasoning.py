@@ -71,7 +71,7 @@ def thinking_model(demo) -> Path:
 
 def sweep(demo) -> Dict[str, Any]:
     """Step 6: sweep λ from the instruct model (0) to the thinking model (1) on held-out problems."""
-    from mergekit_mergeability.evaluation.harness import Cache
+    from mergekit_mergeability.sources.cache import Cache
     from mergekit_mergeability.sweep import report as outputs, run
 
     demo.console.rule("6. interpolation sweep: instruct → thinking (paper 2)")

@@ -81,7 +81,7 @@ class Demo:
 
     def model(self):
         if self._model is None:
-            from mergekit_mergeability.checkpoints import load_causal_lm
+            from mergekit_mergeability.sources import load_causal_lm
 
             self._model = load_causal_lm(self.base())
         return self._model
@@ -195,8 +195,9 @@ class Demo:
         label: Optional[str] = None,
     ) -> Dict[str, Any]:
         """The mergeability protocol on the fact pool with one method and its parameters."""
-        from mergekit_mergeability.evaluation import harness, mergeability as protocol
+        from mergekit_mergeability.evaluation import mergeability as protocol
         from mergekit_mergeability.precheck import config as merge_config
+        from mergekit_mergeability.sources.cache import Cache
 
         document = yaml.safe_load(facts_config.read_text())
         pool = {**document, "merge_method": method, "parameters": parameters}
@@ -214,7 +215,7 @@ class Demo:
             self.s.trials,
             0,
             self.options(),
-            harness.Cache(self.cache / "scores"),
+            Cache(self.cache / "scores"),
             out,
         )
         protocol.write(report, out)
@@ -226,7 +227,7 @@ class Demo:
         from mergekit.config import MergeConfiguration
         from mergekit.merge import MergeOptions, run_merge
 
-        from mergekit_mergeability.evaluation.harness import Cache
+        from mergekit_mergeability.sources.cache import Cache
 
         text = config.read_text()
         folder = self.cache / "merges" / Cache.key(text)[:16]

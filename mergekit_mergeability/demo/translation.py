@@ -34,7 +34,7 @@ def train(demo) -> Dict[str, Path]:
     training sentences only (the held-out ones score it)."""
     from mergekit_mergeability.demo import experts as training
     from mergekit_mergeability.demo.checkpoints import save_expert
-    from mergekit_mergeability.evaluation.harness import Cache
+    from mergekit_mergeability.sources.cache import Cache
     from mergekit_mergeability.progress import task
 
     data, s = rows(), demo.s
@@ -138,12 +138,13 @@ def score(demo, name: str, label: str, path: Path, expert: Optional[str] = None)
     """Merge ``path`` with mergekit and score it on each expert's held-out sentences (only
     ``expert``'s when given): per expert chrF, BLEU, kept (merged chrF ÷ alone), and the
     expert's and the base's own scores."""
-    from mergekit_mergeability.evaluation import evaluate as evaluation, harness
+    from mergekit_mergeability.evaluation import evaluate as evaluation
     from mergekit_mergeability.precheck import config as merge_config
+    from mergekit_mergeability.sources.cache import Cache
 
     spec = merge_config.read(path)
     cutoff = (spec.document.get("parameters") or {}).get("cutoff")
-    report = evaluation.evaluate(spec, demo.merge(path), None, demo.options(), harness.Cache(demo.cache / "scores"))
+    report = evaluation.evaluate(spec, demo.merge(path), None, demo.options(), Cache(demo.cache / "scores"))
     evaluation.write(
         report, demo.out / "evaluation" / name / f"{label.replace(' ', '_')}_{Path(expert).name if expert else 'both'}"
     )

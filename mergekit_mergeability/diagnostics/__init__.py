@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -27,7 +26,7 @@ from typing import (
 )
 
 if TYPE_CHECKING:
-    from mergekit_mergeability.checkpoints import HubModel
+    from mergekit_mergeability.sources import Source
 
 
 class Need(str, Enum):
@@ -41,9 +40,9 @@ class ModelInput:
     """One model of the config, as the diagnostic sees it."""
 
     name: str  # the path or hub id exactly as written in the config
-    # A local folder, or for a hub id a checkpoints.HubModel: os.PathLike, downloaded the
-    # first time it is used as a path (Path(m.path), open, transformers), str() the hub id.
-    path: Union[Path, "HubModel"]
+    # A local folder; for a hub id a sources.HubModel: os.PathLike, downloaded the first time it is
+    # used as a path (Path(m.path), open, transformers), str() the hub id; or a sources.adapter.AdapterModel.
+    path: "Source"
     probes: Optional[Any] = None  # the model's probe set, when PROBES is needed
     shots: Optional[Any] = None  # solved examples for few-shot prompts (its fewshot: file, else a neutral set)
     dtype: Optional[str] = (

@@ -16,10 +16,9 @@ import functools
 import math
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from mergekit_mergeability import vocabulary
-from mergekit_mergeability.checkpoints import Source, inferred_architecture, model_config, tensor_index
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
 from mergekit_mergeability.errors import UserError
+from mergekit_mergeability.sources import Source, inferred_architecture, model_config, tensor_index, vocabulary
 
 Shapes = Dict[str, Tuple[int, ...]]
 
@@ -96,9 +95,7 @@ class _Facts:
 
 
 def _unnamed_architecture(facts: _Facts) -> Iterator[Finding]:
-    from mergekit_mergeability import lora
-
-    inferred = None if isinstance(facts.source, lora.AdapterModel) else inferred_architecture(facts.source)
+    inferred = inferred_architecture(facts.source)  # None for an adapter: its base's is checked as the base
     if inferred:
         yield Finding(
             "warning",

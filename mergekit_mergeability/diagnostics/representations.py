@@ -18,13 +18,11 @@ from typing import Dict, List, Optional, Set
 import torch
 
 from mergekit_mergeability import distributed
-from mergekit_mergeability.checkpoints import load_causal_lm
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need, stored
 from mergekit_mergeability.diagnostics.activations import score
-from mergekit_mergeability.evaluation.inmemory import patched
-from mergekit_mergeability.lora import AdapterModel
 from mergekit_mergeability.maths.cka import layerwise
 from mergekit_mergeability.progress import task
+from mergekit_mergeability.sources import load_causal_lm, merged, patched, update_of
 
 MIN_ROWS = 4  # the unbiased estimator's minimum; fewer rows say little anyway
 
@@ -52,7 +50,7 @@ class Representations:
                 )
             )
         else:
-            loaded = _Loaded(inputs, {str(m.path.base) for m in members if isinstance(m.path, AdapterModel)})
+            loaded = _Loaded(inputs, {str(update_of(m.path)) for m in members if update_of(m.path) is not None})
             pooled = {m.name: pooled_states(m, rows, inputs, loaded) for m in members}
         selected: Optional[Set[int]] = inputs.options.get("layers")
         batch = inputs.options.get("cka_batch_size", 0)
@@ -100,7 +98,7 @@ def pooled_states(member: ModelInput, rows, inputs: DiagnosticInputs, loaded: Op
 
 class _Loaded:
     """Loads each model for its pass; the bases of adapters stay loaded, and an adapter is its
-    base with the update patched in (``evaluation.inmemory.patched``), no reload per adapter."""
+    base with the update patched in (``sources.patched``), no reload per adapter."""
 
     def __init__(self, inputs: DiagnosticInputs, shared: Set[str]):
         self.options = inputs.options
@@ -118,9 +116,9 @@ class _Loaded:
 
     @contextlib.contextmanager
     def model(self, source, dtype: str):
-        if isinstance(source, AdapterModel):
-            model, tokenizer = self._kept(source.base, dtype)
-            with patched(model, source.merged(model.state_dict())):
+        if update_of(source) is not None:
+            model, tokenizer = self._kept(update_of(source), dtype)
+            with patched(model, merged(source, model.state_dict())):
                 yield model, tokenizer
         elif str(source) in self.shared:
             yield self._kept(source, dtype)

@@ -31,12 +31,12 @@ import numpy as np
 import torch
 
 from mergekit_mergeability import distributed
-from mergekit_mergeability.checkpoints import load_causal_lm
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need, stored
 from mergekit_mergeability.diagnostics.activations import encode, pad
 from mergekit_mergeability.maths import selectivity as lape
 from mergekit_mergeability.names import short_names
 from mergekit_mergeability.progress import task
+from mergekit_mergeability.sources import load_causal_lm
 
 SPANS = ("answer", "prompt")
 SPECIFIC = "specific_"  # per-model metric prefix: specific_<group>

@@ -14,10 +14,9 @@ from typing import Any, Callable, Dict, Optional
 
 import torch
 
-from mergekit_mergeability.checkpoints import model_files
-from mergekit_mergeability.evaluation.harness import Cache
 from mergekit_mergeability.files import write_atomic
-from mergekit_mergeability.lora import AdapterModel
+from mergekit_mergeability.sources import base_of, model_files
+from mergekit_mergeability.sources.cache import Cache
 
 Tensors = Dict[str, torch.Tensor]
 
@@ -25,7 +24,7 @@ Tensors = Dict[str, torch.Tensor]
 def files_stamp(source) -> Optional[list]:
     """What identifies a local model's files now (each file's path, size and modification time);
     None for a hub model, or an adapter of one."""
-    if not isinstance(source.base if isinstance(source, AdapterModel) else source, Path):
+    if not isinstance(base_of(source), Path):
         return None
     return [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in model_files(source)]
 

@@ -28,14 +28,13 @@ from typing import Dict, Iterator, List, Mapping, Optional, Sequence
 
 import torch
 
-from mergekit_mergeability.architecture import UnknownTensorError, tensor_position
 from mergekit_mergeability import distributed
-from mergekit_mergeability.checkpoints import Source, TensorReader, same_model, tensor_index, tensors
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, Need
-from mergekit_mergeability.lora import AdapterModel
 from mergekit_mergeability.maths import lowrank
 from mergekit_mergeability.maths.spectral import TopSingularValue
 from mergekit_mergeability.progress import task
+from mergekit_mergeability.sources import Source, TensorReader, same_model, tensor_index, tensors, update_of
+from mergekit_mergeability.sources.architecture import UnknownTensorError, tensor_position
 
 
 class _Sums:
@@ -139,7 +138,7 @@ class WeightStatistics:
         adapters = {
             m.name: m.path
             for m in inputs.models
-            if isinstance(m.path, AdapterModel) and same_model(m.path.base, inputs.base.path)
+            if update_of(m.path) is not None and same_model(update_of(m.path), inputs.base.path)
         }
         low_rank = len(adapters) == len(inputs.models)
         index = tensor_index(inputs.base.path)

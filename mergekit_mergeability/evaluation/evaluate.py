@@ -11,14 +11,15 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
-from mergekit_mergeability import checkpoints
 from mergekit_mergeability.errors import UserError
-from mergekit_mergeability.evaluation import harness, tasks as task_specs
+from mergekit_mergeability.evaluation import tasks as task_specs
 from mergekit_mergeability.evaluation.scorer import Scorer
 from mergekit_mergeability.files import SCHEMA_VERSION, write_atomic
 from mergekit_mergeability.maths.retention import normalised_gain, retention
 from mergekit_mergeability.precheck.config import MergeSpec
 from mergekit_mergeability.progress import task as progress
+from mergekit_mergeability.sources import check_model
+from mergekit_mergeability.sources.cache import Cache
 
 
 def owned_tasks(spec: MergeSpec, overrides: Optional[List[str]]) -> Dict[str, Optional[str]]:
@@ -31,7 +32,7 @@ def owned_tasks(spec: MergeSpec, overrides: Optional[List[str]]) -> Dict[str, Op
 
 
 def evaluate(
-    spec: MergeSpec, merged: Path, overrides: Optional[List[str]], options: Mapping[str, Any], cache: harness.Cache
+    spec: MergeSpec, merged: Path, overrides: Optional[List[str]], options: Mapping[str, Any], cache: Cache
 ) -> Dict[str, Any]:
     if not spec.base_model:
         raise UserError(f"{spec.source}: evaluate needs a base_model to compare against")
@@ -40,7 +41,7 @@ def evaluate(
     folders = spec.sources()
     folders["merged"] = Path(merged).resolve()
     for folder in folders.values():
-        checkpoints.check_model(folder)  # a damaged or empty folder fails here, before any scoring
+        check_model(folder)  # a damaged or empty folder fails here, before any scoring
     owners = owned_tasks(spec, overrides)
     resolved = task_specs.resolve_all(owners, spec.folder)  # a bad task fails here, before work
     scorer = Scorer(folders[spec.base_model], options, cache)

@@ -3,70 +3,20 @@
 A model is scored as an ``HFLM`` around an already-loaded module, so merges made
 in memory are evaluated without writing checkpoints. Generation tasks scored
 with ``bleu``/``chrf`` are re-scored at corpus level with sacrebleu, signatures
-kept. Results are cached by (model fingerprint, task fingerprint, settings).
+kept. Callers cache results by (model fingerprint, task fingerprint, settings): ``sources.cache``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import Any, Dict, Optional
 
-from mergekit_mergeability.checkpoints import model_files
 from mergekit_mergeability.evaluation.tasks import Task
-from mergekit_mergeability.files import write_atomic
 
 TRANSLATION_METRICS = {"bleu", "chrf"}
-
-
-class Cache:
-    """One JSON file per result under ``folder``; ``None`` folder caches nothing."""
-
-    def __init__(self, folder: Optional[Path]):
-        self.folder = Path(folder) if folder else None
-
-    @staticmethod
-    def key(*parts: Any) -> str:
-        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
-
-    def get(self, key: str) -> Optional[dict]:
-        if self.folder is None:
-            return None
-        path = self.folder / f"{key}.json"
-        return json.loads(path.read_text()) if path.is_file() else None
-
-    def put(self, key: str, value: dict) -> dict:
-        if self.folder is not None:
-            write_atomic(self.folder / f"{key}.json", json.dumps(value))
-        return value
-
-
-def fingerprint(folder: Path) -> str:
-    """A model folder's content hash: its config.json and every weight file, whatever the
-    format (``checkpoints.model_files``; a folder without weights is refused);
-    memoised by size and mtime. An adapter's: its base's and its own files'."""
-    digest = hashlib.sha256()
-    for file in model_files(folder):
-        stat = file.stat()
-        digest.update(f"{file.name}:{stat.st_size}".encode())
-        digest.update(_file_digest(file, stat.st_size, stat.st_mtime_ns).encode())
-    return digest.hexdigest()
-
-
-_digests: Dict[tuple, str] = {}
-
-
-def _file_digest(file: Path, size: int, mtime: int) -> str:
-    key = (str(file.resolve()), size, mtime)
-    if key not in _digests:
-        with open(file, "rb") as handle:
-            _digests[key] = hashlib.file_digest(handle, "sha256").hexdigest()
-    return _digests[key]
 
 
 def score(

@@ -4,19 +4,17 @@ Each model of a pool is kept as its update: only the tensors that differ from th
 base (an adapter: its factors, each tensor formed when a merge reads it). A merge touches just the tensors some member changed (mergekit's
 ``merge_tensors``, any registered method); every other tensor of the result is the
 base's, which is what any merge method returns when all its inputs are the base.
-The merged tensors are patched into one loaded base module, scored, and restored.
+The merged tensors are patched into one loaded base module (``sources.patched``), scored, and restored.
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Dict, Iterator, List, Mapping, Sequence
+from typing import Any, Dict, Mapping, Sequence
 
 import torch
 
-from mergekit_mergeability.checkpoints import Source, TensorReader, tensors
 from mergekit_mergeability.errors import UserError
-from mergekit_mergeability.lora import AdapterReader, FormedUpdate
+from mergekit_mergeability.sources import Source, TensorReader, tensors
 
 Update = Mapping[str, torch.Tensor]  # tensor name -> the model's full tensor, for changed tensors only
 
@@ -24,8 +22,9 @@ Update = Mapping[str, torch.Tensor]  # tensor name -> the model's full tensor, f
 def load_update(base: TensorReader, source: Source, name: str) -> Update:
     """A model's changed tensors; an adapter's are its targets, each formed (base + ΔW) when a merge reads it."""
     model = tensors(source)
-    if isinstance(model, AdapterReader):
-        return FormedUpdate(model)
+    known = model.known_update()
+    if known is not None:
+        return known
     missing = set(base.index) - set(model.index)
     if missing:
         raise UserError(
@@ -68,23 +67,3 @@ def _parameters(
             if key in per_model.get(m, {}) or key in shared
         }
     return values
-
-
-@contextlib.contextmanager
-def patched(module: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> Iterator[torch.nn.Module]:
-    """``module`` with some tensors replaced (by state-dict name), restored on exit."""
-    state = module.state_dict()
-    unknown = [n for n in tensors if n not in state]
-    if unknown:
-        raise UserError(f"tensor {unknown[0]} is not in the loaded model; is the pool's base the same architecture?")
-    saved: List = []
-    with torch.no_grad():
-        for name, value in tensors.items():
-            saved.append((name, state[name].clone()))
-            state[name].copy_(value.to(state[name].dtype))
-    try:
-        yield module
-    finally:
-        with torch.no_grad():
-            for name, value in saved:
-                state[name].copy_(value)

@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping
 
 from mergekit_mergeability import distributed
-from mergekit_mergeability.checkpoints import TensorReader
 from mergekit_mergeability.diagnostics import ModelInput
 from mergekit_mergeability.diagnostics.compatibility import require_compatible
 from mergekit_mergeability.errors import UserError
-from mergekit_mergeability.evaluation import harness, tasks as task_specs
+from mergekit_mergeability.evaluation import tasks as task_specs
 from mergekit_mergeability.evaluation.inmemory import load_update, merge_updates
 from mergekit_mergeability.evaluation.protocol import TrialLog, partners, summarise
 from mergekit_mergeability.evaluation.scorer import Scorer
@@ -25,6 +24,8 @@ from mergekit_mergeability.files import SCHEMA_VERSION, write_atomic
 from mergekit_mergeability.maths.retention import normalised_gain
 from mergekit_mergeability.precheck.config import MergeSpec, model_entries
 from mergekit_mergeability.progress import task as progress
+from mergekit_mergeability.sources import TensorReader
+from mergekit_mergeability.sources.cache import Cache, fingerprint
 
 
 def check_pool(spec: MergeSpec, partner_count: int, method: str) -> None:
@@ -50,7 +51,7 @@ def measure(
     trials: int,
     seed: int,
     options: Mapping[str, Any],
-    cache: harness.Cache,
+    cache: Cache,
     out: Path,
 ) -> Dict[str, Any]:
     check_pool(spec, partner_count, method)
@@ -62,7 +63,7 @@ def measure(
     own_task = {m: tasks[spec.probes[m]] for m in spec.models}
     shared = dict(spec.document.get("parameters") or {})
     per_model = {str(e["model"]): dict(e.get("parameters") or {}) for e in model_entries(spec.document)}
-    fingerprints = {name: harness.fingerprint(folder) for name, folder in folders.items()}
+    fingerprints = {name: fingerprint(folder) for name, folder in folders.items()}
     trials_of = Trials(folders, spec.base_model, method, shared, per_model, fingerprints, own_task, options, cache)
     scorer = trials_of.scorer()
     # a resumed run reuses a trial only if nothing that changes its score has changed
@@ -139,7 +140,7 @@ class Trials:
         self.folders, self.base, self.method = folders, base, method
         self.shared, self.per_model, self.fingerprints = shared, per_model, fingerprints
         self.own_task, self.options, self.cache = own_task, options, cache
-        self.key = harness.Cache.key(fingerprints, method, shared, per_model, options)
+        self.key = Cache.key(fingerprints, method, shared, per_model, options)
         self._scorer, self._reader, self._updates = None, None, {}
 
     def __getstate__(self):

@@ -7,17 +7,16 @@ from typing import Any, Callable, Dict, Mapping
 
 import torch
 
-from mergekit_mergeability.checkpoints import Source, load_causal_lm, same_model
 from mergekit_mergeability.evaluation import harness
-from mergekit_mergeability.evaluation.inmemory import patched
 from mergekit_mergeability.evaluation.tasks import Task
-from mergekit_mergeability.lora import AdapterModel
+from mergekit_mergeability.sources import Source, load_causal_lm, merged, patched, same_model, update_of
+from mergekit_mergeability.sources.cache import Cache, fingerprint
 
 
 class Scorer:
-    def __init__(self, base: Path, options: Mapping[str, Any], cache: harness.Cache):
+    def __init__(self, base: Path, options: Mapping[str, Any], cache: Cache):
         self.base = Path(base)
-        self.base_fingerprint = harness.fingerprint(self.base)
+        self.base_fingerprint = fingerprint(self.base)
         self.options = options
         self.cache = cache
         self._module = None
@@ -39,13 +38,13 @@ class Scorer:
 
     def folder(self, path: Source, task: Task) -> Dict[str, Any]:
         """A model's score on ``task``; an adapter of the base is scored as a patch of the loaded base."""
-        key = self.cache.key("folder", harness.fingerprint(path), *self.settings(task))
+        key = self.cache.key("folder", fingerprint(path), *self.settings(task))
         cached = self.cache.get(key)
         if cached is not None:
             return cached
-        if isinstance(path, AdapterModel) and same_model(path.base, self.base):
+        if update_of(path) is not None and same_model(update_of(path), self.base):
             module, tokenizer = self.base_module()
-            with patched(module, path.merged(module.state_dict())):
+            with patched(module, merged(path, module.state_dict())):
                 return self.cache.put(key, self._run(module, tokenizer, task))
         if same_model(path, self.base):
             module, tokenizer = self.base_module()

@@ -23,7 +23,7 @@ from mergekit.merge_methods.base import FunctionalGroupMergeMethod
 from pydantic import Field
 from typing_extensions import Annotated
 
-from mergekit_mergeability.architecture import num_layers as depth_of, tensor_position
+from mergekit_mergeability.sources.architecture import num_layers as depth_of, tensor_position
 from mergekit_mergeability.errors import UserError
 
 INNER_NEEDS_BASE = {"task_arithmetic": True, "ties": True, "linear": False}

@@ -58,7 +58,7 @@ def load_inputs(
 ) -> Tuple[Optional[ModelInput], Tuple[ModelInput, ...]]:
     """The config's models with their probes, few-shot examples and the dtype each is loaded
     in (``--dtype auto``: the config's ``dtype:``, else each checkpoint's own; ``load_dtype``)."""
-    from mergekit_mergeability.checkpoints import load_dtype
+    from mergekit_mergeability.sources import load_dtype
 
     folder = spec.folder
     sources = spec.sources()

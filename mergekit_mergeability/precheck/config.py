@@ -37,7 +37,7 @@ class MergeSpec:
         return self.source.parent if self.source.is_file() else self.source
 
     def sources(self) -> Dict[str, Any]:
-        """Each model as written -> its folder, hub model or adapter (``checkpoints.resolve``), the
+        """Each model as written -> its folder, hub model or adapter (``sources.resolve``), the
         base first; an adapter must be one of the base (an adapter cannot be the base)."""
         base = self._resolve(self.base_model, adapters=False) if self.base_model else None
         found = {self.base_model: base} if base is not None else {}
@@ -45,7 +45,7 @@ class MergeSpec:
         return found
 
     def _resolve(self, name: str, **options) -> Any:
-        from mergekit_mergeability.checkpoints import resolve
+        from mergekit_mergeability.sources import resolve
 
         with self.naming(self.fields.get(name, "model")):
             return resolve(name, self.folder, **options)
@@ -160,15 +160,15 @@ def reference(value: Any) -> str:
 def from_pool(folder: Path) -> MergeSpec:
     """A folder of PEFT adapter folders, as the config that merges them: task_arithmetic with equal
     weights summing to 1 (their mean update), on the one base their adapter_config.json files name."""
-    from mergekit_mergeability import lora
+    from mergekit_mergeability.sources.adapter import CONFIG, is_adapter, read_config
 
     folder = Path(folder)
-    adapters = sorted(p for p in folder.iterdir() if p.is_dir() and lora.is_adapter(p)) if folder.is_dir() else []
+    adapters = sorted(p for p in folder.iterdir() if p.is_dir() and is_adapter(p)) if folder.is_dir() else []
     if not adapters:
         raise UserError(
-            f"--pool {folder}: no adapter folders in it (each with {lora.CONFIG}); name a folder of peft adapters"
+            f"--pool {folder}: no adapter folders in it (each with {CONFIG}); name a folder of peft adapters"
         )
-    bases = {str(lora.read_config(p).get("base_model_name_or_path") or "") for p in adapters}
+    bases = {str(read_config(p).get("base_model_name_or_path") or "") for p in adapters}
     if len(bases) != 1 or "" in bases:
         named = ", ".join(sorted(b or "(none)" for b in bases))
         raise UserError(
@@ -194,7 +194,7 @@ def tokenizer_source(document: Dict[str, Any]) -> Optional[str]:
 def check_local_weights(path: Path) -> None:
     """Before mergekit reads a tensor: name any damaged weight file of the config's local
     models in one line (mergekit's own error is a traceback from deep inside safetensors)."""
-    from mergekit_mergeability.checkpoints import local_folder, weight_files
+    from mergekit_mergeability.sources.folder import local_folder, weight_files
 
     for name, where in reference_fields(load(path), path).items():
         for model in (name, name.split("+")[0]):  # mergekit applies model+adapter itself

@@ -71,7 +71,7 @@ def check(merge_config) -> None:
 
     document = _documents.get(id(merge_config)) or merge_config.model_dump(mode="json", exclude_none=True)
     out = report_folder()
-    from mergekit_mergeability.checkpoints import auto_device
+    from mergekit_mergeability.sources import auto_device
 
     spec = config.from_document(document, Path.cwd())
     options = {"limit": 64, "device": auto_device(), "quiet": True}

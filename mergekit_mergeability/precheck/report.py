@@ -321,13 +321,12 @@ def absolute(config: Dict[str, Any], resolved: Dict[str, Path]) -> Dict[str, Any
 
 
 def _written(value: Any, resolved: Dict[str, Any]) -> Any:
-    from mergekit_mergeability.checkpoints import inferred_architecture
-    from mergekit_mergeability.lora import AdapterModel
+    from mergekit_mergeability.sources import inferred_architecture
 
     if not isinstance(value, str) or value not in resolved:  # the mapping form: the user's, as written
         return value
     source = resolved[value]
-    architecture = None if isinstance(source, AdapterModel) else inferred_architecture(source)
+    architecture = inferred_architecture(source)  # None for an adapter: mergekit reads its base's
     return {"model": str(source), "override_architecture": architecture} if architecture else str(source)
 
 

@@ -17,14 +17,13 @@ from typing import Dict, FrozenSet, List, Mapping, Optional, Tuple
 
 import torch
 
-from mergekit_mergeability import checkpoints
-from mergekit_mergeability.architecture import UnknownTensorError, num_layers, tensor_position
-from mergekit_mergeability.checkpoints import TensorReader, tensor_index
 from mergekit_mergeability.diagnostics import ModelInput
 from mergekit_mergeability.diagnostics.compatibility import require_compatible
 from mergekit_mergeability.errors import UserError
-from mergekit_mergeability.evaluation.harness import fingerprint
 from mergekit_mergeability.maths.stages import DIGITS
+from mergekit_mergeability.sources import HubModel, Source, TensorReader, resolve, tensor_index
+from mergekit_mergeability.sources.architecture import UnknownTensorError, num_layers, tensor_position
+from mergekit_mergeability.sources.cache import fingerprint
 
 MODULES = ("mlp", "attention")
 # transformers names its blocks' classes after what they are (LlamaMLP, GPT2Attention,
@@ -40,11 +39,11 @@ def weights(lam: float) -> Dict[str, float]:
 @dataclass
 class Endpoints:
     names: Dict[str, str]  # "a", "b" (and "base" for task vectors) -> as the user wrote them
-    sources: Dict[str, checkpoints.Source]  # the same roles -> folders or hub models
+    sources: Dict[str, Source]  # the same roles -> folders or hub models
     vectors: bool  # A and B are task vectors of sources["base"]
 
     @property
-    def origin(self) -> checkpoints.Source:
+    def origin(self) -> Source:
         """The model loaded once and patched: A, or the base that A and B are task vectors of."""
         return self.sources["base" if self.vectors else "a"]
 
@@ -83,7 +82,7 @@ class Endpoints:
 def endpoints(a: str, b: str, base: Optional[str] = None) -> Endpoints:
     """Resolve A and B (and the base), refusing models that cannot be interpolated, before any tensor is read."""
     names = {"a": a, "b": b, **({"base": base} if base else {})}
-    sources = {role: checkpoints.resolve(name, adapters=False) for role, name in names.items()}
+    sources = {role: resolve(name, adapters=False) for role, name in names.items()}
     if base:
         for role in ("a", "b"):
             _check_vector(names[role], sources[role], names["base"], sources["base"])
@@ -93,7 +92,7 @@ def endpoints(a: str, b: str, base: Optional[str] = None) -> Endpoints:
 
 
 def _check_vector(name: str, source, base_name: str, base) -> None:
-    if isinstance(source, checkpoints.HubModel) or (Path(source) / "config.json").is_file():
+    if isinstance(source, HubModel) or (Path(source) / "config.json").is_file():
         raise UserError(
             f"{name}: a model, but with --base A and B are task vectors (folders of .safetensors holding θ − θ_base); drop --base to interpolate models"
         )
@@ -107,7 +106,7 @@ def _check_vector(name: str, source, base_name: str, base) -> None:
             )
 
 
-def module_kinds(config_source: checkpoints.Source) -> Dict[str, str]:
+def module_kinds(config_source: Source) -> Dict[str, str]:
     """Tensor name -> "mlp" or "attention", from the model's module classes (built on the
     meta device: no weights read). Tensors in neither (norms, embeddings) are absent."""
     import transformers

@@ -21,6 +21,7 @@ from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.evaluation import harness, tasks as task_specs
 from mergekit_mergeability.files import SCHEMA_VERSION, atomic_folder
 from mergekit_mergeability.maths import sampling, stages
+from mergekit_mergeability.sources.cache import Cache
 from mergekit_mergeability.sweep.models import Endpoints, Selection, endpoints, interpolate, plan
 
 
@@ -69,7 +70,7 @@ def marker_pattern(marker: str) -> Pattern[str]:
 
 class Sweep:
     def __init__(
-        self, a: str, b: str, base: Optional[str], settings: Settings, options: Mapping[str, Any], cache: harness.Cache
+        self, a: str, b: str, base: Optional[str], settings: Settings, options: Mapping[str, Any], cache: Cache
     ):
         from mergekit_mergeability.sweep.answers import GenerationTask
 
@@ -92,7 +93,7 @@ class Sweep:
         if self._lm is None:
             from lm_eval.models.huggingface import HFLM
 
-            from mergekit_mergeability.checkpoints import load_causal_lm
+            from mergekit_mergeability.sources import load_causal_lm
 
             module, tokenizer = load_causal_lm(
                 self.ends.origin, self.options.get("device", "cpu"), self.options.get("dtype", "float32")
@@ -121,7 +122,7 @@ class Sweep:
 
     def record(self, lam: float) -> Dict[str, Any]:
         """The answers of the λ-model, from the cache or evaluated."""
-        from mergekit_mergeability.evaluation.inmemory import patched
+        from mergekit_mergeability.sources import patched
 
         key = self.key(lam)
         cached = self._answered.get(lam) or self.cache.get(key)
@@ -218,7 +219,7 @@ class Sweep:
 
     def save_model(self, lam: float, folder: Path) -> Path:
         """The λ-model as a model folder (written to a temporary folder, renamed when complete)."""
-        from mergekit_mergeability.evaluation.inmemory import patched
+        from mergekit_mergeability.sources import patched
 
         lm = self.lm()
         with atomic_folder(folder) as partial:
@@ -237,7 +238,7 @@ def _answer(
     """One λ point's answers, in a Ray worker (``distributed.each``); the driver caches them."""
     key = repr((a, b, base, settings, sorted(options.items())))
     if key not in _sweeps:
-        _sweeps[key] = Sweep(a, b, base, settings, options, harness.Cache(None))
+        _sweeps[key] = Sweep(a, b, base, settings, options, Cache(None))
     return _sweeps[key].record(lam)
 
 
@@ -313,7 +314,7 @@ def run(
     base: Optional[str],
     settings: Settings,
     options: Mapping[str, Any],
-    cache: harness.Cache,
+    cache: Cache,
     save_chosen: Optional[Path] = None,
 ) -> Tuple[Dict[str, Any], Sweep]:
     sweep = Sweep(a, b, base, settings, options, cache)

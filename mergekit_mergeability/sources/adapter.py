@@ -15,13 +15,14 @@ import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from mergekit_mergeability.checkpoints import TensorReader, read_header, tensor_index
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.maths.lowrank import LowRank
+from mergekit_mergeability.sources.base import ModelSource, TensorInfo
+from mergekit_mergeability.sources.folder import TensorReader, read_header, source_of
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
@@ -52,7 +53,7 @@ def read_config(folder: Path) -> dict:
     return config
 
 
-class AdapterModel:
+class AdapterModel(ModelSource):
     """A PEFT LoRA adapter folder applied to a base model (a folder or a hub model).
 
     ``str()`` is mergekit's ``base+adapter`` reference, so a recommended config written
@@ -76,11 +77,49 @@ class AdapterModel:
     def __getstate__(self):  # sent to a Ray worker: the open file stays behind, reopened there
         return {**self.__dict__, "_handle": None}
 
+    @property
+    def update_of(self):
+        return self.base
+
+    # what a whole model answers: the base's, the update added where it reads or loads tensors
+
+    def file(self, name: str) -> Optional[Path]:
+        return source_of(self.base).file(name)
+
+    def tensor_index(self) -> Dict[str, TensorInfo]:
+        return source_of(self.base).tensor_index()
+
+    def tensors(self) -> "AdapterReader":
+        return AdapterReader(self)
+
+    def files(self) -> List[Path]:
+        """Its base's, then its adapter_config.json and weights."""
+        return [*source_of(self.base).files(), self.folder / CONFIG, self.folder / WEIGHTS]
+
+    def check(self) -> "AdapterModel":
+        """Checked with its base, and returned as it is."""
+        source_of(self.base).check()
+        self.targets()
+        return self
+
+    def load(self, device: str, dtype: str, tokenizer_from=None):
+        """Its base, with the update added in place."""
+        model, tokenizer = source_of(self.base).load(device, dtype, tokenizer_from)
+        state = model.state_dict()
+        with torch.no_grad():
+            for name, tensor in self.merged(state).items():
+                state[name].copy_(tensor)
+        return model, tokenizer
+
+    def inferred_architecture(self) -> Optional[str]:
+        """None: mergekit reads a model+adapter's architecture from its base."""
+        return None
+
     def targets(self) -> Dict[str, Tuple[str, str]]:
         """Base tensor name -> (its lora_A key, its lora_B key), from the header alone,
         checked against the base's tensor shapes."""
         if self._targets is None:
-            shapes = {name: info.shape for name, info in tensor_index(self.base).items()}
+            shapes = {name: info.shape for name, info in self.tensor_index().items()}
             found = modules(self.folder, self.config)
             for name, (shape, _) in found.items():
                 if name not in shapes:
@@ -132,6 +171,9 @@ class AdapterReader(TensorReader):
     def rows(self, name: str, start: int, stop: int):
         tensor = super().rows(name, start, stop)
         return add(tensor, self.model.update(name), start, stop) if name in self.targets else tensor
+
+    def known_update(self) -> "FormedUpdate":
+        return FormedUpdate(self)
 
 
 class FormedUpdate(Mapping):

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional
 
-from mergekit_mergeability.checkpoints import HubModel, Source, small_file
 from mergekit_mergeability.errors import UserError
+from mergekit_mergeability.sources import HubModel, Source, small_file
 
 SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "unk_token")
 

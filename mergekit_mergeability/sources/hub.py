@@ -1,0 +1,106 @@
+"""A model on the Hugging Face hub: its config, tokenizer files and safetensors headers over
+HTTP, its weights downloaded only when something reads a tensor or loads it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from mergekit_mergeability.errors import UserError
+from mergekit_mergeability.sources.base import ModelSource, TensorInfo
+from mergekit_mergeability.sources.folder import Folder, TensorReader
+
+
+class HubModel(ModelSource, os.PathLike):
+    """A model on the Hugging Face hub, fetched no more than the caller needs.
+
+    ``file`` and ``tensor_index`` read config.json, tokenizer files and the safetensors
+    headers without any weight; used as a path (``Path(model)``, ``open``)
+    it downloads the snapshot, once. ``str()`` stays the hub id, so reports and
+    recommended configs name the model as the user did.
+    """
+
+    def __init__(self, repo_id: str):
+        self.repo_id = repo_id
+        self._folder: Optional[Path] = None
+
+    def __str__(self) -> str:
+        return self.repo_id
+
+    def __repr__(self) -> str:
+        return f"HubModel({self.repo_id!r})"
+
+    def __getstate__(self):  # sent to a Ray worker: it downloads into its own cache
+        return {**self.__dict__, "_folder": None}
+
+    def __fspath__(self) -> str:
+        return str(self.folder)
+
+    def __truediv__(self, name: str) -> Path:
+        return self.folder / name
+
+    @property
+    def folder(self) -> Path:
+        if self._folder is None:
+            patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
+            self._folder = Path(self._hub("snapshot_download", self.repo_id, allow_patterns=patterns))
+        return self._folder
+
+    def file(self, name: str) -> Optional[Path]:
+        """One small file of the repo (None if the hub says it has none by that name)."""
+        from huggingface_hub.errors import RemoteEntryNotFoundError  # not Local…: offline is an error
+
+        try:
+            return Path(self._hub("hf_hub_download", self.repo_id, name, missing_ok=RemoteEntryNotFoundError))
+        except RemoteEntryNotFoundError:
+            return None
+
+    def tensor_index(self) -> Dict[str, TensorInfo]:
+        metadata = self._hub("get_safetensors_metadata", self.repo_id)
+        return {
+            name: TensorInfo(Path(file), tuple(info.shape), info.dtype)
+            for file, header in metadata.files_metadata.items()
+            for name, info in header.tensors.items()
+        }
+
+    # reading tensors, hashing files, loading: the downloaded snapshot, as a local folder
+
+    def tensors(self) -> TensorReader:
+        return TensorReader(self.folder)
+
+    def files(self) -> List[Path]:
+        return Folder(self.folder).files()
+
+    def check(self) -> Path:
+        return Folder(self.folder).check()
+
+    def load(self, device: str, dtype: str, tokenizer_from=None):
+        return Folder(self.folder).load(device, dtype, tokenizer_from)
+
+    def _hub(self, function: str, *args, missing_ok=(), **kwargs):
+        import huggingface_hub  # looked up at call time, so tests can stand in for the hub
+
+        try:
+            return getattr(huggingface_hub, function)(*args, **kwargs)
+        except missing_ok:
+            raise
+        except Exception as error:  # offline, gated, missing: all the user can act on is the message
+            raise UserError(
+                f"model {self.repo_id}: no such folder, and not on the hub ({type(error).__name__}); "
+                "relative paths resolve against the working directory"
+            ) from None
+
+
+def is_hub_id(reference: str) -> bool:
+    """Whether ``reference`` could name a hub model: ``namespace/name`` (an ``@revision`` aside)
+    by the hub's own rules; a path (``./``, ``/``, ``~``) never does."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if reference.startswith((".", "/", "~")) or reference.count("/") != 1:
+        return False
+    try:
+        validate_repo_id(reference.split("@", 1)[0])
+    except HFValidationError:
+        return False
+    return True
