@@ -58,9 +58,13 @@ CONDITIONAL: Dict[str, int] = {
     "merged_count": -1,
 }
 FEATURES: Dict[str, int] = {**EXPERT, **CONDITIONAL}
+# knowledge_weighted's knowledge values: the base's p(gold) as the task is scored, the precheck
+# calibration's choice on the measured families (precheck/calibration.json, knowledge_feature)
+KNOWLEDGE_FEATURE = "scored_p_gold"
 # Gaussian coordinates for the TIES approximation: per part (decoder layer) that some update
-# changes, SAMPLES, or fewer when many parts share ROWS (sampling error ≈ 0.02 on c_i)
-SAMPLES, ROWS = 4096, 16384
+# changes, SAMPLES, or fewer when many parts share ROWS; with the control variate (below) the
+# sampling error on c_i is about 0.02 (tests/test_plan.py checks it against mergekit's ties)
+SAMPLES, ROWS = 2048, 4096
 SEED = 0
 
 # Merge rules: which fitted model predicts a merge, and where a rule without one falls back to
@@ -153,13 +157,15 @@ class Pool:
 def from_report(
     report: Mapping[str, Any],
     names: Optional[Sequence[str]] = None,
-    knowledge_feature: str = "scored_p_gold",
+    knowledge_feature: str = KNOWLEDGE_FEATURE,
     expert_scores: Optional[Mapping[str, float]] = None,
+    base_scores: Optional[Mapping[str, float]] = None,
 ) -> Pool:
     """The pool of a precheck report (precheck.json as a dict), its experts in ``names`` order
-    (default: the report's). The base's own score on a task is its accuracy there as the task is
-    scored (what ``mergeability`` measures as ``base_score``); an expert's own score is
-    ``expert_scores``' where given, else 1 (a fine-tune that does its task)."""
+    (default: the report's). The base's own score on a task is ``base_scores``' where given
+    (measured), else its accuracy there as the task is scored (the precheck's: what
+    ``mergeability`` measures as ``base_score`` for a multiple-choice probe); an expert's own
+    score is ``expert_scores``' where given, else 1 (a fine-tune that does its task)."""
     experts = {m["path"]: m for m in report["models"] if m["role"] == "expert"}
     names = tuple(names or experts)
     missing = [n for n in names if n not in experts]
@@ -182,7 +188,7 @@ def from_report(
     base = []
     for name in names:
         knowledge = experts[name].get("knowledge") or {}
-        score = knowledge.get("scored_accuracy", knowledge.get("accuracy"))
+        score = (base_scores or {}).get(name, knowledge.get("scored_accuracy", knowledge.get("accuracy")))
         base.append(np.nan if score is None else score)
     return Pool(
         names=names,
@@ -285,23 +291,28 @@ class Coordinates:
     def __init__(self, pool: Pool, seed: int = SEED):
         rng = np.random.default_rng(seed)
         kappa = coupling(pool)
+        n = len(pool)
         used = [p for p in range(pool.parts.shape[1]) if (pool.parts[:, p] > 0).any()]
         samples = min(SAMPLES, max(128, ROWS // max(len(used), 1)))
         blocks, sigmas = [], []
+        self.sampled_gram = np.zeros((n, n))  # the covariance actually sampled (Σ_l G^l, each made PSD)
         for p in used:
             column = pool.parts[:, p]
-            g = kappa * np.outer(column, column)
-            values, vectors = np.linalg.eigh(g)
+            values, vectors = np.linalg.eigh(kappa * np.outer(column, column))
             factor = vectors * np.sqrt(np.clip(values, 0, None))
-            block = rng.standard_normal((samples, factor.shape[1])) @ factor.T
-            block[:, column == 0] = 0.0
-            blocks.append(block)
-            sigmas.append(np.broadcast_to(column, (samples, len(column))))
-        n = len(pool)
-        self.y = np.vstack(blocks) if blocks else np.zeros((0, n))
-        self.sigma = np.vstack(sigmas) if sigmas else np.zeros((0, n))  # each row's part norm, per update
+            factor[column == 0] = 0.0
+            self.sampled_gram += factor @ factor.T
+            blocks.append(factor @ rng.standard_normal((factor.shape[1], samples)))
+            sigmas.append(np.broadcast_to(column[:, None], (n, samples)))
+        # stored update by update (n × rows): a subset's coordinates are contiguous rows
+        # float32: half the memory traffic of the search's innermost loop, far below the sampling error
+        self.y = (np.hstack(blocks) if blocks else np.zeros((n, 0))).astype(np.float32)
+        self.squares = self.y * self.y
+        self.cubes = self.squares * self.y
+        self.square_sums = self.squares.sum(axis=1, dtype=float)
+        self.fourth_sums = (self.squares.astype(float) ** 2).sum(axis=1)
+        self.sigma = (np.hstack(sigmas) if sigmas else np.zeros((n, 0))).astype(np.float32)
         self.samples = samples
-        self.gram = pool.gram
         self._kept: Dict[float, np.ndarray] = {}
 
     def kept(self, density: float) -> np.ndarray:
@@ -318,22 +329,40 @@ class Coordinates:
         """u·τ_i for each member, u the TIES merge of the members' sampled coordinates: trim,
         weight, elect the sign of the sum, average the agreeing entries (mergekit's ``ties``,
         normalize on; knowledge_weighted's ties branch is the same)."""
-        trimmed = self.kept(merge.density)[:, members] * w
-        elected = np.where(trimmed.sum(axis=1) >= 0, 1.0, -1.0)
-        agree = np.sign(trimmed) == elected[:, None]
-        divisor = agree @ w
-        merged = (trimmed * agree).sum(axis=1) / np.where(divisor == 0, 1.0, divisor)
-        own = self.y[:, members]
-        terms = merged[:, None] * own  # per coordinate, its share of u·τ_i
-        # control variate: the plain sum's share, whose mean Σ_j G_ij is known exactly
-        plain = own.sum(axis=1)[:, None] * own
-        known = self.gram[np.ix_(members, members)].sum(axis=1)
-        centred = plain - plain.mean(axis=0)
-        spread = (centred * centred).sum(axis=0)
-        beta = np.where(
-            spread > 0, (centred * (terms - terms.mean(axis=0))).sum(axis=0) / np.where(spread > 0, spread, 1), 0
+        trimmed = self.kept(merge.density)[members] * w.astype(np.float32)[:, None]  # (members, rows)
+        elected = np.where(trimmed.sum(axis=0) >= 0, 1.0, -1.0)
+        agree = trimmed * elected > 0
+        divisor = w.astype(np.float32) @ agree
+        merged = (trimmed * agree).sum(axis=0) / np.where(divisor == 0, 1.0, divisor)
+        own, squares, cubes = self.y[members], self.squares[members], self.cubes[members]
+        # Control variates with known means remove most of the sampling noise: a_i = y_i² (mean
+        # G_ii) and b_i = (s − y_i)·y_i with s = Σ_j y_j (mean Σ_{j≠i} G_ij), β by least squares
+        # per member from sums of powers (no rows × members temporaries beyond the inputs).
+        s = own.sum(axis=0)
+        rows = self.y.shape[1]
+        a, aa = self.square_sums[members], self.fourth_sums[members]
+        t = own @ merged
+        cubed_s = cubes @ s
+        b = own @ s - a
+        bb = squares @ (s * s) - 2 * cubed_s + aa
+        ab = cubed_s - aa
+        ta = cubes @ merged
+        tb = squares @ (merged * s) - ta
+        c_aa, c_bb, c_ab = aa - a * a / rows, bb - b * b / rows, ab - a * b / rows
+        c_ta, c_tb = ta - t * a / rows, tb - t * b / rows
+        det = c_aa * c_bb - c_ab * c_ab
+        both = det > 1e-9 * np.maximum(c_aa * c_bb, 1e-30)
+        safe = np.where(both, det, 1.0)
+        # where one control is degenerate (b ≡ 0: no partner shares the update's parts), the other alone
+        only_a = ~both & (c_aa > 0)
+        beta_a = np.where(
+            both, (c_ta * c_bb - c_tb * c_ab) / safe, np.where(only_a, c_ta / np.where(only_a, c_aa, 1), 0)
         )
-        return (terms.sum(axis=0) - beta * (plain.sum(axis=0) - self.samples * known)) / self.samples
+        beta_b = np.where(both, (c_tb * c_aa - c_ta * c_ab) / safe, 0.0)
+        g = self.sampled_gram[np.ix_(members, members)]
+        mean_a, mean_b = np.diag(g) * self.samples, (g.sum(axis=1) - np.diag(g)) * self.samples
+        estimate = t - beta_a * (a - mean_a) - beta_b * (b - mean_b)
+        return (estimate / self.samples).astype(float)
 
 
 def conditional_features(pool: Pool, members: Sequence[int], merge: Merge) -> Dict[str, np.ndarray]:
@@ -417,8 +446,10 @@ class ConditionalCalibration:
                 return self.fitted[other], True
         return None, True
 
-    def predict(self, pool: Pool, members: Sequence[int], merge: Merge) -> Prediction:
-        """Each member's predicted own-task score inside this merge; a merge of one is the expert itself."""
+    def predict(self, pool: Pool, members: Sequence[int], merge: Merge, domain: bool = True) -> Prediction:
+        """Each member's predicted own-task score inside this merge; a merge of one is the expert
+        itself. ``domain``: also say which features lie outside the fitted range (not needed
+        while searching)."""
         members = np.asarray(members, dtype=int)
         if len(members) == 1:
             return Prediction(pool.expert_score[members].copy(), "alone", False, [[]])
@@ -427,7 +458,7 @@ class ConditionalCalibration:
             raise LookupError(f"no conditional model fitted for {merge.rule} nor any fallback")
         x = design(pool, members, merge, chosen.model.names)
         values = np.clip(chosen.model.predict(x), 0.0, 1.0)
-        return Prediction(values, chosen.rule, fallback, _outside(chosen, x))
+        return Prediction(values, chosen.rule, fallback, _outside(chosen, x) if domain else [[] for _ in members])
 
 
 def _outside(chosen: Fitted, x: np.ndarray) -> List[List[str]]:

@@ -30,6 +30,7 @@ from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.files import SCHEMA_VERSION, read_report, write_atomic
 from mergekit_mergeability.maths import calibration as fitting
 from mergekit_mergeability.plan import conditional as cond
+from mergekit_mergeability.plan.decide import merge_of
 
 DEFAULT = Path(__file__).with_name("conditional.json")
 PRECHECK_FIELDS = ("path", "role", "knowledge", "weights")
@@ -105,42 +106,6 @@ def trials(folder: Path) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
     return list(found.values()), summary
 
 
-def trial_merge(row: Mapping[str, Any], members: Sequence[str]) -> cond.Merge:
-    """The merge a trial ran, with every member's weight as mergekit computed it."""
-    method, shared, per_model = row["method"], dict(row["parameters"] or {}), row["per_model"] or {}
-
-    def value(model: str, key: str, default):
-        return float((per_model.get(model) or {}).get(key, shared.get(key, default)))
-
-    if method == cond.KNOWLEDGE_WEIGHTED:
-        from mergekit_mergeability.methods.knowledge_weighted import DEFAULT_DENSITY, DEFAULT_TEMPERATURE, DEFAULT_TIES
-
-        temperature = float(shared.get("temperature", DEFAULT_TEMPERATURE))
-        known = np.array([value(m, "knowledge", 0.5) for m in members])
-        logits = (1 - known) / temperature
-        shares = np.exp(logits - logits.max()) * np.array([value(m, "weight", 1.0) for m in members])
-        shares /= shares.sum()
-        return cond.Merge(
-            method,
-            density=float(np.mean([value(m, "density", DEFAULT_DENSITY) for m in members])),
-            temperature=temperature,
-            ties=bool(shared.get("ties", DEFAULT_TIES)),
-            scale=float(shared.get("scale", 1.0)),
-            weights=tuple(zip(members, shares.tolist())),
-        )
-    if method in (cond.TASK_ARITHMETIC, cond.TIES, cond.LINEAR):
-        weights = np.array([value(m, "weight", 1.0) for m in members])
-        if method == cond.LINEAR:  # mergekit's linear normalises the weights
-            weights = weights / weights.sum()
-        return cond.Merge(
-            method,
-            density=float(np.mean([value(m, "density", 1.0) for m in members])),
-            scale=float(shared.get("lambda", 1.0)),
-            weights=tuple(zip(members, weights.tolist())),
-        )
-    raise UserError(f"trials of {method}: the plan models task_arithmetic, linear, ties and knowledge_weighted merges")
-
-
 def measured_rows(pairs: Sequence[Tuple[Path, Path]]) -> Rows:
     """Every trial of every (precheck.json, mergeability folder) pair, as design rows."""
     names = list(cond.FEATURES)
@@ -156,7 +121,7 @@ def measured_rows(pairs: Sequence[Tuple[Path, Path]]) -> Rows:
             members = [row["model"], *row["partners"]]
             if any(m not in pool.names for m in members):
                 continue  # a trial of a model this precheck did not measure
-            merge = trial_merge(row, members)
+            merge = merge_of(row["method"], row["parameters"], row["per_model"], members)
             x = cond.design(pool, [pool.index(m) for m in members], merge, names)[0]
             xs.append(x)
             ys.append(row["score"])
@@ -267,6 +232,7 @@ def fit(rows: Rows, permutations: int = 0, seed: int = 0, resamples: int = 1000)
         "kind": "conditional calibration",
         "target": "the expert's own-task score in one measured merge (a trial)",
         "features": dict(cond.FEATURES),
+        "knowledge_feature": cond.KNOWLEDGE_FEATURE,
         "fitted_only_with_several_sizes": list(NEEDS_SIZES),
         "rules": fitted,
         "pools": rows.sources,

@@ -57,19 +57,21 @@ class Result:
 class Objective:
     """Slot values, memoised; ``best(members)`` is the best merge for them and its value."""
 
-    def __init__(self, score: Score, merges: Sequence[Hashable], outside: np.ndarray):
+    def __init__(self, score: Score, merges: Sequence[Hashable], outside: np.ndarray, memo: Optional[Dict] = None):
         self.score, self.merges, self.outside = score, list(merges), np.asarray(outside, dtype=float)
-        self._values: Dict[Tuple[Tuple[int, ...], Hashable], float] = {}
+        self._values: Dict[Tuple[Tuple[int, ...], Hashable], float] = {} if memo is None else memo
+        self._new = 0
         self._best: Dict[Tuple[int, ...], Tuple[Optional[Hashable], float]] = {}
 
     @property
     def evaluations(self) -> int:
-        return len(self._values)
+        return self._new
 
     def value(self, members: Tuple[int, ...], merge: Hashable) -> float:
         key = (members, merge)
         if key not in self._values:
             self._values[key] = float(np.sum(self.score(members, merge)))
+            self._new += 1
         return self._values[key]
 
     def best(self, members: Tuple[int, ...]) -> Tuple[Optional[Hashable], float]:
@@ -97,12 +99,14 @@ def search(
     seed: int = 0,
     kicks: Optional[int] = None,
     progress: Callable[[int], None] = lambda done: None,
+    memo: Optional[Dict] = None,
 ) -> Result:
-    """The best assignment found of n experts to at most ``slots`` merged models."""
+    """The best assignment found of n experts to at most ``slots`` merged models. ``memo``
+    (a dict) shares slot values between searches of one pool."""
     started = time.perf_counter()
-    objective = Objective(score, merges, outside)
+    objective = Objective(score, merges, outside, memo)
     rng = random.Random(seed)
-    kicks = (4 if n <= 30 else 2) if kicks is None else kicks
+    kicks = kicks_for(n) if kicks is None else kicks
     starts = {
         "greedy": _local(objective, _greedy(objective, n, slots)),
         "everything": _local(objective, [tuple(range(n))] + [()] * (slots - 1)),
@@ -119,6 +123,11 @@ def search(
     reached["kicks"] = objective.total(best)
     result = [Slot(members, *objective.best(members)) for members in best]
     return Result(result, objective.total(best), objective.evaluations, time.perf_counter() - started, reached)
+
+
+def kicks_for(n: int) -> int:
+    """Random restarts from the best state: more where each costs little."""
+    return 4 if n <= 30 else 2
 
 
 def _greedy(objective: Objective, n: int, slots: int) -> List[Tuple[int, ...]]:
