@@ -24,6 +24,7 @@ from mergekit_mergeability.tiny import derive, make_adapter, state_dict
 from conftest import noise, ranked_probes
 
 BIN = Path(sys.executable).parent
+FAST = ["--fewshot", "0", "--dtype", "float32"]  # the lettered few-shot view is measured, not planned on
 QUESTIONS = ["Which one is it?", "Pick the right one.", "What is the answer?"]
 CHOICES = ["Paris", "water", "fox", "dog"]
 
@@ -163,7 +164,8 @@ def test_ties_never_dilutes_updates_on_disjoint_layers_but_a_mean_does():
 def test_cancelling_updates_keep_nothing_along_their_own_direction_under_either_merge():
     pool = pool_of([[1.0, -1.0], [-1.0, 1.0]])
     np.testing.assert_allclose(cond.own_coefficients(pool, [0, 1], cond.Merge("task_arithmetic")), [0, 0], atol=1e-12)
-    np.testing.assert_allclose(cond.own_coefficients(pool, [0, 1], cond.Merge("ties", density=0.5)), [0, 0], atol=0.03)
+    # sampling error ~0.04 (the coordinates' sign election is a coin flip here); an unrelated pair keeps ~0.6
+    np.testing.assert_allclose(cond.own_coefficients(pool, [0, 1], cond.Merge("ties", density=0.5)), [0, 0], atol=0.08)
 
 
 def test_layer_selective_keeps_the_upper_models_own_upper_layers():
@@ -265,7 +267,7 @@ def cancelling(llama, tmp_path_factory):
     probes = [ranked_probes(root / f"{k}.jsonl", base, QUESTIONS, CHOICES, pick=1) for k in "abc"]
     config = _config(root / "pool.yml", base, [a, b, c], probes)
     out = root / "plan"
-    result = CliRunner().invoke(cli, ["plan", str(config), "--out", str(out), "--quiet", "--dtype", "float32"])
+    result = CliRunner().invoke(cli, ["plan", str(config), "--out", str(out), "--quiet", *FAST])
     assert result.exit_code == 0, result.output
     return root, config, out, (a, b, c)
 
@@ -357,7 +359,10 @@ def test_a_pool_of_adapters_plans_as_the_same_pool_materialised(llama, tmp_path)
         targets = [t.format(layer) for layer in layers for t in LORA_TARGETS]
         make_adapter(base, adapters / f"e{i}", targets, rank=rank, alpha=alpha, seed=seed)
         materialise(resolve(str(adapters / f"e{i}")), full / f"e{i}")
-        ranked_probes(probes / f"e{i}.jsonl", base, QUESTIONS, CHOICES, pick=i % 3)
+        if i < 2:
+            ranked_probes(probes / f"e{i}.jsonl", base, QUESTIONS, CHOICES, pick=i)
+        else:  # the base knows e2 as e0, e3 as e1
+            shutil.copy(probes / f"e{i - 2}.jsonl", probes / f"e{i}.jsonl")
     runner = CliRunner()
     native = runner.invoke(
         cli, ["plan", "--pool", str(adapters), "--probes", str(probes), "--out", str(tmp_path / "a"), "-q"]

@@ -299,7 +299,10 @@ class Coordinates:
         for p in used:
             column = pool.parts[:, p]
             values, vectors = np.linalg.eigh(kappa * np.outer(column, column))
-            factor = vectors * np.sqrt(np.clip(values, 0, None))
+            # the symmetric square root: unlike an eigenvector basis (which turns freely inside a
+            # repeated eigenvalue) it moves little when G moves little, so two measurements of one
+            # pool (adapters, and the same adapters materialised) draw nearly the same coordinates
+            factor = (vectors * np.sqrt(np.clip(values, 0, None))) @ vectors.T
             factor[column == 0] = 0.0
             self.sampled_gram += factor @ factor.T
             blocks.append(factor @ rng.standard_normal((factor.shape[1], samples)))

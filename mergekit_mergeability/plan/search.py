@@ -28,6 +28,10 @@ from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 import numpy as np
 
 WIDTH = 8  # experts paired each way by swaps and exchanges
+# A move must gain more than this (in tasks) to be taken, and states within it of each other are
+# tied, the one merging fewer experts preferred: rounding (an adapter pool and the same pool
+# materialised differ by ~1e-7) must not decide between equally good plans.
+TOLERANCE = 1e-5
 Score = Callable[[Tuple[int, ...], Hashable], np.ndarray]  # (members sorted, merge) -> per member
 
 
@@ -112,17 +116,27 @@ def search(
         "everything": _local(objective, [tuple(range(n))] + [()] * (slots - 1)),
     }
     reached = {name: objective.total(state) for name, state in starts.items()}
-    best = max(starts.values(), key=objective.total)
+    best = starts["greedy"]
+    if _better(objective, starts["everything"], best):
+        best = starts["everything"]
     progress(2)
     for _ in range(kicks):
         kicked = _kick(best, n, slots, rng)
         candidate = _local(objective, kicked)
-        if objective.total(candidate) > objective.total(best) + 1e-12:
+        if _better(objective, candidate, best):
             best = candidate
         progress(1)
     reached["kicks"] = objective.total(best)
     result = [Slot(members, *objective.best(members)) for members in best]
     return Result(result, objective.total(best), objective.evaluations, time.perf_counter() - started, reached)
+
+
+def _better(objective: "Objective", state, than) -> bool:
+    """More tasks kept by more than TOLERANCE; or as many, merging fewer experts."""
+    gained = objective.total(state) - objective.total(than)
+    if abs(gained) > TOLERANCE:
+        return gained > 0
+    return sum(map(len, state)) < sum(map(len, than))
 
 
 def kicks_for(n: int) -> int:
@@ -135,7 +149,7 @@ def _greedy(objective: Objective, n: int, slots: int) -> List[Tuple[int, ...]]:
     while True:
         inside = set(itertools.chain.from_iterable(state))
         current = [objective.best(s)[1] for s in state]
-        best_gain, best_move = 1e-12, None
+        best_gain, best_move = TOLERANCE, None
         for i in range(n):
             if i in inside:
                 continue
@@ -189,7 +203,7 @@ def _local(objective: Objective, state: List[Tuple[int, ...]]) -> List[Tuple[int
                     new = {a: _with(_without(state[a], i), j), b: _with(_without(state[b], j), i)}
                     consider(("exchange", i, j), new, 0.0)
         move, (new, gain) = max(changes.items(), key=lambda item: item[1][1], default=(None, (None, 0.0)))
-        if gain <= 1e-12:
+        if gain <= TOLERANCE:
             return state
         for s, members in new.items():
             state[s] = members
