@@ -80,7 +80,7 @@ def fit(args) -> None:
                 table.add_row(
                     rule,
                     size,
-                    how.replace("leave_one_", "").replace("_out", ""),
+                    how.replace("leave_one_", "").replace("_out", "").replace("pool", "family"),
                     str(cell["experts"]),
                     str(cell["trials"]),
                     f"{cell['spearman']:+.2f} [{low:+.2f}, {high:+.2f}]",

@@ -400,3 +400,23 @@ def test_decide_states_the_objective_and_its_references(cancelling):
     assert decision.references["base"].total <= decision.objective <= alone
     assert decision.objective == pytest.approx(decision.objective_of([(p.members, p.merge) for p in decision.planned]))
     shutil.rmtree(root / "plan_k2", ignore_errors=True)
+
+
+def test_budget_evals_measure_the_best_candidates_and_keep_the_best_measured(cancelling, tmp_path):
+    root, config, out, _ = cancelling
+    checked = tmp_path / "checked"
+    result = CliRunner().invoke(
+        cli,
+        ["plan", str(config), "--out", str(checked), "--precheck", str(out / "precheck.json"), "--budget-evals", "4"]
+        + ["--no-cache", "-q", *FAST],
+    )
+    assert result.exit_code == 0, result.output
+    plan = json.loads((checked / "plan.json").read_text())
+    found = plan["checked"]
+    assert found["spent"] <= 4 and found["candidates"]
+    best = max(found["candidates"], key=lambda c: c["measured"])
+    assert found["chosen"] == best["label"]
+    # the plan written is the one measured best: its models are that candidate's
+    assert [sorted(m["members"]) for m in plan["models"]] == [sorted(m["members"]) for m in best["models"]]
+    for candidate in found["candidates"]:
+        assert 0 <= candidate["measured"] <= len(plan["experts"])

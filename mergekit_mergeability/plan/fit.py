@@ -42,8 +42,8 @@ class Rows:
 
     x: np.ndarray  # (trials, len(cond.FEATURES))
     y: np.ndarray  # (trials,) the expert's own-task score in that trial
-    expert: List[str]  # "pool:path", the grouping unit
-    pool: List[str]
+    expert: List[str]  # the expert's path: the unit held out (with all its trials, from every pool)
+    pool: List[str]  # its family: pools that share experts, held out and ranked within together
     rule: List[str]
     size: np.ndarray  # |S| of each trial's merge
     sources: List[Dict[str, Any]]  # per pool: files, method, partners, trials, experts
@@ -115,7 +115,7 @@ def measured_rows(pairs: Sequence[Tuple[Path, Path]]) -> Rows:
         found, summary = trials(folder)
         measured = {m["path"]: m.get("expert_score") for m in summary.get("models", [])}
         pool = cond.from_report(report, expert_scores={k: v for k, v in measured.items() if v is not None})
-        label = f"pool{number}:{Path(folder).name}"
+        label = f"{Path(precheck_path).parent.parent.name}/{Path(folder).name}"
         kept = 0
         for row in found:
             members = [row["model"], *row["partners"]]
@@ -125,7 +125,7 @@ def measured_rows(pairs: Sequence[Tuple[Path, Path]]) -> Rows:
             x = cond.design(pool, [pool.index(m) for m in members], merge, names)[0]
             xs.append(x)
             ys.append(row["score"])
-            experts.append(f"{label}:{row['model']}")
+            experts.append(row["model"])
             pools.append(label)
             rules.append(merge.rule)
             sizes.append(len(members))
@@ -141,9 +141,34 @@ def measured_rows(pairs: Sequence[Tuple[Path, Path]]) -> Rows:
                 "partners": summary.get("partners"),
                 "trials": kept,
                 "experts": len({e for e, p in zip(experts, pools) if p == label}),
+                "sizes": sorted({s for s, p in zip(sizes, pools) if p == label}),
             }
         )
-    return Rows(np.array(xs), np.array(ys), experts, pools, rules, np.array(sizes), sources)
+    families = _families(experts, pools)
+    for source in sources:
+        source["family"] = families[source["label"]]
+    return Rows(np.array(xs), np.array(ys), experts, [families[p] for p in pools], rules, np.array(sizes), sources)
+
+
+def _families(experts: Sequence[str], pools: Sequence[str]) -> Dict[str, str]:
+    """Pools that share an expert (one pool measured with two methods or sizes, or a pool and a
+    subset of it) are one family: held out together, ranked within together."""
+    parent = {p: p for p in dict.fromkeys(pools)}
+
+    def root(p):
+        while parent[p] != p:
+            p = parent[p]
+        return p
+
+    first: Dict[str, str] = {}
+    for expert, pool in zip(experts, pools):
+        if expert in first and root(first[expert]) != root(pool):
+            parent[root(pool)] = root(first[expert])
+        first.setdefault(expert, pool)
+    members: Dict[str, List[str]] = {}
+    for p in parent:
+        members.setdefault(root(p), []).append(p)
+    return {p: "+".join(members[root(p)]) for p in parent}
 
 
 # Fitted only where a rule's trials span two merge sizes or more: at one size they carry what
