@@ -368,33 +368,39 @@ class Coordinates:
         return (estimate / self.samples).astype(float)
 
 
-def conditional_features(pool: Pool, members: Sequence[int], merge: Merge) -> Dict[str, np.ndarray]:
-    """Every member's merge-dependent features (``CONDITIONAL``), in ``members`` order; the
-    partner features are nan for a merge of one."""
+def conditional_features(
+    pool: Pool, members: Sequence[int], merge: Merge, wanted: Sequence[str] = tuple(CONDITIONAL)
+) -> Dict[str, np.ndarray]:
+    """The members' merge-dependent features (``CONDITIONAL``, or those ``wanted``), in
+    ``members`` order; the partner features are nan for a merge of one."""
     members = np.asarray(members, dtype=int)
     k = len(members)
-    g = pool.gram[np.ix_(members, members)]
-    own = np.diag(g)
-    w = member_weights(pool, members, merge)
-    pulled = g @ w - w * own  # τ_i · Σ_{j≠i} w_j τ_j
-    rest = np.sqrt(np.clip(w @ g @ w - 2 * w * (g @ w) + w * w * own, 0, None))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        cosine = np.where(rest * np.sqrt(own) > 0, pulled / (rest * np.sqrt(np.clip(own, 0, None))), 0.0)
-        conflict = (pool.sign_conflict[np.ix_(members, members)].sum(axis=1)) / (k - 1) if k > 1 else np.full(k, np.nan)
-    if k == 1:
-        cosine = np.full(1, np.nan)
-    return {
-        "own_coefficient": own_coefficients(pool, members, merge),
-        "partner_cosine": cosine,
-        "partner_sign_conflict": conflict,
-        "merged_count": np.full(k, math.log(k)),
-    }
+    found: Dict[str, np.ndarray] = {}
+    if "own_coefficient" in wanted:
+        found["own_coefficient"] = own_coefficients(pool, members, merge)
+    if "partner_cosine" in wanted:
+        g = pool.gram[np.ix_(members, members)]
+        own = np.diag(g)
+        w = member_weights(pool, members, merge)
+        pulled = g @ w - w * own  # τ_i · Σ_{j≠i} w_j τ_j
+        rest = np.sqrt(np.clip(w @ g @ w - 2 * w * (g @ w) + w * w * own, 0, None))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scale = rest * np.sqrt(np.clip(own, 0, None))
+            found["partner_cosine"] = (
+                np.where(scale > 0, pulled / np.where(scale > 0, scale, 1), 0.0) if k > 1 else np.full(k, np.nan)
+            )
+    if "partner_sign_conflict" in wanted:
+        within = pool.sign_conflict[np.ix_(members, members)].sum(axis=1)
+        found["partner_sign_conflict"] = within / (k - 1) if k > 1 else np.full(k, np.nan)
+    if "merged_count" in wanted:
+        found["merged_count"] = np.full(k, math.log(k))
+    return found
 
 
 def design(pool: Pool, members: Sequence[int], merge: Merge, names: Sequence[str]) -> np.ndarray:
     """The feature matrix (members × ``names``) the conditional model reads."""
     members = np.asarray(members, dtype=int)
-    conditional = conditional_features(pool, members, merge)
+    conditional = conditional_features(pool, members, merge, [n for n in names if n in CONDITIONAL])
     own = dict(zip(EXPERT, pool.expert_features[members].T))
     columns = [conditional[name] if name in conditional else own[name] for name in names]
     return np.column_stack(columns) if columns else np.zeros((len(members), 0))

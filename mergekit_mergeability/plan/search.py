@@ -141,7 +141,7 @@ def _better(objective: "Objective", state, than) -> bool:
 
 def kicks_for(n: int) -> int:
     """Random restarts from the best state: more where each costs little."""
-    return 4 if n <= 30 else 2
+    return 4 if n <= 30 else 2 if n <= 60 else 1
 
 
 def _greedy(objective: Objective, n: int, slots: int) -> List[Tuple[int, ...]]:
