@@ -10,6 +10,13 @@ whether a plan keeps what it predicts.
         Plan on N LoRA adapters of a SmolLM2-shaped model (factors only, random; never
         materialised): the weight pass alone against the plan's own work after it,
         time and peak memory, each in a fresh process.
+    python benchmarks/plan.py methods pools-out/fit [--measured ties_d0.5=0.799 ...]
+        Each merge rule's prediction for a measured pool's own trials (every expert with the
+        partners its mean-merge trials drew, merged with each method instead): the mean over
+        experts and by thirds of the base's knowledge, next to what was measured where a
+        pools-out/<pool>/mergeability/<label>/ holds that method's trials (or --measured
+        LABEL=VALUE gives the overall number). The check of the fallback predictions until
+        each method's own trials are fitted.
     python benchmarks/plan.py check POOL.yml --precheck PRECHECK_JSON [--models 1] [--random 20]
         The issue's done-when on a measured pool: the planned merge measured in memory
         (every expert scored on its own task inside its planned model, as `mergeability`
@@ -301,6 +308,76 @@ def check(args) -> None:
         )
 
 
+METHODS = {  # label as benchmarks/pools.py writes it -> the merge it ran (knowledge from the precheck)
+    "ties_d0.5": ("ties", {"density": 0.5}),
+    "kw_t0.1": ("knowledge_weighted", {"temperature": 0.1, "ties": False}),
+    "kw_t0.3": ("knowledge_weighted", {"temperature": 0.3, "ties": False}),
+    "kw_ties_t0.1_d0.5": ("knowledge_weighted", {"temperature": 0.1, "ties": True, "density": 0.5}),
+    "kw_ties_t0.3_d0.5": ("knowledge_weighted", {"temperature": 0.3, "ties": True, "density": 0.5}),
+}
+
+
+def methods(args) -> None:
+    from mergekit_mergeability.plan import conditional as cond, fit as fitting
+
+    folder = Path(args.pool)
+    report = json.loads((folder / "precheck" / "precheck.json").read_text())
+    mean = json.loads((folder / "mergeability" / "mean" / "mergeability.json").read_text())
+    calibration = fitting.load(args.calibration)
+    pool = cond.from_report(report)
+    index = {name: i for i, name in enumerate(pool.names)}
+    order = np.argsort(pool.knowledge, kind="stable")
+    thirds = np.array_split(order, 3)
+    given = dict(item.split("=") for item in args.measured or ())
+    table = Table(
+        "merge",
+        "rule read",
+        "predicted: all",
+        "weakest third",
+        "middle",
+        "strongest",
+        "measured: all",
+        "weakest",
+        "middle",
+        "strongest",
+        title=f"{folder.name}: predictions for the mean-merge trials' partner draws, merged with each method",
+    )
+    for label, (method, knobs) in {"mean": ("task_arithmetic", {}), **METHODS}.items():
+        per = np.full(len(pool), np.nan)
+        for model in mean["models"]:
+            i = index[model["path"]]
+            values = []
+            for trial in model["trials"]:
+                members = [i] + [index[p] for p in trial["partners"]]
+                merge = (
+                    cond.Merge(method, **knobs)
+                    if method != "task_arithmetic"
+                    else cond.Merge(
+                        method, weights=tuple((pool.names[j], mean["parameters"]["weight"]) for j in members)
+                    )
+                )
+                prediction = calibration.predict(pool, members, merge, domain=False)
+                values.append(prediction.values[0])
+            per[i] = np.mean(values)
+        rule = calibration.model_for(cond.Merge(method, **knobs).rule)
+        measured_row = ["", "", "", ""]
+        path = folder / "mergeability" / label / "mergeability.json"
+        if path.is_file():
+            found = {index[m["path"]]: m["mergeability"] for m in json.loads(path.read_text())["models"]}
+            values = np.array([found.get(i, np.nan) for i in range(len(pool))])
+            measured_row = [f"{np.nanmean(values):.3f}"] + [f"{np.nanmean(values[t]):.3f}" for t in thirds]
+        elif label in given:
+            measured_row = [given[label], "", "", ""]
+        table.add_row(
+            label,
+            f"{rule[0].rule}{' (fallback)' if rule[1] else ''}",
+            f"{np.nanmean(per):.3f}",
+            *[f"{np.nanmean(per[t]):.3f}" for t in thirds],
+            *measured_row,
+        )
+    console.print(table)
+
+
 def _paired_interval(a: np.ndarray, b: np.ndarray, seed: int, resamples: int = 2000):
     rng = np.random.default_rng(seed)
     differences = a - b
@@ -326,6 +403,10 @@ def main():
     timing.add_argument("--rank", type=int, default=16)
     timing.add_argument("--models", type=int, default=1)
     timing.add_argument("--work", type=Path)
+    comparing = commands.add_parser("methods")
+    comparing.add_argument("pool", type=Path, help="a measured pool's folder (pools-out/<pool>)")
+    comparing.add_argument("--calibration", type=Path)
+    comparing.add_argument("--measured", nargs="*", metavar="LABEL=VALUE", help="overall measured numbers to show")
     checking = commands.add_parser("check")
     checking.add_argument("pool", type=Path)
     checking.add_argument("--precheck", type=Path, required=True)
@@ -338,7 +419,7 @@ def main():
     checking.add_argument("--out", type=Path, help="also write every arm's per-expert scores here (JSON)")
     checking.add_argument("--quiet", "-q", action="store_true")
     args = parser.parse_args()
-    {"fit": fit, "speed": speed, "check": check}[args.command](args)
+    {"fit": fit, "speed": speed, "methods": methods, "check": check}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -542,7 +542,7 @@ def plan(
     \b
     Writes OUT/plan.json, OUT/models/model<k>.yml (each runs with the stock
     mergekit-yaml), OUT/precheck.json (reuse with --precheck) and report.html.
-    Predictions come from merges measured by the project (README: plan); a
+    Predictions come from merges measured by the project (docs/plan.md); a
     method never measured is predicted by the nearest measured one and marked.
     """
     from mergekit_mergeability.plan.report import print_plan

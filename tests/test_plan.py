@@ -420,3 +420,56 @@ def test_budget_evals_measure_the_best_candidates_and_keep_the_best_measured(can
     assert [sorted(m["members"]) for m in plan["models"]] == [sorted(m["members"]) for m in best["models"]]
     for candidate in found["candidates"]:
         assert 0 <= candidate["measured"] <= len(plan["experts"])
+
+
+def test_the_commands_default_methods_are_the_plans():
+    from mergekit_mergeability.cli import plan as command
+
+    default = next(p.default for p in command.params if p.name == "methods")
+    assert default.split(",") == list(decide.DEFAULT_METHODS)
+
+
+def test_a_layer_selective_model_runs_with_mergekit_and_keeps_its_upper_models_top(cancelling, tmp_path):
+    """With a cut-off measured (here written into the precheck), layer_selective is a candidate;
+    a planned layer_selective model's config runs with the stock mergekit-yaml: blocks below the
+    cut-off merged, above it the upper model's own."""
+    from mergekit_mergeability.architecture import tensor_position
+    from mergekit_mergeability.plan import report as reports, run as planning
+    from mergekit_mergeability.precheck import config as merge_config
+
+    root, config, out, (a, b, c) = cancelling
+    report = json.loads((out / "precheck.json").read_text())
+    report["layers"]["cutoff"] = 2
+    merges, notes = decide.candidate_merges(report, ["layer_selective"])
+    assert merges == [cond.Merge("layer_selective", cutoff=2)] and not notes
+    spec = merge_config.read(config)
+    decision = decide.decide(report, load(), merges, 1, names=spec.models)
+    members = (spec.models.index(str(a)), spec.models.index(str(c)))
+    planning.choose(decision, [(members, merges[0])])
+    document = reports.document(decision, spec, report, load(), {})
+    [(file, text)] = reports.configs(decision, spec, document).items()
+    (tmp_path / "model.yml").write_text(text)
+    written = yaml.safe_load(text)
+    upper = [e["model"] for e in written["models"] if (e.get("parameters") or {}).get("upper")]
+    assert len(upper) == 1 and written["parameters"]["cutoff"] == 2 and written["merge_method"] == "layer_selective"
+    done = subprocess.run(
+        [
+            BIN / "mergekit-yaml",
+            tmp_path / "model.yml",
+            tmp_path / "merged",
+            "--no-write-model-card",
+            "--lazy-unpickle",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    merged, top, base = state_dict(tmp_path / "merged"), state_dict(Path(upper[0])), state_dict(Path(spec.base_model))
+    below = [n for n in merged if tensor_position(n).part == "layer" and tensor_position(n).layer < 2]
+    above = [n for n in merged if tensor_position(n).part == "layer" and tensor_position(n).layer >= 2]
+    for name in above:
+        torch.testing.assert_close(merged[name], top[name])
+    members_state = [state_dict(a), state_dict(c)]
+    for name in below:
+        expected = base[name] + sum(0.5 * (m[name] - base[name]) for m in members_state)
+        torch.testing.assert_close(merged[name], expected, rtol=1e-5, atol=1e-6)

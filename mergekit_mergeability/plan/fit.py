@@ -8,13 +8,14 @@ linear model per merge rule (``maths.calibration.fit``: non-negative weights on 
 features, each in its prior direction), fitted on every trial of that rule from every pool.
 
 Out of sample, as ``validate`` and ``calibrate`` do: each expert predicted by a fit that never
-saw any of its trials (leave one expert out), and with two pools or more by a fit that never
-saw its pool. Reported per rule and per merge size: Spearman between the held-out prediction
-and the measured score, per expert (mean over its trials at that size: its S), with a
-bootstrap 95% interval over experts; at trial level; within experts (whether the prediction
-follows which partners a trial drew); and the same fit without the merge-dependent features
-(the expert's own features only) and with every feature, so the gain from conditioning and
-the cost of leaving features out are visible.
+saw any of its trials in any pool (leave one expert out), and, with two families or more, by a
+fit that never saw its family (pools sharing an expert are one family: a pool measured with two
+methods or sizes, or a pool and a subset of it). Reported per rule and per merge size: Spearman
+between the held-out prediction and the measured score, per expert (mean over its trials at
+that size: its S), with a bootstrap 95% interval over experts; at trial level; within experts
+(whether the prediction follows which partners a trial drew); and the same fit without the
+merge-dependent features (the expert's own features only) and with every feature, so the gain
+from conditioning and the cost of leaving features out are visible.
 """
 
 from __future__ import annotations
@@ -217,7 +218,7 @@ def fit(rows: Rows, permutations: int = 0, seed: int = 0, resamples: int = 1000)
         }
         held = {"leave_one_expert_out": experts}
         if len(set(pools.tolist())) > 1:
-            held["leave_one_pool_out"] = pools
+            held["leave_one_family_out"] = pools
         judged[rule] = {}
         for how, groups in held.items():
             predicted = {}
