@@ -432,6 +432,148 @@ def precheck(
 
 
 @main.command()
+@click.argument("pool_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=False)
+@click.option(
+    "--pool",
+    "pool_folder",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Instead of POOL_FILE: a folder of peft adapters or model folders (with --probes, and --base for models).",
+)
+@click.option(
+    "--base", type=click.Path(exists=True, file_okay=False, path_type=Path), help="With --pool: the base model."
+)
+@click.option(
+    "--probes",
+    "probe_folder",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="With --pool: a folder with one probe per member, named after it (MEMBER.jsonl, .yaml or .yml).",
+)
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("plan"),
+    show_default=True,
+    help="New folder (or an earlier plan's, replaced) for plan.json, models/*.yml, precheck.json and report.html.",
+)
+@click.option(
+    "--models", "-K", type=click.IntRange(min=1), default=1, show_default=True, help="Merged models the plan may use."
+)
+@click.option(
+    "--methods",
+    default="task_arithmetic,ties,knowledge_weighted,layer_selective",
+    show_default=True,
+    help="Merge methods a planned model may use (layer_selective only where the precheck measured a cut-off).",
+)
+@click.option(
+    "--knobs",
+    type=click.Choice(["defaults", "grid"]),
+    default="defaults",
+    show_default=True,
+    help="The methods' default settings (the measured ones), or also a grid of densities and temperatures (predictions there extrapolate).",
+)
+@click.option(
+    "--budget-evals",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Merged models to build and score in memory (each on its members' probes) to check the best candidate plans before choosing.",
+)
+@click.option(
+    "--precheck",
+    "precheck_json",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Plan from this precheck.json (an earlier plan's or precheck's) instead of measuring again.",
+)
+@click.option(
+    "--measured",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A mergeability.json of the pool: its measured expert and base scores replace the assumed ones.",
+)
+@click.option(
+    "--calibration",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A conditional calibration (benchmarks/plan.py fit; default: the one shipped).",
+)
+@click.option(
+    "--representations", is_flag=True, help="Also measure layer-wise CKA, for layer_selective's cut-off (slower)."
+)
+@click.option(
+    "--probe", "probes", multiple=True, metavar="MODEL=SPEC", help="Probe data for a model, as in precheck. Repeatable."
+)
+@click.option("--fewshot", type=click.IntRange(min=0), default=None, help="As in precheck (default 3).")
+@cache_option
+@model_options(default_limit=64, default_dtype="auto")
+@user_errors
+def plan(
+    pool_file: Optional[Path],
+    pool_folder: Optional[Path],
+    base: Optional[Path],
+    probe_folder: Optional[Path],
+    out: Path,
+    models: int,
+    methods: str,
+    knobs: str,
+    budget_evals: int,
+    precheck_json: Optional[Path],
+    measured: Optional[Path],
+    calibration: Optional[Path],
+    representations: bool,
+    probes,
+    fewshot,
+    cache,
+    **model,
+):
+    """Plan which fine-tunes of a pool share a merged model, with which method, and which stay apart.
+
+    \b
+    POOL_FILE is a mergekit config whose models each carry a probe: (their task),
+    as for precheck and mergeability; or name a folder of adapters/models:
+        mergekit-mergeability plan pool.yml --out plan/ --models 2
+        mergekit-mergeability plan --pool ./adapters --base ./base --probes ./probes
+    \b
+    From one precheck (weights and knowledge; no forward pass per candidate) it
+    predicts each expert's own-task score inside any candidate merge (subset and
+    method) and searches for the plan that keeps most of the pool's tasks:
+    the sum over experts of its predicted score in its planned model, or the
+    base's own score on its task when left out. References, computed the same
+    way: merging everything as configured, merging everything with TIES, and
+    each expert alone (the ceiling).
+    \b
+    Writes OUT/plan.json, OUT/models/model<k>.yml (each runs with the stock
+    mergekit-yaml), OUT/precheck.json (reuse with --precheck) and report.html.
+    Predictions come from merges measured by the project (docs/plan.md); a
+    method never measured is predicted by the nearest measured one and marked.
+    """
+    from mergekit_mergeability.plan.report import print_plan
+    from mergekit_mergeability.plan.run import pool_spec, run
+    from mergekit_mergeability.precheck import config as merge_config
+
+    if (pool_file is None) == (pool_folder is None):
+        raise UserError("plan: name a POOL_FILE or a --pool folder (one of the two)")
+    if pool_file is not None and (base or probe_folder):
+        raise UserError("plan: --base and --probes go with --pool; a POOL_FILE names its base and probes itself")
+    spec = merge_config.read(pool_file) if pool_file else pool_spec(pool_folder, base, probe_folder)
+    extra = {} if fewshot is None else {"fewshot": fewshot}
+    document, _ = run(
+        spec,
+        out,
+        overrides=_probe_pairs(probes),
+        options=_options(**model, **extra),
+        precheck=precheck_json,
+        calibration=calibration,
+        methods=[m.strip() for m in methods.split(",") if m.strip()],
+        knobs=knobs,
+        models=models,
+        budget_evals=budget_evals,
+        measured=measured,
+        representations=representations,
+        cache=cache,
+    )
+    print_plan(document, out)
+
+
+@main.command()
 @click.argument("config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option(
     "--merged", type=click.Path(path_type=Path), required=True, help="The merged model folder (mergekit-yaml's output)."

@@ -1,0 +1,451 @@
+"""The plan's outputs, written together into ``--out`` (a reader never sees half of them):
+
+- ``plan.json`` (schema ``schema.json`` beside this file, versioned by ``schema_version``): the
+  objective and its references, the planned models, every expert's predicted score in the plan,
+  alone and in the merge of everything, the calibration used and how well it did out of sample;
+- ``models/model<k>.yml``: one config per planned model, runnable as is with the stock
+  ``mergekit-yaml`` (absolute paths; adapters as mergekit's ``base+adapter``);
+- ``precheck.json``: the measurements it planned from (``plan --precheck`` reuses them);
+- ``report.html``: the pool as a graph (an edge's colour: the two experts' predicted mean score
+  when merged as a pair), the planned groups, the objective against its references;
+- a terminal table.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional
+
+import numpy as np
+
+from mergekit_mergeability.errors import UserError
+from mergekit_mergeability.files import SCHEMA_VERSION, atomic_folder, write_atomic
+from mergekit_mergeability.names import short_names
+from mergekit_mergeability.plan import conditional as cond
+from mergekit_mergeability.plan.decide import Decision, mergekit_parameters
+
+SCHEMA = Path(__file__).with_name("schema.json")
+MODELS = "models"
+OBJECTIVE = (
+    "expected number of the pool's tasks kept: the sum over experts of its predicted own-task score "
+    "in the merged model it is planned into (its own score when that model is itself alone), or "
+    "the base's own score on its task when it is in no model"
+)
+GRAPH_EDGES = 3  # strongest edges drawn per expert
+COLOURS = ("#1565c0", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#c62828", "#5d4037", "#ad1457")
+
+
+def check_out(out: Path) -> None:
+    """--out must be new, empty, or an earlier plan's folder (it is replaced as a whole)."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "plan.json").is_file())):
+        raise UserError(f"--out {out}: exists and is not an earlier plan's folder; choose a new or empty folder")
+
+
+def document(
+    decision: Decision,
+    spec,
+    report: Mapping[str, Any],
+    calibration: cond.ConditionalCalibration,
+    settings: Mapping[str, Any],
+    checked: Optional[Mapping[str, Any]] = None,
+) -> Dict[str, Any]:
+    """plan.json."""
+    from importlib.metadata import version
+
+    pool = decision.pool
+    names = short_names(pool.names)
+    model_of: Dict[int, int] = {}
+    models = []
+    for k, planned in enumerate(decision.planned):
+        for i in planned.members:
+            model_of[i] = k
+        members = [pool.names[i] for i in planned.members]
+        models.append(
+            {
+                "file": f"{MODELS}/model{k + 1}.yml",
+                "method": "alone" if len(members) == 1 else planned.merge.label(),
+                "merge": _merge(planned.merge) if len(members) > 1 else None,
+                "members": members,
+                "predicted": {n: float(v) for n, v in zip(members, planned.values)},
+                "expected_tasks": float(np.sum(planned.values)),
+                "predicted_by": planned.rule,
+                "fallback": planned.fallback,
+            }
+        )
+    references = decision.references
+    experts = []
+    for i, name in enumerate(pool.names):
+        k = model_of.get(i)
+        outside = []
+        if k is not None:
+            planned = decision.planned[k]
+            outside = planned.outside[list(planned.members).index(i)]
+        experts.append(
+            {
+                "path": name,
+                "name": names[name],
+                "model": None if k is None else k + 1,
+                "planned": float(decision.values[i]),
+                "in_plan": "left out"
+                if k is None
+                else ("alone" if len(decision.planned[k].members) == 1 else "merged"),
+                "alone": float(pool.expert_score[i]),
+                "base": _number(pool.base_score[i]),
+                "everything_configured": _number(references["configured"].values[i])
+                if "configured" in references
+                else None,
+                "everything_ties": _number(references["ties"].values[i]),
+                "outside_domain": outside,
+            }
+        )
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "mergekit-mergeability", "version": version("mergekit-mergeability")},
+        "config": str(spec.source),
+        "base_model": spec.base_model,
+        "settings": dict(settings),
+        "objective": {
+            "definition": OBJECTIVE,
+            "planned": decision.objective,
+            "tasks": len(pool),
+            "references": {
+                key: {
+                    "label": r.label,
+                    "value": None if np.isnan(r.values).all() else r.total,
+                    "method": r.merge.label() if r.merge else None,
+                    "predicted_by": r.rule,
+                    "fallback": r.fallback,
+                    "note": r.note,
+                }
+                for key, r in references.items()
+            },
+            "best_with_one_method": {m: r.objective for m, r in decision.per_method.items()},
+        },
+        "models": models,
+        "experts": experts,
+        "compatibility": compatibility(decision),
+        "calibration": _calibration(calibration),
+        "search": {
+            "candidates": [m.label() for m in decision.merges],
+            "evaluations": decision.search.evaluations,
+            "seconds": decision.search.seconds,
+            "starts": decision.search.starts,
+            "notes": decision.notes,
+        },
+        "checked": _checked(checked, pool) if checked else None,
+    }
+
+
+def _merge(merge: cond.Merge) -> Dict[str, Any]:
+    return {
+        "method": merge.method,
+        "density": merge.density if merge.trims else None,
+        "temperature": merge.temperature,
+        "ties": merge.ties if merge.method == cond.KNOWLEDGE_WEIGHTED else None,
+        "cutoff": merge.cutoff,
+        "scale": merge.scale,
+    }
+
+
+def _number(value) -> Optional[float]:
+    return None if value is None or not np.isfinite(value) else float(value)
+
+
+def compatibility(decision: Decision, limit: int = 60) -> List[Dict[str, Any]]:
+    """Every pair's predicted mean own-task score when the two are merged alone (task_arithmetic,
+    the measured rule): the report's graph edges. Pools above ``limit`` experts keep each
+    expert's strongest GRAPH_EDGES pairs only."""
+    pool, pairs = decision.pool, []
+    n = len(pool)
+    mean = cond.Merge(cond.TASK_ARITHMETIC)
+    table = np.full((n, n), np.nan)
+    for i in range(n):
+        for j in range(i + 1, n):
+            values = decision.calibration.predict(pool, [i, j], mean).values
+            table[i, j] = table[j, i] = float(values.mean())
+    keep = np.ones((n, n), dtype=bool)
+    if n > limit:
+        keep[:] = False
+        for i in range(n):
+            for j in np.argsort(-np.nan_to_num(table[i], nan=-1))[:GRAPH_EDGES]:
+                keep[i, j] = keep[j, i] = True
+    for i in range(n):
+        for j in range(i + 1, n):
+            if keep[i, j]:
+                pairs.append({"a": pool.names[i], "b": pool.names[j], "predicted": table[i, j]})
+    return pairs
+
+
+def _calibration(calibration: cond.ConditionalCalibration) -> Dict[str, Any]:
+    document = calibration.document
+    judged = {}
+    for rule, held in (document.get("out_of_sample") or {}).items():
+        judged[rule] = {
+            how: {
+                size: {k: cell.get(k) for k in ("experts", "trials", "spearman", "interval")}
+                for size, cell in v["by_size"].items()
+            }
+            for how, v in held.items()
+        }
+    return {
+        "path": document.get("path"),
+        "rules": {r: {"sizes": f.sizes, "trials": f.trials} for r, f in calibration.fitted.items()},
+        "out_of_sample": judged,
+        "provenance": document.get("provenance"),
+    }
+
+
+def _checked(checked: Mapping[str, Any], pool: cond.Pool) -> Dict[str, Any]:
+    chosen = checked.get("chosen")
+    return {
+        "budget": checked["budget"],
+        "spent": checked["spent"],
+        "candidates": [
+            {
+                "label": c["label"],
+                "predicted": c["predicted"],
+                "measured": c["measured"],
+                "models": [
+                    {"members": [pool.names[i] for i in m], "method": merge.label()} for m, merge in c["assignment"]
+                ],
+            }
+            for c in checked["candidates"]
+        ],
+        "chosen": chosen["label"] if chosen else None,
+        "difference": (chosen["measured"] - chosen["predicted"]) if chosen else None,
+    }
+
+
+def configs(decision: Decision, spec, document: Mapping[str, Any]) -> Dict[str, str]:
+    """file → YAML text: one mergekit config per planned model."""
+    import yaml
+
+    from mergekit_mergeability.precheck.report import absolute
+
+    resolved = spec.sources()
+    written = {}
+    for k, (planned, entry) in enumerate(zip(decision.planned, document["models"])):
+        method, shared, per_model = mergekit_parameters(decision.pool, planned.members, planned.merge)
+        config: Dict[str, Any] = {"merge_method": method, "base_model": spec.base_model}
+        config["models"] = [{"model": name, "parameters": per_model[name]} for name in entry["members"]]
+        if shared:
+            config["parameters"] = shared
+        if spec.document.get("dtype"):
+            config["dtype"] = spec.document["dtype"]
+        header = [
+            f"Written by mergekit-mergeability plan from {spec.source}: planned model {k + 1} of {len(decision.planned)}",
+            f"method: {entry['method']}; experts: {len(entry['members'])}; predicted tasks kept here: {entry['expected_tasks']:.2f}",
+            f"predicted by the conditional model of {entry['predicted_by']}"
+            + (" (a fallback: no trials of this method measured)" if entry["fallback"] else ""),
+            "run: mergekit-yaml THIS_FILE ./merged",
+        ]
+        written[entry["file"]] = "".join(f"# {line}\n" for line in header) + yaml.safe_dump(
+            absolute(config, resolved), sort_keys=False
+        )
+    return written
+
+
+def write(out: Path, document: Mapping[str, Any], decision: Decision, spec, report: Mapping[str, Any]) -> Path:
+    """Every output into ``out`` at once: a temporary folder beside it, renamed when complete."""
+    files = configs(decision, spec, document)
+    page = render(document)
+    with atomic_folder(Path(out)) as partial:
+        write_atomic(partial / "plan.json", json.dumps(document, indent=2) + "\n")
+        write_atomic(partial / "precheck.json", json.dumps(report, indent=2) + "\n")
+        for name, text in files.items():
+            write_atomic(partial / name, text)
+        write_atomic(partial / "report.html", page)
+    return Path(out)
+
+
+def print_plan(document: Mapping[str, Any], out: Optional[Path] = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    references = document["objective"]["references"]
+    table = Table(
+        "expert",
+        "planned model",
+        "predicted there",
+        "alone",
+        "everything, "
+        + (_short(references["configured"]["method"]) if "configured" in references else "as configured"),
+        "everything, TIES",
+        title="plan: which experts share a merged model",
+    )
+    for expert in document["experts"]:
+        flag = "*" if expert["outside_domain"] else ""
+        where = (
+            "—"
+            if expert["model"] is None
+            else f"model{expert['model']}" + (" (alone)" if expert["in_plan"] == "alone" else "")
+        )
+        table.add_row(
+            expert["name"],
+            where,
+            f"{expert['planned']:.2f}{flag}" + (" (base)" if expert["model"] is None else ""),
+            f"{expert['alone']:.2f}",
+            _cell(expert["everything_configured"]),
+            _cell(expert["everything_ties"]),
+        )
+    console.print(table)
+    if any(e["outside_domain"] for e in document["experts"]):
+        console.print("[dim]* the merge's features lie outside what the prediction was fitted on: a rough guide[/dim]")
+    objective = document["objective"]
+    console.print(f"[bold]objective[/bold]: {objective['definition']}")
+    console.print(f"  planned: [bold]{objective['planned']:.2f}[/bold] of {objective['tasks']} tasks")
+    for key in ("configured", "ties", "alone", "base"):
+        if key in references:
+            r = references[key]
+            value = "not predicted" if r["value"] is None else f"{r['value']:.2f}"
+            console.print(f"  {r['label']}: {value}" + (f" [dim]({r['note']})[/dim]" if r["note"] else ""))
+    for model in document["models"]:
+        fallback = (
+            " [yellow](fallback prediction: this method's merges were never measured)[/yellow]"
+            if model["fallback"]
+            else ""
+        )
+        console.print(
+            f"  {model['file']}: {model['method']}, {len(model['members'])} experts, {model['expected_tasks']:.2f} tasks{fallback}"
+        )
+    for note in document["search"]["notes"]:
+        console.print(f"[dim]{note}[/dim]")
+    checked = document.get("checked")
+    if checked and checked["chosen"]:
+        console.print(
+            f"checked with {checked['spent']} real evaluations: chose {checked['chosen']} (measured − predicted {checked['difference']:+.2f})"
+        )
+    if out is not None:
+        console.print(
+            f"wrote {out}/plan.json, {out}/report.html and {len(document['models'])} config(s) under {out}/{MODELS}/"
+        )
+
+
+def _short(label: Optional[str]) -> str:
+    return (label or "as configured").split(" (")[0]
+
+
+def _cell(value: Optional[float]) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
+def render(document: Mapping[str, Any]) -> str:
+    """report.html: one self-contained page."""
+    esc = html.escape
+    objective = document["objective"]
+    figures = [f for f in (_graph(document), _objective_plot(document)) if f]
+    images = "".join(
+        f"<img alt='{esc(t)}' src='data:image/png;base64,{base64.b64encode(p).decode()}'>" for t, p in figures
+    )
+    rows = "".join(
+        "<tr>"
+        f"<td title='{esc(e['path'])}'>{esc(e['name'])}</td>"
+        f"<td>{'—' if e['model'] is None else 'model' + str(e['model'])}</td>"
+        f"<td>{e['planned']:.2f}{' *' if e['outside_domain'] else ''}</td>"
+        f"<td>{e['alone']:.2f}</td><td>{_cell(e['everything_configured'])}</td><td>{_cell(e['everything_ties'])}</td>"
+        "</tr>"
+        for e in document["experts"]
+    )
+    models = "".join(
+        f"<li><code>{esc(m['file'])}</code>: {esc(m['method'])}, {len(m['members'])} experts, "
+        f"{m['expected_tasks']:.2f} tasks{' (fallback prediction)' if m['fallback'] else ''}</li>"
+        for m in document["models"]
+    )
+    references = "".join(
+        f"<li>{esc(r['label'])}: {'not predicted' if r['value'] is None else format(r['value'], '.2f')}</li>"
+        for r in objective["references"].values()
+    )
+    notes = "".join(f"<li>{esc(n)}</li>" for n in document["search"]["notes"])
+    judged = []
+    for rule, held in document["calibration"]["out_of_sample"].items():
+        for how, sizes in held.items():
+            for size, cell in sizes.items():
+                interval = cell.get("interval") or [float("nan")] * 2
+                judged.append(
+                    f"<li>{esc(rule)}, {size} merged, {esc(how.replace('_', ' '))}: Spearman {cell['spearman']:+.2f} "
+                    f"[{interval[0]:+.2f}, {interval[1]:+.2f}] over {cell['experts']} experts</li>"
+                )
+    return f"""<!doctype html><html><head><meta charset='utf-8'><title>mergekit-mergeability plan</title>
+<style>body{{font-family:sans-serif;max-width:1100px;margin:auto;padding:1em}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:2px 6px}}img{{max-width:100%}}</style></head><body>
+<h1>plan: {objective["planned"]:.2f} of {objective["tasks"]} tasks kept (predicted)</h1>
+<p>Objective: {esc(objective["definition"])}.</p><ul>{references}</ul>
+<h2>Planned models</h2><ul>{models}</ul>{images}
+<h2>Experts</h2><table><thead><tr><th>expert</th><th>planned model</th><th>predicted there</th><th>alone</th>
+<th>everything, as configured</th><th>everything, TIES</th></tr></thead><tbody>{rows}</tbody></table>
+<p><small>* outside the range the prediction was fitted on.</small></p>
+<h2>How good the prediction is (out of sample, on measured merges)</h2><ul>{"".join(judged) or "<li>no out-of-sample numbers in this calibration</li>"}</ul>
+<h2>Notes</h2><ul>{notes or "<li>none</li>"}</ul></body></html>
+"""
+
+
+def _graph(document: Mapping[str, Any]):
+    """The pool laid out by classical MDS on 1 − pairwise compatibility; nodes coloured by model."""
+    from mergekit_mergeability.plots import png
+
+    experts = document["experts"]
+    n = len(experts)
+    if n < 2:
+        return None
+    index = {e["path"]: i for i, e in enumerate(experts)}
+    table = np.full((n, n), np.nan)
+    for pair in document["compatibility"]:
+        table[index[pair["a"]], index[pair["b"]]] = table[index[pair["b"]], index[pair["a"]]] = pair["predicted"]
+    filled = np.where(np.isnan(table), np.nanmean(table) if np.isfinite(table).any() else 0.5, table)
+    np.fill_diagonal(filled, 1.0)
+    distance = np.clip(1 - filled, 0, None)
+    centre = np.eye(n) - 1 / n
+    values, vectors = np.linalg.eigh(-0.5 * centre @ (distance**2) @ centre)
+    position = vectors[:, -2:] * np.sqrt(np.clip(values[-2:], 0, None))
+
+    def draw(fig, ax):
+        import matplotlib.cm as cm
+
+        shown = np.isfinite(table)
+        low, high = (np.nanmin(table), np.nanmax(table)) if shown.any() else (0, 1)
+        for i in range(n):
+            for j in np.argsort(-np.nan_to_num(table[i], nan=-1))[:GRAPH_EDGES]:
+                if np.isfinite(table[i, j]):
+                    shade = (table[i, j] - low) / (high - low) if high > low else 0.5
+                    ax.plot(
+                        *position[[i, j]].T, color=cm.viridis(shade), alpha=0.6, linewidth=0.5 + 2 * shade, zorder=1
+                    )
+        for i, expert in enumerate(experts):
+            colour = "#9e9e9e" if expert["model"] is None else COLOURS[(expert["model"] - 1) % len(COLOURS)]
+            ax.scatter(*position[i], s=60, color=colour, edgecolor="black", zorder=2)
+            if n <= 40:
+                ax.annotate(expert["name"], position[i], fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        mappable = cm.ScalarMappable(cmap="viridis")
+        mappable.set_array([low, high])
+        fig.colorbar(mappable, ax=ax, label="predicted mean score of the pair merged")
+
+    title = "the pool: each expert's strongest pairs; colour = planned model (grey: left out)"
+    return title, png(draw, title, 9, 6)
+
+
+def _objective_plot(document: Mapping[str, Any]):
+    from mergekit_mergeability.plots import png
+
+    objective = document["objective"]
+    bars = [("planned", objective["planned"])] + [
+        (r["label"].replace("every expert merged ", "everything ").replace(" (one model per task)", ""), r["value"])
+        for r in objective["references"].values()
+        if r["value"] is not None
+    ]
+
+    def draw(fig, ax):
+        labels, values = zip(*bars)
+        ax.barh(range(len(bars)), values, color=["#1565c0"] + ["#9e9e9e"] * (len(bars) - 1))
+        ax.set_yticks(range(len(bars)), labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel(f"expected tasks kept (of {objective['tasks']})")
+
+    title = "objective: the plan against its references (predicted)"
+    return title, png(draw, title, 8, 3)

@@ -1,0 +1,273 @@
+"""``plan``: which fine-tunes of a pool should share a merged model, with which merge.
+
+load (a pool config, or a folder of adapters/models with a probe each) → measure (the precheck's
+weights and knowledge diagnostics, or a precheck.json already written) → decide (``decide``) →
+optionally check the best candidates with real evaluations (``--budget-evals``) → write
+(``report``). The imports of the rest of the package sit here and in ``Measurer``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from mergekit_mergeability.errors import UserError
+from mergekit_mergeability.files import read_report
+from mergekit_mergeability.plan import conditional as cond
+from mergekit_mergeability.plan.decide import Decision, Planned, decide, mergekit_parameters
+from mergekit_mergeability.precheck import config as merge_config
+
+PRECHECK_FIELDS = ("path", "role", "knowledge", "weights")
+SKIPPED = ("representations", "selectivity")  # the plan reads weights and knowledge; CKA only sets a cut-off
+PROBE_SUFFIXES = (".jsonl", ".yaml", ".yml")
+
+
+def pool_spec(folder: Path, base: Optional[Path], probes: Optional[Path]) -> merge_config.MergeSpec:
+    """A folder of peft adapters or model folders, each with a probe ``PROBES/<name>.jsonl``
+    (or .yaml, .yml), as the config that merges them all: task_arithmetic, equal weights."""
+    from mergekit_mergeability.sources import adapter as lora
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UserError(f"--pool {folder}: no such folder")
+    if probes is None:
+        raise UserError(f"--pool {folder}: name --probes DIR, a probe file per member (DIR/<member>.jsonl)")
+    base_path = Path(base).resolve() if base else None
+    members = sorted(
+        p
+        for p in folder.iterdir()
+        if p.is_dir() and (lora.is_adapter(p) or (p / "config.json").is_file()) and p.resolve() != base_path
+    )
+    if not members:
+        raise UserError(f"--pool {folder}: no adapter or model folders in it")
+    entries = []
+    for member in members:
+        probe = next(
+            (
+                Path(probes) / f"{member.name}{s}"
+                for s in PROBE_SUFFIXES
+                if (Path(probes) / f"{member.name}{s}").is_file()
+            ),
+            None,
+        )
+        if probe is None:
+            raise UserError(f"--probes {probes}: no probe for {member.name} ({member.name}.jsonl, .yaml or .yml)")
+        if lora.is_adapter(member):
+            reference = f"{base_path}+{member.resolve()}" if base_path else str(member.resolve())
+        elif base_path is None:
+            raise UserError(f"--pool {folder}: {member.name} is a model folder; name the base model with --base")
+        else:
+            reference = str(member.resolve())
+        entries.append(
+            {
+                "model": reference,
+                "probe": str(Path(probe).resolve()),
+                "parameters": {"weight": round(1 / len(members), 6)},
+            }
+        )
+    if base_path is None:
+        bases = {str(lora.read_config(m).get("base_model_name_or_path") or "") for m in members}
+        if len(bases) != 1 or "" in bases:
+            raise UserError(f"--pool {folder}: its adapters name {len(bases)} bases; name the base with --base")
+        base_reference = bases.pop()
+    else:
+        base_reference = str(base_path)
+    document = {"merge_method": cond.TASK_ARITHMETIC, "base_model": base_reference, "models": entries}
+    return merge_config.from_document(document, folder.resolve())
+
+
+def read_precheck(path: Path, spec: merge_config.MergeSpec) -> Dict[str, Any]:
+    """A precheck.json written earlier, checked to measure every expert of the pool."""
+    report = read_report(path, "precheck", PRECHECK_FIELDS)
+    experts = {m["path"]: m for m in report["models"] if m["role"] == "expert"}
+    for name in spec.models:
+        where = spec.fields.get(name, "models")
+        if name not in experts:
+            raise UserError(
+                f"--precheck {path}: no measurements of {name} ({where} of {spec.source}); run the precheck on this pool, or leave --precheck out"
+            )
+        if not (experts[name].get("weights") or {}).get("update_norm"):
+            raise UserError(f"--precheck {path}: {name} has no weight statistics (was the weights diagnostic skipped?)")
+    return report
+
+
+def measure(
+    spec: merge_config.MergeSpec, overrides: Mapping[str, str], options: Mapping[str, Any], representations: bool
+) -> Dict[str, Any]:
+    """The precheck's report on the pool (nothing written), its weights and knowledge diagnostics
+    at least; its verdict on the config is not the plan's business, its errors are."""
+    from mergekit_mergeability.precheck import run
+
+    skip = sorted(set(options.get("skip") or ()) | (set() if representations else set(SKIPPED)))
+    report = run(spec, overrides, {**options, "skip": skip}, None)
+    errors = [f["message"] for f in report["findings"] if f["severity"] == "error"]
+    if errors:
+        raise UserError(f"{spec.source}: the precheck found a problem with the pool: {errors[0]}")
+    return report
+
+
+def expert_scores(path: Optional[Path]) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """Measured own-task scores of each expert and of the base from a mergeability.json."""
+    if path is None:
+        return {}, {}
+    measured = read_report(path, "mergeability", ("path", "expert_score", "base_score"))
+    return (
+        {m["path"]: m["expert_score"] for m in measured["models"] if m["expert_score"] is not None},
+        {m["path"]: m["base_score"] for m in measured["models"] if m["base_score"] is not None},
+    )
+
+
+class Measurer:
+    """Real scores of candidate merges, in memory, exactly as ``mergeability`` scores a trial:
+    the members' updates merged with mergekit's ``merge_tensors``, patched into one loaded base,
+    each member scored on its own task; scores cached by content (``--cache-dir``)."""
+
+    def __init__(
+        self, spec: merge_config.MergeSpec, options: Mapping[str, Any], cache, pool: Optional[cond.Pool] = None
+    ):
+        from mergekit_mergeability.evaluation import tasks as task_specs
+        from mergekit_mergeability.sources.cache import fingerprint
+        from mergekit_mergeability.evaluation.mergeability import Trials, check_pool
+
+        check_pool(spec, 1, cond.TASK_ARITHMETIC)
+        folders = spec.sources()
+        tasks = task_specs.resolve_all(dict.fromkeys(spec.probes[m] for m in spec.models), spec.folder)
+        own_task = {m: tasks[spec.probes[m]] for m in spec.models}
+        fingerprints = {name: fingerprint(folder) for name, folder in folders.items()}
+        self.spec, self.pool = spec, pool
+        self.trials = Trials(
+            folders, spec.base_model, cond.TASK_ARITHMETIC, {}, {}, fingerprints, own_task, options, cache
+        )
+        self.evaluations = 0
+
+    def scores(self, members: Sequence[int], merge: cond.Merge) -> np.ndarray:
+        """Each member's own-task score inside the merge of ``members`` (pool indices)."""
+        method, shared, per_model = mergekit_parameters(self.pool, members, merge)
+        names = [self.pool.names[i] for i in members]
+        # one Trials for every merge: its loaded base and updates are reused, the recipe changes
+        self.trials.method, self.trials.shared, self.trials.per_model = method, shared, per_model
+        self.evaluations += 1
+        return np.array([self.trials.score(name, [n for n in names if n != name]) for name in names])
+
+    def base_scores(self) -> np.ndarray:
+        return np.array([self.trials.ends(name)[0]["score"] for name in self.pool.names])
+
+
+def verify(decision: Decision, measurer: Measurer, budget: int) -> Dict[str, Any]:
+    """Spend up to ``budget`` real evaluations (one = one merged model scored on its members'
+    tasks) on the best candidate plans (the plan and the best plan with each method alone, by
+    predicted objective); keep the one that measures best."""
+    candidates = [("planned", [(s.members, s.merge) for s in decision.search.slots if s.members])]
+    for method, result in decision.per_method.items():
+        candidates.append((f"{method} only", [(s.members, s.merge) for s in result.slots if s.members]))
+    seen, ranked = set(), []
+    for label, assignment in sorted(candidates, key=lambda c: -decision.objective_of(c[1])):
+        key = tuple(sorted((tuple(m), merge) for m, merge in assignment))
+        if key not in seen:
+            seen.add(key)
+            ranked.append((label, assignment))
+    base = np.nan_to_num(decision.pool.base_score, nan=0.0)
+    checked, spent = [], 0
+    for label, assignment in ranked:
+        cost = len(assignment)
+        if spent + cost > budget:
+            continue
+        spent += cost
+        values = base.copy()
+        for members, merge in assignment:
+            values[list(members)] = measurer.scores(members, merge)
+        checked.append(
+            {
+                "label": label,
+                "assignment": assignment,
+                "predicted": decision.objective_of(assignment),
+                "measured": float(values.sum()),
+                "values": values,
+            }
+        )
+    if not checked:
+        return {"budget": budget, "spent": 0, "candidates": [], "chosen": None}
+    chosen = max(checked, key=lambda c: c["measured"])
+    return {"budget": budget, "spent": spent, "candidates": checked, "chosen": chosen}
+
+
+def choose(decision: Decision, assignment: Sequence[Tuple[Sequence[int], cond.Merge]]) -> None:
+    """Make ``assignment`` the decision's plan (what ``verify`` measured best)."""
+    values = np.nan_to_num(decision.pool.base_score, nan=0.0)
+    planned: List[Planned] = []
+    for members, merge in assignment:
+        prediction = decision.calibration.predict(decision.pool, list(members), merge)
+        planned.append(
+            Planned(tuple(members), merge, prediction.values, prediction.rule, prediction.fallback, prediction.outside)
+        )
+        values[list(members)] = prediction.values
+    decision.planned, decision.values = planned, values
+
+
+def run(
+    spec: merge_config.MergeSpec,
+    out: Path,
+    *,
+    overrides: Mapping[str, str] = {},
+    options: Mapping[str, Any] = {},
+    precheck: Optional[Path] = None,
+    calibration: Optional[Path] = None,
+    methods: Optional[Sequence[str]] = None,
+    knobs: str = "defaults",
+    models: int = 1,
+    budget_evals: int = 0,
+    measured: Optional[Path] = None,
+    representations: bool = False,
+    cache=None,
+) -> Tuple[Dict[str, Any], Decision]:
+    """The whole plan: measure (or read), decide, check with real evaluations if asked, write ``out``."""
+    from mergekit_mergeability.plan import fit, report as reports
+    from mergekit_mergeability.plan.decide import candidate_merges, steps
+    from mergekit_mergeability.progress import task
+
+    reports.check_out(out)
+    conditional = fit.load(calibration)
+    experts, bases = expert_scores(measured)
+    report = read_precheck(precheck, spec) if precheck else measure(spec, overrides, options, representations)
+    merges, notes = candidate_merges(report, methods, knobs)
+    quiet = options.get("quiet", False)
+    with task("plan: searching", steps(len(spec.models), merges), quiet) as advance:
+        decision = decide(
+            report,
+            conditional,
+            merges,
+            models,
+            names=spec.models,
+            configured_document=spec.document,
+            progress=advance,
+            expert_scores=experts,
+            base_scores=bases,
+        )
+    decision.notes = notes + decision.notes
+    checked = None
+    if budget_evals:
+        from mergekit_mergeability.sources.cache import Cache
+
+        measurer = Measurer(spec, options, cache or Cache(None), decision.pool)
+        checked = verify(decision, measurer, budget_evals)
+        if checked["chosen"] is not None:
+            choose(decision, checked["chosen"]["assignment"])
+    document = reports.document(
+        decision,
+        spec,
+        report,
+        conditional,
+        {
+            "precheck": str(precheck) if precheck else None,
+            "measured": str(measured) if measured else None,
+            "methods": list(methods or []) or None,
+            "knobs": knobs,
+            "models": models,
+            "budget_evals": budget_evals,
+        },
+        checked,
+    )
+    reports.write(out, document, decision, spec, report)
+    return document, decision

@@ -1,0 +1,475 @@
+"""`plan`: the conditional features against hand-computed values and mergekit's own TIES, the
+search against every assignment, and the command end to end on tiny models (known answers)."""
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+
+from mergekit_mergeability.cli import main as cli
+from mergekit_mergeability.plan import conditional as cond, decide, search
+from mergekit_mergeability.plan.fit import load
+from mergekit_mergeability.plan.report import SCHEMA
+from mergekit_mergeability.tiny import derive, make_adapter, state_dict
+
+from conftest import noise, ranked_probes
+
+BIN = Path(sys.executable).parent
+FAST = ["--fewshot", "0", "--dtype", "float32"]  # the lettered few-shot view is measured, not planned on
+QUESTIONS = ["Which one is it?", "Pick the right one.", "What is the answer?"]
+CHOICES = ["Paris", "water", "fox", "dog"]
+
+
+def pool_of(gram, parts=None, conflict=None, knowledge=None, base=None) -> cond.Pool:
+    gram = np.asarray(gram, dtype=float)
+    n = len(gram)
+    norms = np.sqrt(np.diag(gram))
+    return cond.Pool(
+        names=tuple(f"m{i}" for i in range(n)),
+        gram=gram,
+        sign_conflict=np.zeros((n, n)) if conflict is None else np.asarray(conflict, dtype=float),
+        parts=norms[:, None] if parts is None else np.asarray(parts, dtype=float),
+        part_names=(0,) if parts is None else tuple(range(np.asarray(parts).shape[1])),
+        expert_features=np.full((n, len(cond.EXPERT)), np.nan),
+        knowledge=np.full(n, 0.5) if knowledge is None else np.asarray(knowledge, dtype=float),
+        base_score=np.zeros(n) if base is None else np.asarray(base, dtype=float),
+        expert_score=np.ones(n),
+    )
+
+
+def only_coefficient(weight=0.2, intercept=0.5, std=0.1, mean=0.3) -> cond.ConditionalCalibration:
+    """A calibration that reads own_coefficient alone (monotone): tests that do not depend on the shipped fit."""
+    features = [{"name": "own_coefficient", "direction": 1, "mean": mean, "std": std, "weight": weight}]
+    document = {"rules": {"task_arithmetic": {"model": {"intercept": intercept, "features": features}}}}
+    return cond.ConditionalCalibration.from_document(document)
+
+
+# The maths, against hand-computed values
+
+
+HAND = [[4.0, 2.0, 0.0], [2.0, 9.0, -3.0], [0.0, -3.0, 1.0]]
+
+
+def test_own_coefficient_of_a_mean_merge_from_a_hand_built_gram():
+    pool = pool_of(HAND)
+    c = cond.own_coefficients(pool, [0, 1, 2], cond.Merge("task_arithmetic"))
+    np.testing.assert_allclose(c, [(4 + 2 + 0) / 3 / 4, (2 + 9 - 3) / 3 / 9, (0 - 3 + 1) / 3 / 1])
+    weighted = cond.with_weights(cond.Merge("task_arithmetic"), {"m0": 1.0, "m1": 0.5, "m2": 2.0})
+    np.testing.assert_allclose(
+        cond.own_coefficients(pool, [0, 1, 2], weighted), [(4 + 1) / 4, (2 + 4.5 - 6) / 9, (-1.5 + 2) / 1]
+    )
+    # the precheck's kept share is c_i / w_i: ``predict.kept_shares`` from norms and cosines agrees
+    from mergekit_mergeability.precheck.predict import kept_shares
+
+    norms = {f"m{i}": math.sqrt(HAND[i][i]) for i in range(3)}
+    cosines = {
+        (f"m{i}", f"m{j}"): HAND[i][j] / (norms[f"m{i}"] * norms[f"m{j}"]) for i in range(3) for j in range(i + 1, 3)
+    }
+    kept = kept_shares({"m0": 1.0, "m1": 0.5, "m2": 2.0}, norms, cosines)
+    np.testing.assert_allclose(
+        [kept[f"m{i}"] * w for i, w in enumerate((1.0, 0.5, 2.0))], cond.own_coefficients(pool, [0, 1, 2], weighted)
+    )
+
+
+def test_partner_features_by_hand():
+    conflict = [[0, 0.4, 0.5], [0.4, 0, 0.6], [0.5, 0.6, 0]]
+    features = cond.conditional_features(pool_of(HAND, conflict=conflict), [0, 1, 2], cond.Merge("task_arithmetic"))
+    # τ0·(τ1 + τ2) = 2, ‖τ1 + τ2‖² = 9 + 1 − 6 = 4, ‖τ0‖ = 2
+    assert features["partner_cosine"][0] == pytest.approx(2 / (2 * 2))
+    # τ2·(τ0 + τ1) = −3, ‖τ0 + τ1‖² = 4 + 9 + 4 = 17
+    assert features["partner_cosine"][2] == pytest.approx(-3 / (1 * math.sqrt(17)))
+    np.testing.assert_allclose(features["partner_sign_conflict"], [0.45, 0.5, 0.55])
+    np.testing.assert_allclose(features["merged_count"], math.log(3))
+
+
+def test_over_the_whole_pool_the_partner_features_are_the_precheck_interference():
+    from mergekit_mergeability.diagnostics.weights import interference
+
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((6, 4))
+    gram = a @ a.T
+    conflict = rng.uniform(0.3, 0.6, (6, 6))
+    conflict = (conflict + conflict.T) / 2
+    np.fill_diagonal(conflict, 0)
+    names = [f"m{i}" for i in range(6)]
+    norms = np.sqrt(np.diag(gram))
+    pairs = {
+        (names[i], names[j]): {"cosine": gram[i, j] / (norms[i] * norms[j]), "sign_conflict": conflict[i, j]}
+        for i in range(6)
+        for j in range(i + 1, 6)
+    }
+    theirs = interference(names, torch.tensor(gram), pairs)
+    ours = cond.conditional_features(pool_of(gram, conflict=conflict), range(6), cond.Merge("task_arithmetic"))
+    np.testing.assert_allclose(ours["partner_cosine"], [theirs[m]["pool_cosine"] for m in names])
+    np.testing.assert_allclose(ours["partner_sign_conflict"], [theirs[m]["mean_sign_conflict"] for m in names])
+
+
+@pytest.mark.parametrize("density", [0.5, 1.0])
+def test_ties_approximation_matches_mergekits_ties_on_gaussian_task_vectors(density):
+    """The approximation is exact for Gaussian task vectors up to sampling error (~0.02; bound 0.07)."""
+    from mergekit.merge_methods import merge_tensors
+
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((6, 3))
+    gram = a @ a.T + np.diag(rng.uniform(0.5, 2, 6))
+    vectors = rng.standard_normal((100_000, 6)) @ np.linalg.cholesky(gram).T / math.sqrt(100_000)
+    pool = pool_of(vectors.T @ vectors)  # the Gram matrix of exactly these vectors
+    base = torch.zeros(len(vectors))
+    tensors = [base] + [torch.tensor(vectors[:, i], dtype=torch.float32) for i in range(6)]
+    merged = (
+        merge_tensors(
+            tensors,
+            "ties",
+            ids=["base", *pool.names],
+            base_index=0,
+            parameters={"weight": 1.0, "density": density},
+            name="t",
+        )
+        .double()
+        .numpy()
+    )
+    exact = merged @ vectors / np.sum(vectors * vectors, axis=0)
+    approx = cond.own_coefficients(pool, range(6), cond.Merge("ties", density=density))
+    assert np.abs(approx - exact).max() < 0.07, (approx, exact)
+    assert np.abs(approx - exact).mean() < 0.03
+
+
+def test_ties_never_dilutes_updates_on_disjoint_layers_but_a_mean_does():
+    """Alone in its layer, an update keeps what trimming leaves: for a Gaussian one, the energy of
+    its top-density entries, 2(tφ(t) + 1 − Φ(t)) at t = Φ⁻¹(1 − density/2); a mean halves it."""
+    from scipy.stats import norm
+
+    t = norm.ppf(0.75)
+    trimmed = 2 * (t * norm.pdf(t) + 1 - norm.cdf(t))
+    parts = [[1.0, 0.0], [0.0, 2.0]]
+    pool = pool_of([[1.0, 0.0], [0.0, 4.0]], parts=parts)
+    np.testing.assert_allclose(
+        cond.own_coefficients(pool, [0, 1], cond.Merge("ties", density=0.5)), [trimmed, trimmed], atol=0.01
+    )
+    np.testing.assert_allclose(
+        cond.own_coefficients(pool, [0, 1], cond.Merge("ties", density=1.0)), [1.0, 1.0], atol=1e-6
+    )
+    np.testing.assert_allclose(cond.own_coefficients(pool, [0, 1], cond.Merge("task_arithmetic")), [0.5, 0.5])
+
+
+def test_cancelling_updates_keep_nothing_along_their_own_direction_under_either_merge():
+    pool = pool_of([[1.0, -1.0], [-1.0, 1.0]])
+    np.testing.assert_allclose(cond.own_coefficients(pool, [0, 1], cond.Merge("task_arithmetic")), [0, 0], atol=1e-12)
+    # sampling error ~0.04 (the coordinates' sign election is a coin flip here); an unrelated pair keeps ~0.6
+    np.testing.assert_allclose(cond.own_coefficients(pool, [0, 1], cond.Merge("ties", density=0.5)), [0, 0], atol=0.08)
+
+
+def test_layer_selective_keeps_the_upper_models_own_upper_layers():
+    parts = [[1.0, 1.0], [1.0, 1.0]]  # each update: half its energy below the cut-off, half above
+    pool = pool_of([[2.0, 0.0], [0.0, 2.0]], parts=parts, knowledge=[0.9, 0.1])
+    merge = cond.Merge("layer_selective", cutoff=1)
+    # upper = the member the base knows least (m1): its own upper half whole, its lower half halved
+    np.testing.assert_allclose(cond.own_coefficients(pool, [0, 1], merge), [0.25, 0.75])
+
+
+def test_a_prediction_falls_back_to_the_nearest_measured_rule_and_says_so():
+    calibration = only_coefficient()
+    pool = pool_of(HAND)
+    ties = calibration.predict(pool, [0, 1], cond.Merge("ties", density=0.5))
+    assert ties.rule == "task_arithmetic" and ties.fallback
+    mean = calibration.predict(pool, [0, 1], cond.Merge("task_arithmetic"))
+    assert mean.rule == "task_arithmetic" and not mean.fallback
+    alone = calibration.predict(pool, [2], cond.Merge("task_arithmetic"))
+    assert alone.rule == "alone" and alone.values.tolist() == [1.0]
+
+
+def test_shipped_calibration_reads_own_coefficient_and_records_how_to_refit_it():
+    calibration = load()
+    fitted = calibration.fitted["task_arithmetic"]
+    weights = dict(zip(fitted.model.names, fitted.model.weights))
+    assert weights["own_coefficient"] > 0
+    assert calibration.document["provenance"]["command"].startswith("python benchmarks/plan.py fit")
+    held = calibration.document["out_of_sample"]["task_arithmetic"]["leave_one_expert_out"]
+    assert all(cell["interval"] is not None for cell in held["by_size"].values())
+
+
+# The search
+
+
+def _random_pool(seed: int, n: int) -> cond.Pool:
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((n, 3))
+    gram = a @ a.T + np.diag(rng.uniform(0.2, 1.0, n))
+    return pool_of(gram, base=rng.choice([0.0, 0.5, 1.0], n))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("slots", [1, 2])
+def test_search_finds_the_best_assignment_on_pools_small_enough_to_enumerate(seed, slots):
+    pool = _random_pool(seed, 6)
+    calibration = only_coefficient()
+    merges = [cond.Merge("task_arithmetic"), cond.Merge("ties", density=0.5)]
+    score = lambda members, merge: calibration.predict(pool, list(members), merge, domain=False).values  # noqa: E731
+    found = search.search(len(pool), merges, slots, score, pool.base_score)
+    best = search.exhaustive(len(pool), merges, slots, score, pool.base_score)
+    assert found.objective == pytest.approx(best)
+
+
+def test_search_finds_a_planted_group():
+    """Four updates pulling together (cosine 0.8) and four that cancel each other pairwise
+    (cosine −0.9) and are orthogonal to the rest: the plan merges the four and leaves the rest out."""
+    gram = np.zeros((8, 8))
+    gram[:4, :4] = 0.8
+    for a, b in ((4, 5), (6, 7)):
+        gram[a, b] = gram[b, a] = -0.9
+    np.fill_diagonal(gram, 1.0)
+    pool = pool_of(gram, base=[0.0] * 4 + [0.6] * 4)
+    calibration = only_coefficient()
+    merges = [cond.Merge("task_arithmetic")]
+    score = lambda members, merge: calibration.predict(pool, list(members), merge, domain=False).values  # noqa: E731
+    found = search.search(8, merges, 1, score, pool.base_score)
+    assert found.slots[0].members == (0, 1, 2, 3)
+    assert found.objective == pytest.approx(search.exhaustive(8, merges, 1, score, pool.base_score))
+
+
+# End to end on tiny models
+
+
+def _config(path: Path, base: Path, experts, probes) -> Path:
+    document = {
+        "merge_method": "task_arithmetic",
+        "base_model": str(base),
+        "models": [
+            {"model": str(e), "probe": str(p), "parameters": {"weight": 1 / len(experts)}}
+            for e, p in zip(experts, probes)
+        ],
+        "dtype": "float32",
+    }
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def cancelling(llama, tmp_path_factory):
+    """a, b = −a (the same update on layer 1's up_proj, negated) and c, orthogonal to both
+    (layer 2's down_proj), each with a probe the base half knows."""
+    root = tmp_path_factory.mktemp("plan_cancel")
+    base = llama["base"]
+    up = lambda name: "layers.1.mlp.up_proj" in name  # noqa: E731
+    a = derive(base, root / "a", noise(11, 0.05, up))
+    opposite = noise(11, 0.05, up)  # the same draws again, negated
+    b = derive(base, root / "b", lambda name, tensor: -opposite(name, tensor))
+    c = derive(base, root / "c", noise(12, 0.05, lambda name: "layers.2.mlp.down_proj" in name))
+    probes = [ranked_probes(root / f"{k}.jsonl", base, QUESTIONS, CHOICES, pick=1) for k in "abc"]
+    config = _config(root / "pool.yml", base, [a, b, c], probes)
+    out = root / "plan"
+    result = CliRunner().invoke(cli, ["plan", str(config), "--out", str(out), "--quiet", *FAST])
+    assert result.exit_code == 0, result.output
+    return root, config, out, (a, b, c)
+
+
+def test_plan_keeps_cancelling_experts_apart(cancelling):
+    root, config, out, (a, b, c) = cancelling
+    plan = json.loads((out / "plan.json").read_text())
+    jsonschema.validate(plan, json.loads(SCHEMA.read_text()))
+    model_of = {e["path"]: e["model"] for e in plan["experts"]}
+    assert model_of[str(a)] is None or model_of[str(a)] != model_of[str(b)]
+    assert plan["objective"]["planned"] >= plan["objective"]["references"]["configured"]["value"]
+    for k in (2, 3):
+        other = root / f"plan_k{k}"
+        result = CliRunner().invoke(
+            cli,
+            [
+                "plan",
+                str(config),
+                "--out",
+                str(other),
+                "--models",
+                str(k),
+                "--precheck",
+                str(out / "precheck.json"),
+                "-q",
+            ],
+        )
+        assert result.exit_code == 0, result.output
+        found = {e["path"]: e["model"] for e in json.loads((other / "plan.json").read_text())["experts"]}
+        assert found[str(a)] is None or found[str(a)] != found[str(b)]
+
+
+def test_planned_configs_run_with_the_stock_mergekit_yaml(cancelling, tmp_path):
+    root, config, out, experts = cancelling
+    plan = json.loads((out / "plan.json").read_text())
+    for model in plan["models"]:
+        written = tmp_path / Path(model["file"]).stem
+        done = subprocess.run(
+            [BIN / "mergekit-yaml", out / model["file"], written, "--no-write-model-card", "--lazy-unpickle"],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        merged, base = state_dict(written), state_dict(Path(plan["base_model"]))
+        members = {str(e): state_dict(e) for e in experts if str(e) in model["members"]}
+        if model["method"] in ("alone",) or model["method"].startswith("task_arithmetic"):
+            share = 1 / len(members)
+            for name in base:
+                expected = base[name] + sum(share * (m[name] - base[name]) for m in members.values())
+                torch.testing.assert_close(merged[name], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_plan_writes_nothing_on_bad_input(cancelling, tmp_path):
+    root, config, out, _ = cancelling
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("mine")
+    result = CliRunner().invoke(
+        cli, ["plan", str(config), "--out", str(busy), "--precheck", str(out / "precheck.json")]
+    )
+    assert result.exit_code == 2 and "not an earlier plan's folder" in result.output
+    assert sorted(p.name for p in busy.iterdir()) == ["notes.txt"]
+    fresh = tmp_path / "fresh"
+    result = CliRunner().invoke(
+        cli, ["plan", str(config), "--out", str(fresh), "--precheck", str(out / "precheck.json"), "--methods", "slerp"]
+    )
+    assert result.exit_code == 2 and "--methods slerp" in result.output and not fresh.exists()
+    other = tmp_path / "other.yml"
+    other.write_text(config.read_text().replace(str(cancelling[3][2]), str(cancelling[3][0]) + "_missing"))
+    result = CliRunner().invoke(
+        cli, ["plan", str(other), "--out", str(fresh), "--precheck", str(out / "precheck.json")]
+    )
+    assert result.exit_code == 2 and not fresh.exists()
+
+
+LORA_TARGETS = ("model.layers.{}.self_attn.q_proj.weight", "model.layers.{}.mlp.up_proj.weight")
+
+
+def test_a_pool_of_adapters_plans_as_the_same_pool_materialised(llama, tmp_path):
+    from mergekit_mergeability.sources import resolve
+    from mergekit_mergeability.sources.adapter import materialise
+
+    base = llama["base"]
+    adapters, full, probes = tmp_path / "adapters", tmp_path / "full", tmp_path / "probes"
+    probes.mkdir()
+    # e3 is e0 negated (same factors, alpha −4): the pair cancels
+    specs = [((0, 1), 2, 4.0, 0), ((1,), 3, 4.0, 1), ((2, 3), 4, 8.0, 2), ((0, 1), 2, -4.0, 0)]
+    for i, (layers, rank, alpha, seed) in enumerate(specs):
+        targets = [t.format(layer) for layer in layers for t in LORA_TARGETS]
+        make_adapter(base, adapters / f"e{i}", targets, rank=rank, alpha=alpha, seed=seed)
+        materialise(resolve(str(adapters / f"e{i}")), full / f"e{i}")
+        if i < 2:
+            ranked_probes(probes / f"e{i}.jsonl", base, QUESTIONS, CHOICES, pick=i)
+        else:  # the base knows e2 as e0, e3 as e1
+            shutil.copy(probes / f"e{i - 2}.jsonl", probes / f"e{i}.jsonl")
+    runner = CliRunner()
+    native = runner.invoke(
+        cli, ["plan", "--pool", str(adapters), "--probes", str(probes), "--out", str(tmp_path / "a"), "-q"]
+    )
+    assert native.exit_code == 0, native.output
+    done = runner.invoke(
+        cli,
+        ["plan", "--pool", str(full), "--base", str(base), "--probes", str(probes), "--out", str(tmp_path / "b"), "-q"],
+    )
+    assert done.exit_code == 0, done.output
+    ours, theirs = (json.loads((tmp_path / k / "plan.json").read_text()) for k in "ab")
+    assert [e["model"] for e in ours["experts"]] == [e["model"] for e in theirs["experts"]]
+    assert [m["method"] for m in ours["models"]] == [m["method"] for m in theirs["models"]]
+    assert ours["objective"]["planned"] == pytest.approx(theirs["objective"]["planned"], rel=1e-4)
+    for x, y in zip(ours["experts"], theirs["experts"]):
+        assert x["planned"] == pytest.approx(y["planned"], rel=1e-4, abs=1e-6)
+
+
+def test_a_pool_folder_without_a_probe_for_a_member_is_refused(llama, tmp_path):
+    adapters = tmp_path / "adapters"
+    make_adapter(llama["base"], adapters / "e0", [LORA_TARGETS[0].format(0)], seed=1)
+    (tmp_path / "probes").mkdir()
+    result = CliRunner().invoke(
+        cli, ["plan", "--pool", str(adapters), "--probes", str(tmp_path / "probes"), "--out", str(tmp_path / "o")]
+    )
+    assert result.exit_code == 2 and "no probe for e0" in result.output and not (tmp_path / "o").exists()
+
+
+def test_decide_states_the_objective_and_its_references(cancelling):
+    root, config, out, _ = cancelling
+    report = json.loads((out / "precheck.json").read_text())
+    merges, _ = decide.candidate_merges(report, ["task_arithmetic", "ties"])
+    decision = decide.decide(report, load(), merges, 1)
+    alone = decision.references["alone"].total
+    assert decision.references["base"].total <= decision.objective <= alone
+    assert decision.objective == pytest.approx(decision.objective_of([(p.members, p.merge) for p in decision.planned]))
+    shutil.rmtree(root / "plan_k2", ignore_errors=True)
+
+
+def test_budget_evals_measure_the_best_candidates_and_keep_the_best_measured(cancelling, tmp_path):
+    root, config, out, _ = cancelling
+    checked = tmp_path / "checked"
+    result = CliRunner().invoke(
+        cli,
+        ["plan", str(config), "--out", str(checked), "--precheck", str(out / "precheck.json"), "--budget-evals", "4"]
+        + ["--no-cache", "-q", *FAST],
+    )
+    assert result.exit_code == 0, result.output
+    plan = json.loads((checked / "plan.json").read_text())
+    found = plan["checked"]
+    assert found["spent"] <= 4 and found["candidates"]
+    best = max(found["candidates"], key=lambda c: c["measured"])
+    assert found["chosen"] == best["label"]
+    # the plan written is the one measured best: its models are that candidate's
+    assert [sorted(m["members"]) for m in plan["models"]] == [sorted(m["members"]) for m in best["models"]]
+    for candidate in found["candidates"]:
+        assert 0 <= candidate["measured"] <= len(plan["experts"])
+
+
+def test_the_commands_default_methods_are_the_plans():
+    from mergekit_mergeability.cli import plan as command
+
+    default = next(p.default for p in command.params if p.name == "methods")
+    assert default.split(",") == list(decide.DEFAULT_METHODS)
+
+
+def test_a_layer_selective_model_runs_with_mergekit_and_keeps_its_upper_models_top(cancelling, tmp_path):
+    """With a cut-off measured (here written into the precheck), layer_selective is a candidate;
+    a planned layer_selective model's config runs with the stock mergekit-yaml: blocks below the
+    cut-off merged, above it the upper model's own."""
+    from mergekit_mergeability.sources.architecture import tensor_position
+    from mergekit_mergeability.plan import report as reports, run as planning
+    from mergekit_mergeability.precheck import config as merge_config
+
+    root, config, out, (a, b, c) = cancelling
+    report = json.loads((out / "precheck.json").read_text())
+    report["layers"]["cutoff"] = 2
+    merges, notes = decide.candidate_merges(report, ["layer_selective"])
+    assert merges == [cond.Merge("layer_selective", cutoff=2)] and not notes
+    spec = merge_config.read(config)
+    decision = decide.decide(report, load(), merges, 1, names=spec.models)
+    members = (spec.models.index(str(a)), spec.models.index(str(c)))
+    planning.choose(decision, [(members, merges[0])])
+    document = reports.document(decision, spec, report, load(), {})
+    [(file, text)] = reports.configs(decision, spec, document).items()
+    (tmp_path / "model.yml").write_text(text)
+    written = yaml.safe_load(text)
+    upper = [e["model"] for e in written["models"] if (e.get("parameters") or {}).get("upper")]
+    assert len(upper) == 1 and written["parameters"]["cutoff"] == 2 and written["merge_method"] == "layer_selective"
+    done = subprocess.run(
+        [
+            BIN / "mergekit-yaml",
+            tmp_path / "model.yml",
+            tmp_path / "merged",
+            "--no-write-model-card",
+            "--lazy-unpickle",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    merged, top, base = state_dict(tmp_path / "merged"), state_dict(Path(upper[0])), state_dict(Path(spec.base_model))
+    below = [n for n in merged if tensor_position(n).part == "layer" and tensor_position(n).layer < 2]
+    above = [n for n in merged if tensor_position(n).part == "layer" and tensor_position(n).layer >= 2]
+    for name in above:
+        torch.testing.assert_close(merged[name], top[name])
+    members_state = [state_dict(a), state_dict(c)]
+    for name in below:
+        expected = base[name] + sum(0.5 * (m[name] - base[name]) for m in members_state)
+        torch.testing.assert_close(merged[name], expected, rtol=1e-5, atol=1e-6)
