@@ -23,8 +23,8 @@ from pathlib import Path
 import yaml
 
 from _models import workdir
-from mergekit_mergeability import probes
 from mergekit_mergeability.precheck import config, load_inputs
+from mergekit_mergeability.tasks import lmeval
 from mergekit_mergeability.tiny import make_family
 
 
@@ -68,7 +68,7 @@ def spec_for(family: dict, probe: Path) -> config.MergeSpec:
 
 
 def load(spec: config.MergeSpec, limit: int):
-    getattr(probes, "_built", {}).clear()  # a fresh precheck: nothing built yet in this process
+    getattr(lmeval, "_built", {}).clear()  # a fresh precheck: nothing built yet in this process
     started = time.perf_counter()
     _, models = load_inputs(spec, spec.probes, limit)
     return time.perf_counter() - started, models
