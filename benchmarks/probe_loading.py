@@ -28,8 +28,8 @@ from pathlib import Path
 import yaml
 
 from _models import workdir
-from mergekit_mergeability import probes
 from mergekit_mergeability.precheck import config, load_inputs, run
+from mergekit_mergeability.tasks import lmeval
 from mergekit_mergeability.tiny import make_family
 
 
@@ -80,14 +80,14 @@ def spec_for(family: dict, probes_of) -> config.MergeSpec:
 
 
 def load(spec: config.MergeSpec, limit: int):
-    getattr(probes, "_built", {}).clear()  # a fresh precheck: nothing built yet in this process
+    getattr(lmeval, "_built", {}).clear()  # a fresh precheck: nothing built yet in this process
     started = time.perf_counter()
     _, models = load_inputs(spec, spec.probes, limit)
     return time.perf_counter() - started, models
 
 
 def whole_precheck(spec: config.MergeSpec, out: Path, limit: int) -> float:
-    getattr(probes, "_built", {}).clear()
+    getattr(lmeval, "_built", {}).clear()
     started = time.perf_counter()
     run(spec, {}, {"quiet": True, "limit": limit}, out)
     return time.perf_counter() - started

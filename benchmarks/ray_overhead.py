@@ -26,7 +26,7 @@ from mergekit_mergeability.sources.architecture import tensor_position
 from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
 from mergekit_mergeability.diagnostics.representations import Representations
 from mergekit_mergeability.diagnostics.weights import WeightStatistics
-from mergekit_mergeability.probes import GENERATION, Instance
+from mergekit_mergeability.tasks.probes import GENERATION, Instance
 from mergekit_mergeability.tiny import train_tokenizer
 
 ROWS = [

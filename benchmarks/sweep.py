@@ -29,9 +29,8 @@ from _models import workdir
 from mergekit_mergeability.cli import default_cache_dir
 from mergekit_mergeability.demo import reasoning
 from mergekit_mergeability.demo.run import FULL, Demo
-from mergekit_mergeability.evaluation.harness import quiet_harness
 from mergekit_mergeability.sources.cache import Cache
-from mergekit_mergeability.evaluation.tasks import shipped_tasks
+from mergekit_mergeability.tasks.lmeval import quiet_harness, shipped_tasks
 from mergekit_mergeability.sweep.run import Settings, Sweep, grid
 
 OPTIONS = {"limit": None, "device": "cpu", "dtype": "float32", "batch_size": 16, "quiet": True}

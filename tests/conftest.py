@@ -56,7 +56,7 @@ def ranked_probes(path: Path, model_dir: Path, questions, choices, pick: int) ->
 
     from mergekit_mergeability.sources import load_causal_lm
     from mergekit_mergeability.diagnostics.activations import choice_logprobs
-    from mergekit_mergeability.probes import Instance
+    from mergekit_mergeability.tasks.probes import Instance
 
     model, tok = load_causal_lm(model_dir)
     instances = [Instance(f"{q}\nAnswer:", tuple(f" {c}" for c in choices), 0) for q in questions]

@@ -15,9 +15,9 @@ from mergekit_mergeability.sources import load_causal_lm
 from mergekit_mergeability.cli import main
 from mergekit_mergeability.diagnostics.activations import choice_logprobs
 from mergekit_mergeability.evaluation.protocol import partners
-from mergekit_mergeability.evaluation.translation import corpus_scores
+from mergekit_mergeability.maths.translation import corpus_scores
 from mergekit_mergeability.maths.retention import normalised_gain, retention
-from mergekit_mergeability.probes import load as load_probes
+from mergekit_mergeability.tasks import load as load_probes
 from mergekit_mergeability.tiny import derive, state_dict
 
 from conftest import noise, ranked_probes
@@ -216,15 +216,15 @@ def test_bad_input_fails_before_work(pool, tmp_path, args, message):
 
 
 def test_tasks_sharing_a_folder_are_cached_apart():
-    from mergekit_mergeability.evaluation.tasks import resolve
+    from mergekit_mergeability.tasks.lmeval import resolve
 
     fingerprints = {resolve(f"demo_translate_{e}").fingerprint for e in ("zorbish_a", "zorbish_b", "kelvic_a")}
     assert len(fingerprints) == 3
 
 
 def test_shipped_translation_task_scores_chrf_with_signatures(llama):
-    from mergekit_mergeability.evaluation.harness import score
-    from mergekit_mergeability.evaluation.tasks import resolve
+    from mergekit_mergeability.tasks.harness import score
+    from mergekit_mergeability.tasks.lmeval import resolve
 
     model, tok = load_causal_lm(llama["base"])
     result = score(model, tok, resolve("demo_translate_kelvic_a"), limit=2)

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from mergekit_mergeability.probes import Instance, lettered, load, shots_from, with_shots
+from mergekit_mergeability.tasks import load
+from mergekit_mergeability.tasks.probes import Instance, lettered, shots_from, with_shots
 
 
 def _probe(tmp_path, rows):

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from mergekit_mergeability import probes
+from mergekit_mergeability import tasks
+from mergekit_mergeability.tasks import probes
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.maths import calibration as fitting
 from mergekit_mergeability.maths.stats import spearman
@@ -53,8 +54,8 @@ def test_cloze_and_options_give_each_formats_log_probs_exactly(tmp_path, llama):
     from mergekit_mergeability.diagnostics.activations import choice_logprobs
 
     row = {"question": QUESTION, "choices": CHOICES, "label": 0}
-    cloze = probes.load(str(_lines(tmp_path / "cloze.jsonl", row)))
-    options = probes.load(str(_lines(tmp_path / "options.jsonl", {**row, "format": "options", "shots": 2})))
+    cloze = tasks.load(str(_lines(tmp_path / "cloze.jsonl", row)))
+    options = tasks.load(str(_lines(tmp_path / "options.jsonl", {**row, "format": "options", "shots": 2})))
     assert cloze[0].prompt == f"{QUESTION}\nAnswer:" and (cloze[0].format, cloze[0].declared) == ("cloze", False)
     assert options[0].prompt == _hand_built_options(2) and (options[0].format, options[0].shots) == ("options", 2)
     model, tokenizer = load_causal_lm(llama["base"])
@@ -69,8 +70,8 @@ def test_the_lm_eval_task_scores_the_prompt_the_precheck_asked(tmp_path, llama):
     """evaluate and mergeability score an options probe in its own format, not as cloze."""
     from mergekit_mergeability.sources import load_causal_lm
     from mergekit_mergeability.diagnostics.activations import choice_logprobs
-    from mergekit_mergeability.evaluation import harness
-    from mergekit_mergeability.evaluation.tasks import _scored_docs, resolve
+    from mergekit_mergeability.tasks import harness
+    from mergekit_mergeability.tasks.lmeval import _scored_docs, resolve
 
     rows = [
         {"question": f"{QUESTION} ({i})", "choices": CHOICES, "label": i % 4, "format": "options", "shots": 1}
@@ -78,7 +79,7 @@ def test_the_lm_eval_task_scores_the_prompt_the_precheck_asked(tmp_path, llama):
     ]
     path = _lines(tmp_path / "options.jsonl", *rows)
     task = resolve(str(path))
-    asked = probes.load(str(path))
+    asked = tasks.load(str(path))
     docs = _scored_docs(str(path), None)
     assert [d["prompt"] for d in docs] == [i.prompt for i in asked]
     assert all(d["prompt"].count("Question:") == 2 for d in docs)  # one shot, then the question
@@ -102,13 +103,13 @@ def test_a_bad_format_is_one_line_naming_the_line(tmp_path, extra, message):
         {"question": "q2", "choices": ["a", "b"], "label": 0, **extra},
     )
     with pytest.raises(UserError, match=f"{path}:2: {message}"):
-        probes.load(str(path))
+        tasks.load(str(path))
 
 
 def test_a_limit_never_changes_a_prompt(tmp_path):
     rows = [{"question": f"q{i}", "choices": ["a", "b"], "label": 0, "format": "options", "shots": 3} for i in range(8)]
     path = _lines(tmp_path / "p.jsonl", *rows)
-    assert [i.prompt for i in probes.load(str(path), limit=2)] == [i.prompt for i in probes.load(str(path))[:2]]
+    assert [i.prompt for i in tasks.load(str(path), limit=2)] == [i.prompt for i in tasks.load(str(path))[:2]]
 
 
 def _pool(tmp_path, name, rng, n, matters):

@@ -9,7 +9,7 @@ import torch
 from mergekit_mergeability.sources import load_causal_lm
 from mergekit_mergeability.diagnostics.activations import choice_logprobs, score
 from mergekit_mergeability.maths import knowledge
-from mergekit_mergeability.probes import GENERATION, Instance
+from mergekit_mergeability.tasks.probes import GENERATION, Instance
 
 ALPHABET = "^abcd "  # ^ is the start token
 

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from mergekit_mergeability.errors import UserError
-from mergekit_mergeability.probes import GENERATION, MULTIPLE_CHOICE, load
+from mergekit_mergeability.tasks import load
+from mergekit_mergeability.tasks.probes import GENERATION, MULTIPLE_CHOICE
 
 
 def _jsonl(path, rows):

@@ -23,7 +23,7 @@ from mergekit_mergeability.diagnostics.selectivity import (
 from mergekit_mergeability.maths import selectivity as lape
 from mergekit_mergeability.precheck.predict import cutoff_from_curve, decide_cutoff, divergence_curve
 from mergekit_mergeability.precheck.report import SCHEMA
-from mergekit_mergeability.probes import load
+from mergekit_mergeability.tasks import load
 from mergekit_mergeability.tiny import ARCHITECTURES, derive, train_tokenizer
 
 DIGITS, LETTERS = "0123456789", "QXZJK"  # bytes the tiny tokenizer never merged: one token each

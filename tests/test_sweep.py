@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 
 from mergekit_mergeability.sources import load_causal_lm
 from mergekit_mergeability.cli import main
-from mergekit_mergeability.evaluation import tasks
+from mergekit_mergeability.tasks import lmeval
 from mergekit_mergeability.sources.cache import Cache
 from mergekit_mergeability.sweep import models as sweep_models
 from mergekit_mergeability.sweep.answers import GenerationTask
@@ -37,7 +37,7 @@ def world(llama, tmp_path_factory):
     from lm_eval.models.huggingface import HFLM
 
     module, tokenizer = load_causal_lm(llama["base"])
-    problems = GenerationTask(tasks.resolve(str(draft)), 1, 1.0).answer(
+    problems = GenerationTask(lmeval.resolve(str(draft)), 1, 1.0).answer(
         HFLM(pretrained=module, tokenizer=tokenizer, device="cpu"), None, 0
     )["problems"]
     task = root / "own.jsonl"

@@ -14,8 +14,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from mergekit_mergeability.diagnostics.activations import choice_logprobs, encode, pad
-from mergekit_mergeability import probes
-from mergekit_mergeability.probes import Instance
+from mergekit_mergeability.tasks import probes
+from mergekit_mergeability.tasks.probes import Instance
 
 UP = ("mlp.up_proj",)
 Factors = Dict[str, Tuple[torch.Tensor, torch.Tensor]]  # tensor name -> (A: rank × in, B: out × rank)

@@ -43,7 +43,7 @@ def thinking_model(demo) -> Path:
     """B, trained once into the demo's cache (a folder sharing the base's unchanged shards)."""
     from mergekit_mergeability.demo.checkpoints import save_expert
     from mergekit_mergeability.demo.experts import train_low_rank, updated
-    from mergekit_mergeability.evaluation.tasks import resolve
+    from mergekit_mergeability.tasks.lmeval import resolve
     from mergekit_mergeability.sweep.answers import GenerationTask
 
     folder = demo.cache / "sweep" / "thinking"

@@ -14,7 +14,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-from mergekit_mergeability.probes import Instance
+from mergekit_mergeability.tasks.probes import Instance
 
 
 @dataclass

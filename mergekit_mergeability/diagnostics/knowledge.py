@@ -20,13 +20,13 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from mergekit_mergeability import probes
 from mergekit_mergeability import distributed
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, Need
 from mergekit_mergeability.diagnostics.activations import choice_logprobs
 from mergekit_mergeability.maths import knowledge
 from mergekit_mergeability.progress import task
 from mergekit_mergeability.sources import load_causal_lm
+from mergekit_mergeability.tasks import probes
 
 # Solved examples before each question; chosen by measurement on the project's fit pool
 # (benchmarks/pools.py, README "How the prediction was fitted"), never on the held-out pool.

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 from mergekit_mergeability.errors import UserError
-from mergekit_mergeability.evaluation import tasks as task_specs
 from mergekit_mergeability.evaluation.scorer import Scorer
 from mergekit_mergeability.files import SCHEMA_VERSION, write_atomic
 from mergekit_mergeability.maths.retention import normalised_gain, retention
@@ -20,6 +19,7 @@ from mergekit_mergeability.precheck.config import MergeSpec
 from mergekit_mergeability.progress import task as progress
 from mergekit_mergeability.sources import check_model
 from mergekit_mergeability.sources.cache import Cache
+from mergekit_mergeability.tasks import lmeval
 
 
 def owned_tasks(spec: MergeSpec, overrides: Optional[List[str]]) -> Dict[str, Optional[str]]:
@@ -43,7 +43,7 @@ def evaluate(
     for folder in folders.values():
         check_model(folder)  # a damaged or empty folder fails here, before any scoring
     owners = owned_tasks(spec, overrides)
-    resolved = task_specs.resolve_all(owners, spec.folder)  # a bad task fails here, before work
+    resolved = lmeval.resolve_all(owners, spec.folder)  # a bad task fails here, before work
     scorer = Scorer(folders[spec.base_model], options, cache)
     # each task on the base, the merge, and its own expert (every expert for --tasks)
     plan = [

@@ -16,7 +16,6 @@ from mergekit_mergeability import distributed
 from mergekit_mergeability.diagnostics import ModelInput
 from mergekit_mergeability.diagnostics.compatibility import require_compatible
 from mergekit_mergeability.errors import UserError
-from mergekit_mergeability.evaluation import tasks as task_specs
 from mergekit_mergeability.evaluation.inmemory import load_update, merge_updates
 from mergekit_mergeability.evaluation.protocol import TrialLog, partners, summarise
 from mergekit_mergeability.evaluation.scorer import Scorer
@@ -26,6 +25,7 @@ from mergekit_mergeability.precheck.config import MergeSpec, model_entries
 from mergekit_mergeability.progress import task as progress
 from mergekit_mergeability.sources import TensorReader
 from mergekit_mergeability.sources.cache import Cache, fingerprint
+from mergekit_mergeability.tasks import lmeval
 
 
 def check_pool(spec: MergeSpec, partner_count: int, method: str) -> None:
@@ -59,7 +59,7 @@ def measure(
     require_compatible(
         ModelInput(spec.base_model, folders[spec.base_model]), [ModelInput(m, folders[m]) for m in spec.models]
     )
-    tasks = task_specs.resolve_all(dict.fromkeys(spec.probes[m] for m in spec.models), spec.folder)
+    tasks = lmeval.resolve_all(dict.fromkeys(spec.probes[m] for m in spec.models), spec.folder)
     own_task = {m: tasks[spec.probes[m]] for m in spec.models}
     shared = dict(spec.document.get("parameters") or {})
     per_model = {str(e["model"]): dict(e.get("parameters") or {}) for e in model_entries(spec.document)}

@@ -7,10 +7,10 @@ from typing import Any, Callable, Dict, Mapping
 
 import torch
 
-from mergekit_mergeability.evaluation import harness
-from mergekit_mergeability.evaluation.tasks import Task
 from mergekit_mergeability.sources import Source, load_causal_lm, merged, patched, same_model, update_of
 from mergekit_mergeability.sources.cache import Cache, fingerprint
+from mergekit_mergeability.tasks import harness
+from mergekit_mergeability.tasks.lmeval import Task
 
 
 class Scorer:

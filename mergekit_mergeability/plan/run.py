@@ -127,7 +127,7 @@ class Measurer:
     def __init__(
         self, spec: merge_config.MergeSpec, options: Mapping[str, Any], cache, pool: Optional[cond.Pool] = None
     ):
-        from mergekit_mergeability.evaluation import tasks as task_specs
+        from mergekit_mergeability.tasks import lmeval as task_specs
         from mergekit_mergeability.sources.cache import fingerprint
         from mergekit_mergeability.evaluation.mergeability import Trials, check_pool
 

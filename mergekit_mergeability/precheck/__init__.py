@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from mergekit_mergeability import probes
+from mergekit_mergeability import tasks
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
 from mergekit_mergeability.errors import MeasurementError, UserError
 from mergekit_mergeability.precheck.config import MergeSpec
+from mergekit_mergeability.tasks import probes
 
 BUILTIN = "builtin"  # the package's own plugin: if its signals cannot be measured, nothing is judged
 REPORT_HOOK = "mergeability_precheck_report"
@@ -76,7 +77,7 @@ def load_inputs(
             with (
                 spec.naming(f"{spec.entries[name]}.probe") if specs[name] == spec.probes.get(name) else nullcontext()
             ):  # --probe names itself
-                probe = probes.load(specs[name], limit, folder)
+                probe = tasks.load(specs[name], limit, folder)
         if name in spec.fewshot:
             with spec.naming(f"{spec.entries[name]}.fewshot"):
                 shots = probes.shots_from(spec.fewshot[name], folder) + neutral

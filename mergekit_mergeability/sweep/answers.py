@@ -14,8 +14,7 @@ import random
 from typing import Any, Dict, List, Optional
 
 from mergekit_mergeability.errors import UserError
-from mergekit_mergeability.evaluation.harness import quiet_harness
-from mergekit_mergeability.evaluation.tasks import Task
+from mergekit_mergeability.tasks.lmeval import Task, quiet_harness
 
 
 class GenerationTask:

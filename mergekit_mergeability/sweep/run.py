@@ -18,11 +18,11 @@ from typing import Any, Dict, List, Mapping, Optional, Pattern, Tuple
 
 from mergekit_mergeability import distributed
 from mergekit_mergeability.errors import UserError
-from mergekit_mergeability.evaluation import harness, tasks as task_specs
 from mergekit_mergeability.files import SCHEMA_VERSION, atomic_folder
 from mergekit_mergeability.maths import sampling, stages
 from mergekit_mergeability.sources.cache import Cache
 from mergekit_mergeability.sweep.models import Endpoints, Selection, endpoints, interpolate, plan
+from mergekit_mergeability.tasks import lmeval
 
 
 def grid(text: str) -> Tuple[float, ...]:
@@ -79,7 +79,7 @@ class Sweep:
         if "," in settings.task:
             raise UserError(f"--tasks {settings.task}: the sweep scores one task; name one")
         self.ends: Endpoints = endpoints(a, b, base)
-        self.task = task_specs.resolve(settings.task)
+        self.task = lmeval.resolve(settings.task)
         self.task.check()
         self.generation = GenerationTask(self.task, settings.samples, settings.temperature)
         self.interpolated, self.differing = plan(self.ends, settings.selection)
@@ -98,7 +98,7 @@ class Sweep:
             module, tokenizer = load_causal_lm(
                 self.ends.origin, self.options.get("device", "cpu"), self.options.get("dtype", "float32")
             )
-            with harness.quiet_harness():
+            with lmeval.quiet_harness():
                 self._lm = HFLM(
                     pretrained=module,
                     tokenizer=tokenizer,

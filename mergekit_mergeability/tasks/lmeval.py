@@ -1,4 +1,4 @@
-"""Task specs → lm-eval tasks. The same specs as probes (``mergekit_mergeability.probes``):
+"""Task specs → lm-eval tasks. The same specs as probes (``tasks.probes``):
 
 - a JSONL probe file becomes an in-memory lm-eval task config (multiple choice →
   ``acc``; generation → ``exact_match``), so a model's probe is also its task;
@@ -8,14 +8,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from mergekit_mergeability.errors import UserError
+from mergekit_mergeability.tasks.probes import (
+    GENERATION,
+    LM_EVAL,
+    OPTIONS,
+    Instance,
+    existing_file,
+    join,
+    scored_lines,
+)
 
 
 def shipped_tasks() -> Path:
@@ -41,8 +53,6 @@ class Task:
     def check(self) -> None:
         """Build the task (data included) once, so a bad spec fails before any model is scored.
         A group must declare how its tasks add up to one score (``aggregate_metric_list``)."""
-        from mergekit_mergeability.evaluation.harness import quiet_harness
-
         manager, entry = self.load()
         try:
             with quiet_harness():
@@ -71,8 +81,6 @@ def _manager(include_path: Optional[str], defaults: bool):
 
 
 def resolve(spec: str, relative_to: Optional[Path] = None, what: str = "task") -> Task:
-    from mergekit_mergeability.probes import existing_file
-
     path = existing_file(spec, relative_to)
     if path is not None and path.suffix == ".jsonl":
         return _jsonl_task(path)
@@ -164,8 +172,6 @@ def _jsonl_task(path: Path) -> Task:
 
 def _lettered(path: Path) -> bool:
     """Does some line of a JSONL probe ask for the options format?"""
-    from mergekit_mergeability.probes import OPTIONS
-
     return any(json.loads(line).get("format") == OPTIONS for line in path.read_text().splitlines() if line.strip())
 
 
@@ -173,8 +179,6 @@ def _scored_docs(path: str, dataset):
     """lm-eval's ``process_docs``: the probe's lines as ``probes.scored_lines`` renders them
     (prompt and choices without the leading space lm-eval's target delimiter adds)."""
     from datasets import Dataset
-
-    from mergekit_mergeability.probes import scored_lines
 
     rows = [
         {"prompt": i.prompt, "choices": [c[1:] if c.startswith(" ") else c for c in i.continuations], "label": i.label}
@@ -190,3 +194,80 @@ def _digest(*files: Path) -> str:
             digest.update(file.name.encode())
             digest.update(file.read_bytes())
     return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def quiet_harness():
+    """Silence lm-eval's per-request progress bars, prints and `git` probe (file descriptor 2
+    itself, and sys.stderr where something has replaced it)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
+        os.dup2(null.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+@contextlib.contextmanager
+def compiled_templates():
+    """Compile each of a task's Jinja templates once: lm-eval compiles its template again for every
+    document it formats (``lm_eval.utils.apply_template``), most of the time a probe takes to build.
+    The same Environment renders it, so the text is the same."""
+    from lm_eval import utils
+
+    original, compiled = utils.apply_template, {}
+
+    def apply_template(template: str, doc: dict) -> str:
+        if template not in compiled:
+            compiled[template] = utils.env.from_string(template)
+        return compiled[template].render(**doc)
+
+    utils.apply_template = apply_template
+    try:
+        yield
+    finally:
+        utils.apply_template = original
+
+
+# (task name, fingerprint, limit) -> its instances. lm-eval builds a task, dataset included, on every
+# load; models that share a probe share its instances (frozen, so sharing is safe).
+_built: Dict[Tuple[str, str, Optional[int]], Tuple[Instance, ...]] = {}
+
+
+def instances(task: Task, limit: Optional[int]) -> List[Instance]:
+    """The first ``limit`` documents of an lm-eval task as probe instances, built once per process."""
+    key = (task.name, task.fingerprint, limit)
+    if key not in _built:
+        _built[key] = tuple(_build_lm_eval(task, limit))
+    return list(_built[key])
+
+
+def _build_lm_eval(task, limit: Optional[int]) -> List[Instance]:
+    manager, entry = task.load()
+    with quiet_harness():
+        loaded = list(manager.load(entry)["tasks"].values())
+    if len(loaded) != 1:
+        raise UserError(f"lm-eval task {task.name!r} is a group of {len(loaded)} tasks; name one of them")
+    task = loaded[0]
+    task.set_fewshot_seed(seed=1234)  # lm-eval's default fewshot seed
+    docs = task.eval_docs
+    count = len(docs) if limit is None else min(limit, len(docs))
+    with compiled_templates():
+        return [_task_instance(task, docs[i]) for i in range(count)]
+
+
+def _task_instance(task, doc) -> Instance:
+    shots = task.config.num_fewshot or 0
+    prompt = task.fewshot_context(doc, shots) if shots else task.doc_to_text(doc)
+    target = task.doc_to_target(doc)
+    delimiter = task.config.target_delimiter
+    if task.OUTPUT_TYPE == "multiple_choice":
+        choices = task.doc_to_choice(doc)
+        label = target if isinstance(target, int) else choices.index(str(target))
+        return Instance(prompt, tuple(join(prompt, c, delimiter) for c in choices), label, format=LM_EVAL, shots=shots)
+    answer = target[0] if isinstance(target, list) else str(target)
+    return Instance(prompt, (join(prompt, answer, delimiter),), 0, GENERATION, format=LM_EVAL, shots=shots)

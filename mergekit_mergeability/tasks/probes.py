@@ -7,7 +7,7 @@ A probe spec is one of
 - an installed lm-eval task name (``hellaswag``, ``arc_easy``...).
 A JSONL line may name its ``"group"`` (a language, a task): the neuron-selectivity
 diagnostic compares groups; lines without one belong to their model's probe set.
-Every spec becomes the same ``Instance`` list: a prompt and the continuations to
+Every spec becomes the same ``Instance`` list (``tasks.load``): a prompt and the continuations to
 score, as lm-eval's loglikelihood requests would, **in the format the task is scored
 in** (``evaluate`` and ``mergeability`` score exactly these prompts):
 
@@ -30,7 +30,7 @@ import json
 import random
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from mergekit_mergeability.errors import UserError
 
@@ -130,20 +130,6 @@ def shots_from(spec: Optional[str], relative_to: Optional[Path] = None) -> List[
     if path is None or path.suffix != ".jsonl":
         raise UserError(f'fewshot {spec}: no such .jsonl file of {{"question", "choices", "label"}} lines')
     return _from_jsonl(path, None)
-
-
-def load(spec: str, limit: Optional[int] = None, relative_to: Optional[Path] = None) -> List[Instance]:
-    """The first ``limit`` instances of a probe spec (see the module docstring)."""
-    from mergekit_mergeability.evaluation.tasks import resolve
-
-    path = existing_file(spec, relative_to)
-    if path is not None and path.suffix == ".jsonl":
-        instances = scored_lines(path)[:limit]
-    else:
-        instances = _from_lm_eval(resolve(spec, relative_to, what="probe"), limit)
-    if not instances:
-        raise UserError(f"probe {spec}: no instances")
-    return instances
 
 
 def scored_lines(path: Path) -> List[Instance]:
@@ -260,44 +246,3 @@ def task_name(path: Path) -> str:
     if not isinstance(name, str):
         raise UserError(f"{path}: an lm-eval task YAML needs a `task:` name")
     return name
-
-
-# (task name, fingerprint, limit) -> its instances. lm-eval builds a task, dataset included, on every
-# load; models that share a probe share its instances (frozen, so sharing is safe).
-_built: Dict[Tuple[str, str, Optional[int]], Tuple[Instance, ...]] = {}
-
-
-def _from_lm_eval(task, limit: Optional[int]) -> List[Instance]:
-    key = (task.name, task.fingerprint, limit)
-    if key not in _built:
-        _built[key] = tuple(_build_lm_eval(task, limit))
-    return list(_built[key])
-
-
-def _build_lm_eval(task, limit: Optional[int]) -> List[Instance]:
-    from mergekit_mergeability.evaluation.harness import compiled_templates, quiet_harness
-
-    manager, entry = task.load()
-    with quiet_harness():
-        loaded = list(manager.load(entry)["tasks"].values())
-    if len(loaded) != 1:
-        raise UserError(f"lm-eval task {task.name!r} is a group of {len(loaded)} tasks; name one of them")
-    task = loaded[0]
-    task.set_fewshot_seed(seed=1234)  # lm-eval's default fewshot seed
-    docs = task.eval_docs
-    count = len(docs) if limit is None else min(limit, len(docs))
-    with compiled_templates():
-        return [_task_instance(task, docs[i]) for i in range(count)]
-
-
-def _task_instance(task, doc) -> Instance:
-    shots = task.config.num_fewshot or 0
-    prompt = task.fewshot_context(doc, shots) if shots else task.doc_to_text(doc)
-    target = task.doc_to_target(doc)
-    delimiter = task.config.target_delimiter
-    if task.OUTPUT_TYPE == "multiple_choice":
-        choices = task.doc_to_choice(doc)
-        label = target if isinstance(target, int) else choices.index(str(target))
-        return Instance(prompt, tuple(join(prompt, c, delimiter) for c in choices), label, format=LM_EVAL, shots=shots)
-    answer = target[0] if isinstance(target, list) else str(target)
-    return Instance(prompt, (join(prompt, answer, delimiter),), 0, GENERATION, format=LM_EVAL, shots=shots)

@@ -1,4 +1,4 @@
-"""Scoring a model on tasks with lm-eval's harness, in memory, with a result cache.
+"""Scoring a model on tasks with lm-eval's harness, in memory.
 
 A model is scored as an ``HFLM`` around an already-loaded module, so merges made
 in memory are evaluated without writing checkpoints. Generation tasks scored
@@ -8,13 +8,10 @@ kept. Callers cache results by (model fingerprint, task fingerprint, settings): 
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import sys
 from typing import Any, Dict, Optional
 
-from mergekit_mergeability.evaluation.tasks import Task
+from mergekit_mergeability.tasks.lmeval import Task, compiled_templates, quiet_harness
 
 TRANSLATION_METRICS = {"bleu", "chrf"}
 
@@ -48,7 +45,7 @@ def score(
         "samples": int(raw.get("sample_len", 0) or len(samples)),
     }
     if TRANSLATION_METRICS & metrics.keys() and samples:
-        from mergekit_mergeability.evaluation.translation import corpus_scores
+        from mergekit_mergeability.maths.translation import corpus_scores
 
         translation = corpus_scores(
             [_text(s["filtered_resps"]) for s in samples], [_text(s["target"]) for s in samples]
@@ -57,43 +54,6 @@ def score(
         result["signatures"] = {k: v for k, v in translation.items() if k.endswith("_signature")}
     result["score"] = metrics[result["primary"]]
     return result
-
-
-@contextlib.contextmanager
-def quiet_harness():
-    """Silence lm-eval's per-request progress bars, prints and `git` probe (file descriptor 2
-    itself, and sys.stderr where something has replaced it)."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
-        os.dup2(null.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-
-
-@contextlib.contextmanager
-def compiled_templates():
-    """Compile each of a task's Jinja templates once: lm-eval compiles its template again for every
-    document it formats (``lm_eval.utils.apply_template``), most of the time a probe takes to build.
-    The same Environment renders it, so the text is the same."""
-    from lm_eval import utils
-
-    original, compiled = utils.apply_template, {}
-
-    def apply_template(template: str, doc: dict) -> str:
-        if template not in compiled:
-            compiled[template] = utils.env.from_string(template)
-        return compiled[template].render(**doc)
-
-    utils.apply_template = apply_template
-    try:
-        yield
-    finally:
-        utils.apply_template = original
 
 
 def _text(value) -> str:

@@ -1,0 +1,27 @@
+"""What a model is asked: probe files (``probes``) and lm-eval tasks (``lmeval``), one spec type,
+and scoring through lm-eval in memory (``harness``).
+
+A spec is a JSONL probe file, an lm-eval task YAML or an lm-eval task name: ``load`` gives its
+instances as the precheck asks them, ``lmeval.resolve`` the lm-eval task that scores them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+from mergekit_mergeability.errors import UserError
+from mergekit_mergeability.tasks import lmeval
+from mergekit_mergeability.tasks.probes import Instance, existing_file, scored_lines
+
+
+def load(spec: str, limit: Optional[int] = None, relative_to: Optional[Path] = None) -> List[Instance]:
+    """The first ``limit`` instances of a probe spec (see ``probes``' docstring)."""
+    path = existing_file(spec, relative_to)
+    if path is not None and path.suffix == ".jsonl":
+        instances = scored_lines(path)[:limit]
+    else:
+        instances = lmeval.instances(lmeval.resolve(spec, relative_to, what="probe"), limit)
+    if not instances:
+        raise UserError(f"probe {spec}: no instances")
+    return instances
