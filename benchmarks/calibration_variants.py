@@ -28,7 +28,8 @@ from scipy.stats import rankdata
 
 from mergekit_mergeability.maths.calibration import RIDGE, best, fit, single_features
 from mergekit_mergeability.maths.stats import correlate, difference, spearman
-from mergekit_mergeability.precheck.calibration import CALIBRATED as FEATURES, Calibration, measured_pool
+from mergekit_mergeability.decide.calibration import Calibration, measured_pool
+from mergekit_mergeability.decide.features import CALIBRATED as FEATURES
 
 OUT = Path("pools-out")
 NAMES, DIRECTIONS = list(FEATURES), list(FEATURES.values())

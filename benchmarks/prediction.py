@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 OUT = Path("pools-out")
-PACKAGED = Path(__file__).resolve().parents[1] / "mergekit_mergeability" / "precheck" / "calibration.json"
+PACKAGED = Path(__file__).resolve().parents[1] / "mergekit_mergeability" / "decide" / "calibration.json"
 console = Console()
 
 
@@ -38,7 +38,7 @@ def _mean_s(pool: str, label: str = "mean") -> dict:
 
 def fewshot(args) -> None:
     from mergekit_mergeability.maths.stats import correlate
-    from mergekit_mergeability.precheck.calibration import features
+    from mergekit_mergeability.decide.features import features
 
     measured = _mean_s("fit")
     table = Table(
@@ -165,7 +165,8 @@ def families(args) -> None:
 
     from mergekit_mergeability.maths import calibration as fitting
     from mergekit_mergeability.maths.stats import correlate, difference
-    from mergekit_mergeability.precheck.calibration import CALIBRATED as FEATURES, measured_pool
+    from mergekit_mergeability.decide.calibration import measured_pool
+    from mergekit_mergeability.decide.features import CALIBRATED as FEATURES
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from pools import FAMILIES

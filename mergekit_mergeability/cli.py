@@ -737,7 +737,7 @@ def calibrate(measured, out: Path, target, permutations, alpha):
             fit/mergeability.json --out calibration.json
         mergekit-mergeability precheck config.yml --calibration calibration.json
     """
-    from mergekit_mergeability.precheck.calibration import calibrate as fit, write
+    from mergekit_mergeability.decide.calibration import calibrate as fit, write
     from mergekit_mergeability.summary import print_calibration
 
     if len(measured) % 2:

@@ -70,7 +70,7 @@ def print_precheck(report: Dict[str, Any], out: Optional[Path] = None) -> None:
 def known(model: Dict[str, Any], report: Dict[str, Any]):
     """The base's p(gold) and accuracy on a model's probes, asked the way the calibration reads
     knowledge (as the task scores it, or the paper's lettered few-shot prompt)."""
-    from mergekit_mergeability.precheck.calibration import _scored
+    from mergekit_mergeability.decide.features import _scored
 
     k = model["knowledge"] or {}
     as_task = (report.get("calibration") or {}).get("knowledge_feature", "p_gold").startswith(("scored_", "task_"))

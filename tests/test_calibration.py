@@ -15,7 +15,7 @@ from mergekit_mergeability.maths.calibration import (
     single_features,
     within_pools,
 )
-from mergekit_mergeability.precheck.calibration import Calibration
+from mergekit_mergeability.decide.calibration import Calibration
 
 NAMES, DIRECTIONS = ["knows", "size", "noise"], [+1, -1, +1]
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mergekit_mergeability.maths.cka import layerwise, linear_cka, minibatch_cka, shared_depth, unbiased_hsic
-from mergekit_mergeability.precheck.predict import cutoff_from_curve, divergence_curve
+from mergekit_mergeability.decide.verdict import cutoff_from_curve, divergence_curve
 
 
 def _data(n=24, d=10, seed=0):

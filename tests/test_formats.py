@@ -13,8 +13,9 @@ from mergekit_mergeability.tasks import probes
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.maths import calibration as fitting
 from mergekit_mergeability.maths.stats import spearman
-from mergekit_mergeability.precheck import predict
-from mergekit_mergeability.precheck.calibration import FEATURES, Calibration, calibrate, domain_check, features
+from mergekit_mergeability.decide import verdict
+from mergekit_mergeability.decide.calibration import Calibration, calibrate, domain_check
+from mergekit_mergeability.decide.features import FEATURES, features
 
 QUESTION, CHOICES = "Which animal says moo?", ["Cow", "Cat", "Duck", "Dog"]
 
@@ -222,17 +223,17 @@ def test_the_domain_check_names_format_granularity_and_range(tmp_path):
 def test_a_relative_drop_below_the_shared_blocks_sets_the_cutoff():
     """1.0 below, 0.82 above: above the absolute 0.8, still a parting of the ways."""
     curve = [1.0, 1.0, 0.99, 0.99, 0.82, 0.82, 0.82]
-    assert predict.cutoff_from_curve(curve, 0.8) is None
-    assert predict.cutoff_from_curve(curve, 0.8, relative_drop=predict.RELATIVE_DROP) == 3
-    assert predict.effective_threshold(curve, 0.8) == pytest.approx(0.85)
+    assert verdict.cutoff_from_curve(curve, 0.8) is None
+    assert verdict.cutoff_from_curve(curve, 0.8, relative_drop=verdict.RELATIVE_DROP) == 3
+    assert verdict.effective_threshold(curve, 0.8) == pytest.approx(0.85)
     assert (
-        predict.cutoff_from_curve([0.9, 0.9, 0.88, 0.87, 0.86], 0.8, relative_drop=predict.RELATIVE_DROP) is None
+        verdict.cutoff_from_curve([0.9, 0.9, 0.88, 0.87, 0.86], 0.8, relative_drop=verdict.RELATIVE_DROP) is None
     )  # no drop
 
 
 def _recommend(values, knowledge, grounded=None):
-    predictions = {m: predict.Prediction(v) for m, v in values.items()}
-    return predict.recommend("task_arithmetic", predictions, knowledge, {}, None, [], grounded=grounded)
+    predictions = {m: verdict.Prediction(v) for m, v in values.items()}
+    return verdict.recommend("task_arithmetic", predictions, knowledge, {}, None, [], grounded=grounded)
 
 
 def test_a_model_predicted_to_lose_its_task_is_never_merged_blind():
@@ -253,7 +254,7 @@ def test_a_model_predicted_to_lose_its_task_is_never_merged_blind():
 
 
 def test_leave_out_advice_is_the_config_without_the_lost_models():
-    from mergekit_mergeability.precheck.advice import advise
+    from mergekit_mergeability.decide.advice import advise
 
     document = {
         "merge_method": "task_arithmetic",
@@ -306,7 +307,7 @@ def test_an_expert_whose_upper_blocks_were_rewritten_keeps_them_in_some_recommen
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
     predicted = {m["path"]: m["predicted_mergeability"] for m in report["models"] if m["role"] == "expert"}
-    assert predicted[str(ft1)] < predict.LOST and report["recommendation"]["verdict"] != "merge_as_configured"
+    assert predicted[str(ft1)] < verdict.LOST and report["recommendation"]["verdict"] != "merge_as_configured"
     base_weights, own = state_dict(base), state_dict(ft1)
     upper = [n for n in own if ".layers.2." in n or ".layers.3." in n]
     kept_upper = []

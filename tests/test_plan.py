@@ -68,7 +68,7 @@ def test_own_coefficient_of_a_mean_merge_from_a_hand_built_gram():
         cond.own_coefficients(pool, [0, 1, 2], weighted), [(4 + 1) / 4, (2 + 4.5 - 6) / 9, (-1.5 + 2) / 1]
     )
     # the precheck's kept share is c_i / w_i: ``predict.kept_shares`` from norms and cosines agrees
-    from mergekit_mergeability.precheck.predict import kept_shares
+    from mergekit_mergeability.decide.verdict import kept_shares
 
     norms = {f"m{i}": math.sqrt(HAND[i][i]) for i in range(3)}
     cosines = {

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from mergekit_mergeability.cli import main
 from mergekit_mergeability.plugins import contributions, hookimpl, plugin_manager
-from mergekit_mergeability.precheck.calibration import Calibration
+from mergekit_mergeability.decide.calibration import Calibration
 from mergekit_mergeability.precheck.report import SCHEMA
 from mergekit_mergeability.tiny import CORPUS, derive
 
@@ -428,7 +428,7 @@ def test_partial_conflict_recommends_sign_election_at_the_configured_size(tmp_pa
 
 
 def test_thresholds_of_interference_are_known_answers():
-    from mergekit_mergeability.precheck.predict import interference, kept_shares
+    from mergekit_mergeability.decide.verdict import interference, kept_shares
 
     cosines = {("a", "b"): -1.0, ("a", "c"): -0.5, ("b", "c"): 0.1}
     assert interference(cosines) == ([("a", "b")], [("a", "c")])

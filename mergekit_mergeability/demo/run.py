@@ -245,7 +245,7 @@ class Demo:
 def knowledge_of(precheck: Dict[str, Any]) -> Dict[str, float]:
     """The base's knowledge of each expert's fact, as the precheck's calibration reads it (the
     values a knowledge_weighted recommendation carries)."""
-    from mergekit_mergeability.precheck.calibration import Calibration
+    from mergekit_mergeability.decide.calibration import Calibration
 
     feature = Calibration.load(precheck["options"].get("calibration")).knowledge_feature
     return {m["path"]: m["features"][feature] for m in precheck["models"] if m["role"] == "expert"}

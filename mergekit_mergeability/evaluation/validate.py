@@ -17,7 +17,8 @@ from typing import Any, Dict, List
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.files import SCHEMA_VERSION, read_report, write_atomic
 from mergekit_mergeability.maths.stats import correlate, difference
-from mergekit_mergeability.precheck.calibration import FEATURES, PRECHECK_FIELDS, features
+from mergekit_mergeability.decide.calibration import PRECHECK_FIELDS
+from mergekit_mergeability.decide.features import FEATURES, features
 
 PREDICTION = "precheck prediction"
 

@@ -46,7 +46,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from mergekit_mergeability.maths import calibration as fitting
-from mergekit_mergeability.precheck.calibration import CALIBRATED, features as expert_features
+from mergekit_mergeability.decide.features import CALIBRATED, features as expert_features
 
 # The expert's own features: the calibration's, less the two that depend on who it is merged with
 POOL_LEVEL = ("pool_cosine", "mean_sign_conflict")
@@ -59,7 +59,7 @@ CONDITIONAL: Dict[str, int] = {
 }
 FEATURES: Dict[str, int] = {**EXPERT, **CONDITIONAL}
 # knowledge_weighted's knowledge values: the base's p(gold) as the task is scored, the precheck
-# calibration's choice on the measured families (precheck/calibration.json, knowledge_feature)
+# calibration's choice on the measured families (decide/calibration.json, knowledge_feature)
 KNOWLEDGE_FEATURE = "scored_p_gold"
 # Gaussian coordinates for the TIES approximation: per part (decoder layer) that some update
 # changes, SAMPLES, or fewer when many parts share ROWS; with the control variate (below) the

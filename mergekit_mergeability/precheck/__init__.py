@@ -1,7 +1,8 @@
 """``precheck``: will the models of a mergekit config merge well? Answered before merging.
 
 load (config, models, probes) → measure (every diagnostic from the plugins) →
-predict (per model) → recommend (per merge) → report (``report.build``, ``report.write``).
+decide (``decision``: predict per model, recommend per merge, in ``decide``) →
+report (``report.build`` writes the decision down, ``report.write``).
 """
 
 from __future__ import annotations
@@ -9,13 +10,16 @@ from __future__ import annotations
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 from mergekit_mergeability import tasks
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
 from mergekit_mergeability.errors import MeasurementError, UserError
 from mergekit_mergeability.precheck.config import MergeSpec
 from mergekit_mergeability.tasks import probes
+
+if TYPE_CHECKING:
+    from mergekit_mergeability.decide import Decision
 
 BUILTIN = "builtin"  # the package's own plugin: if its signals cannot be measured, nothing is judged
 REPORT_HOOK = "mergeability_precheck_report"
@@ -163,6 +167,56 @@ def _first_line(error: Exception) -> str:
     return (str(error).splitlines() or [""])[0]
 
 
+def metrics(results: Mapping[str, DiagnosticResult], diagnostic: str, model: str) -> Optional[Dict[str, float]]:
+    """A diagnostic's values for one model; None when the diagnostic did not run."""
+    return results[diagnostic].per_model.get(model) if diagnostic in results else None
+
+
+def per_layer(results: Mapping[str, DiagnosticResult], diagnostic: str, pairs: bool = True) -> Dict:
+    """A diagnostic's per-layer values keyed by pair (``pairs``) or by model."""
+    if diagnostic not in results:
+        return {}
+    return {k: v for k, v in results[diagnostic].per_layer.items() if isinstance(k, tuple) == pairs}
+
+
+def decision(measured: Measurements, options: Mapping[str, Any] = {}) -> "Decision":
+    """The decision on the measurements (``decide.decide``), with the calibration of ``--calibration``
+    (else the shipped one) and the cut-off's thresholds and signal of ``options``."""
+    from mergekit_mergeability.decide import decide
+    from mergekit_mergeability.decide.advice import configured_weights
+    from mergekit_mergeability.decide.calibration import Calibration
+    from mergekit_mergeability.decide.verdict import DEFAULT_OVERLAP_THRESHOLD, DEFAULT_THRESHOLD
+    from mergekit_mergeability.names import short_names
+
+    spec, results = measured.spec, measured.results
+    names = short_names([m.name for m in ([measured.base] if measured.base else []) + list(measured.models)])
+    experts = [
+        {
+            "path": m.name,
+            "role": "expert",
+            "knowledge": metrics(results, "knowledge", m.name),
+            "weights": metrics(results, "weights", m.name),
+        }
+        for m in measured.models
+    ]
+    weights = results["weights"].per_pair if "weights" in results else {}
+    return decide(
+        experts,
+        Calibration.load(options.get("calibration")),
+        configured_weights(spec.document),
+        {pair: values["cosine"] for pair, values in weights.items()},
+        {pair: layers["cka_unbiased"] for pair, layers in per_layer(results, "representations").items()},
+        {pair: layers["specific_overlap"] for pair, layers in per_layer(results, "selectivity").items()},
+        base=spec.base_model,
+        method=spec.merge_method,
+        errors=measured.errors(),
+        threshold=options.get("cka_threshold", DEFAULT_THRESHOLD),
+        overlap_threshold=options.get("overlap_threshold", DEFAULT_OVERLAP_THRESHOLD),
+        signal=options.get("cutoff_signal", "cka"),
+        label=names.get,
+    )
+
+
 def run(
     spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping[str, Any] = {}, out: Optional[Path] = None
 ) -> Dict[str, Any]:
@@ -171,7 +225,7 @@ def run(
 
     from mergekit_mergeability.plugins import results
     from mergekit_mergeability.precheck import report as reports
-    from mergekit_mergeability.precheck.predict import DO_NOT_MERGE
+    from mergekit_mergeability.decide.verdict import DO_NOT_MERGE
 
     try:
         measured = measure(spec, overrides, options)
@@ -179,7 +233,7 @@ def run(
         if out is not None:  # an earlier run's advice must not outlive a failed measurement
             reports.remove_recommended(Path(out))
         raise
-    report = reports.build(measured, dict(options))
+    report = reports.build(measured, dict(options), decision(measured, options))
     failures: List[str] = []  # a plugin's bug must not cost the user the report: a warning, the others still answer
     answers = results(
         REPORT_HOOK, failed=failures.append, report=MappingProxyType(report), config_path=str(spec.source)

@@ -11,60 +11,37 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from mergekit_mergeability.decide import Decision
+from mergekit_mergeability.decide.advice import MAIN, PER_EXPERT, Advice, advise, configured_update
+from mergekit_mergeability.decide.calibration import Calibration
+from mergekit_mergeability.decide.features import FEATURES as FEATURE_NAMES
+from mergekit_mergeability.decide.verdict import RELATIVE_DROP
 from mergekit_mergeability.diagnostics.selectivity import COLLISION_SHARE, SPECIFIC, colliding_layers
 from mergekit_mergeability.files import SCHEMA_VERSION, write_atomic
 from mergekit_mergeability.maths.selectivity import ACTIVATION_QUANTILE, ENTROPY_QUANTILE
 from mergekit_mergeability.names import short_names
-from mergekit_mergeability.precheck import Measurements
-from mergekit_mergeability.precheck.advice import (
-    MAIN,
-    PER_EXPERT,
-    Advice,
-    advise,
-    configured_update,
-    configured_weights,
-)
-from mergekit_mergeability.precheck.calibration import FEATURES as FEATURE_NAMES, Calibration, domain_check, features
+from mergekit_mergeability.precheck import Measurements, metrics, per_layer
 from mergekit_mergeability.precheck.config import model_entries
-from mergekit_mergeability.precheck.predict import (
-    KNOWLEDGE_WEIGHTED,
-    RELATIVE_DROP,
-    Prediction,
-    cutoff_from_curve,
-    decide_cutoff,
-    divergence_curve,
-    effective_threshold,
-    kept_shares,
-    predict,
-    recommend,
-)
 
 SCHEMA = Path(__file__).with_name("schema.json")
-# On the unbiased (minibatch) estimator, whose value does not drift with the number of
-# probe rows: the demo's translators into different languages fall to 0.5–0.7 in their
-# upper blocks, those into one language stay above 0.8 (README, "The layer cut-off").
-DEFAULT_THRESHOLD = 0.8
-# Opt-in (--cutoff-signal): the fine-tunes share under half of their group-specific neurons.
-# A first guess, not fitted: paper 3 reports ≈ 0.12 where fine-tuning redistributed them.
-DEFAULT_OVERLAP_THRESHOLD = 0.5
 
 
-def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
+def build(measured: Measurements, options: Dict[str, Any], decision: Decision) -> Dict[str, Any]:
+    """precheck.json: the measurements, and the decision taken on them (``precheck.decision``)."""
     from importlib.metadata import version
 
     spec, results = measured.spec, measured.results
-    threshold = options.get("cka_threshold", DEFAULT_THRESHOLD)
     names = short_names([m.name for m in ([measured.base] if measured.base else []) + list(measured.models)])
-    layer_norms = {m: v.get("update_norm") for m, v in _per_layer(results, "weights", pairs=False).items()}
+    layer_norms = {m: v.get("update_norm") for m, v in per_layer(results, "weights", pairs=False).items()}
     specific = {
         m: {k[len(SPECIFIC) :]: v for k, v in layers.items()}
-        for m, layers in _per_layer(results, "selectivity", pairs=False).items()
+        for m, layers in per_layer(results, "selectivity", pairs=False).items()
     }
     instances = results["knowledge"].per_instance if "knowledge" in results else {}
     models = [_model(measured.base.name, names, "base")] if measured.base else []
     for m in measured.models:
-        knowledge = _metrics(results, "knowledge", m.name)
-        weights = _metrics(results, "weights", m.name)
+        knowledge = metrics(results, "knowledge", m.name)
+        weights = metrics(results, "weights", m.name)
         record = _model(
             m.name, names, "expert", measured.probe_specs.get(m.name), knowledge, weights, layer_norms.get(m.name)
         )
@@ -75,54 +52,23 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
     for record in models:
         record["specific_neurons"] = specific.get(record["path"])
         record["dtype"] = loaded_in[record["path"]]
-
-    calibration = Calibration.load(options.get("calibration"))
-    table = features(models)
-    calibrated = {name: Prediction(*calibration.predict(values)) for name, values in table.items()}
-    cosines = (
-        {pair: values["cosine"] for pair, values in results["weights"].per_pair.items()} if "weights" in results else {}
-    )
-    norms = {m["path"]: (m["weights"] or {}).get("update_norm") for m in models if m["role"] == "expert"}
-    kept = kept_shares(configured_weights(spec.document), norms, cosines)
-    predictions = predict(calibrated, kept)
-    outside = domain_check(calibration, models, table)
     for record in models:
         if record["role"] == "expert":
-            prediction = predictions[record["path"]]
+            prediction = decision.predictions[record["path"]]
             record.update(
-                features=table[record["path"]],
-                kept_share=kept.get(record["path"]),
+                features=decision.features[record["path"]],
+                kept_share=decision.kept.get(record["path"]),
                 predicted_mergeability=prediction.value,
                 reasons=prediction.reasons,
             )
-            record["out_of_domain"] = outside.get(record["path"])
+            record["out_of_domain"] = decision.outside.get(record["path"])
 
-    curves = {pair: layers["cka_unbiased"] for pair, layers in _per_layer(results, "representations").items()}
-    curve = divergence_curve(curves, spec.base_model)
-    overlaps = {pair: layers["specific_overlap"] for pair, layers in _per_layer(results, "selectivity").items()}
-    overlap = divergence_curve(overlaps, spec.base_model)
-    overlap_threshold = options.get("overlap_threshold", DEFAULT_OVERLAP_THRESHOLD)
-    signal = options.get("cutoff_signal", "cka")
-    selectivity_cutoff = cutoff_from_curve(overlap, overlap_threshold, offset=0)
-    cutoff, decided_by = decide_cutoff(
-        signal, cutoff_from_curve(curve, threshold, relative_drop=RELATIVE_DROP), selectivity_cutoff
-    )
-    known = {name: values[calibration.knowledge_feature] for name, values in table.items()}
-    recommendation = recommend(
-        spec.merge_method,
-        predictions,
-        known,
-        cosines,
-        cutoff,
-        measured.errors(),
-        label=names.get,
-        decided_by=decided_by or "cka",
-    )
+    recommendation = decision.recommendation
     rec = {
         "verdict": recommendation.verdict,
         "method": recommendation.method,
         "cutoff": recommendation.cutoff,
-        "weights": _shares(recommendation, spec),
+        "weights": decision.weights,
         "knowledge": recommendation.knowledge or None,
         "reasons": recommendation.reasons,
         "pairs": [list(p) for p in recommendation.pairs],
@@ -143,21 +89,23 @@ def build(measured: Measurements, options: Dict[str, Any]) -> Dict[str, Any]:
         "pairs": _pairs(results),
         "layers": {
             "cka_estimator": "unbiased",
-            "cka_threshold": threshold,
+            "cka_threshold": decision.threshold,
             "cka_relative_drop": RELATIVE_DROP,
-            "cka_effective_threshold": effective_threshold(curve, threshold, RELATIVE_DROP) if curve else None,
-            "divergence": curve,
-            "cutoff": cutoff,
-            "cutoff_signal": signal,
-            "decided_by": decided_by,
-            "selectivity": _selectivity(results, options, specific, overlap, overlap_threshold, selectivity_cutoff),
+            "cka_effective_threshold": decision.effective_threshold,
+            "divergence": decision.curve,
+            "cutoff": decision.cutoff,
+            "cutoff_signal": decision.signal,
+            "decided_by": decision.decided_by,
+            "selectivity": _selectivity(
+                results, options, specific, decision.overlap, decision.overlap_threshold, decision.selectivity_cutoff
+            ),
         },
-        "calibration": _calibration_summary(calibration),
+        "calibration": _calibration_summary(decision.calibration),
         "recommendation": rec,
         "findings": [
             {"diagnostic": name, "severity": f.severity, "message": f.message} for name, f in measured.findings()
         ]
-        + _domain_findings(outside, names),
+        + _domain_findings(decision.outside, names),
         "skipped_diagnostics": measured.skipped,
         "failed_diagnostics": measured.failed,
         "diagnostics": {name: _raw(result) for name, result in results.items()},
@@ -186,17 +134,6 @@ def _domain_findings(outside: Dict[str, List[str]], names: Dict[str, str]) -> Li
     return findings
 
 
-def _metrics(results, diagnostic: str, model: str) -> Optional[Dict[str, float]]:
-    return results[diagnostic].per_model.get(model) if diagnostic in results else None
-
-
-def _per_layer(results, diagnostic: str, pairs: bool = True) -> Dict:
-    """A diagnostic's per-layer values keyed by pair (``pairs``) or by model."""
-    if diagnostic not in results:
-        return {}
-    return {k: v for k, v in results[diagnostic].per_layer.items() if isinstance(k, tuple) == pairs}
-
-
 def _model(path, names, role, probe=None, knowledge=None, weights=None, layer_norms=None) -> Dict[str, Any]:
     return {
         "path": path,
@@ -222,7 +159,7 @@ def _selectivity(
         return None
     collisions = [
         {"a": a, "b": b, "blocks": colliding_layers(layers["specific_collisions"], layers["specific_union"])}
-        for (a, b), layers in _per_layer(results, "selectivity").items()
+        for (a, b), layers in per_layer(results, "selectivity").items()
         if "specific_collisions" in layers
     ]
     return {
@@ -241,26 +178,12 @@ def _selectivity(
 def _pairs(results) -> List[Dict[str, Any]]:
     pairs: Dict[tuple, Dict[str, Any]] = {}
     for diagnostic in ("representations", "selectivity"):
-        for pair, layers in _per_layer(results, diagnostic).items():
+        for pair, layers in per_layer(results, diagnostic).items():
             pairs.setdefault(pair, {}).update(layers)
     if "weights" in results:
         for pair, values in results["weights"].per_pair.items():
             pairs.setdefault(pair, {}).update(values)
     return [{"a": a, "b": b, **values} for (a, b), values in pairs.items()]
-
-
-def _shares(recommendation, spec) -> Optional[Dict[str, float]]:
-    """The knowledge_weighted shares the advice gives, else the configured weights."""
-    configured = configured_weights(spec.document)
-    if recommendation.verdict == KNOWLEDGE_WEIGHTED:
-        from mergekit_mergeability.methods.knowledge_weighted import DEFAULT_TEMPERATURE, knowledge_weights
-
-        names = list(recommendation.knowledge)
-        shares = knowledge_weights(
-            [recommendation.knowledge[n] for n in names], DEFAULT_TEMPERATURE, [configured.get(n, 1.0) for n in names]
-        )
-        return {n: float(w) for n, w in zip(names, shares)}
-    return configured or None
 
 
 def _describe(advice: Advice) -> Dict[str, Any]:

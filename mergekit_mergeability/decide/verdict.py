@@ -1,6 +1,6 @@
 """From signals to a prediction per model and a verdict per merge.
 
-Predicted mergeability (``precheck.calibration``): a monotone linear model of each
+Predicted mergeability (``decide.calibration``): a monotone linear model of each
 model's features (base knowledge, relative update size, interference with the pool),
 fitted on measured pools by ``mergekit-mergeability calibrate``; the default one ships
 with the package. It then is capped by what the configured merge keeps of the
@@ -54,6 +54,13 @@ KNOWLEDGE_SPREAD = 0.2
 CANCEL_COSINE = -0.9
 CONFLICT_COSINE = -0.3
 KEPT_CAP = 0.75
+# On the unbiased (minibatch) estimator, whose value does not drift with the number of
+# probe rows: the demo's translators into different languages fall to 0.5–0.7 in their
+# upper blocks, those into one language stay above 0.8 (README, "The layer cut-off").
+DEFAULT_THRESHOLD = 0.8
+# Opt-in (--cutoff-signal): the fine-tunes share under half of their group-specific neurons.
+# A first guess, not fitted: paper 3 reports ≈ 0.12 where fine-tuning redistributed them.
+DEFAULT_OVERLAP_THRESHOLD = 0.5
 
 MERGE_AS_CONFIGURED, KNOWLEDGE_WEIGHTED, LAYER_SELECTIVE, LEAVE_OUT, SIGN_ELECTION, DO_NOT_MERGE = (
     "merge_as_configured",

@@ -1,0 +1,127 @@
+"""From measurements to a decision, no I/O: per model the calibration's features (``features``) and
+its predicted mergeability (``calibration``), capped by what the configured merge keeps of its
+update; per merge the layer cut-off and the verdict (``verdict``). ``advice`` writes a verdict as
+the configs a user runs. ``decide`` takes every step; the precheck's report only writes it down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:
+    from mergekit_mergeability.decide.calibration import Calibration
+    from mergekit_mergeability.decide.features import Features
+    from mergekit_mergeability.decide.verdict import Prediction, Recommendation
+
+Pair = Tuple[str, str]
+
+
+@dataclass
+class Decision:
+    """Everything the precheck decided, and what it decided on."""
+
+    calibration: Calibration
+    features: Dict[str, Features]  # per expert
+    kept: Dict[str, float]  # per expert: the share of its update the configured merge keeps along it
+    predictions: Dict[str, Prediction]  # per expert: calibrated, then capped by ``kept``
+    outside: Dict[str, List[str]]  # per expert: where it lies outside the calibration's domain
+    threshold: float  # CKA's, and the level below which its curve counts as diverged
+    effective_threshold: Optional[float]
+    curve: List[float]  # CKA per layer, the median over pairs of fine-tunes
+    overlap: List[float]  # the group-specific neurons' overlap per block, likewise
+    overlap_threshold: float
+    selectivity_cutoff: Optional[int]  # the cut-off the overlap alone would set
+    signal: str  # the cut-off signal asked for: cka, selectivity or both
+    cutoff: Optional[int]
+    decided_by: Optional[str]  # the signal that set the cut-off
+    recommendation: Recommendation
+    weights: Optional[Dict[str, float]]  # the shares the advice gives (knowledge_weighted), else the configured weights
+
+
+def decide(
+    experts: Sequence[Mapping[str, Any]],
+    calibration: Calibration,
+    configured: Mapping[str, float],
+    cosines: Mapping[Pair, float],
+    cka: Mapping[Pair, Sequence[float]],
+    overlaps: Mapping[Pair, Sequence[float]],
+    *,
+    base: Optional[str],
+    method: str,
+    errors: Sequence[str],
+    threshold: float,
+    overlap_threshold: float,
+    signal: str,
+    label: Callable[[str], str] = str,
+) -> Decision:
+    """The decision on a pool's measurements.
+
+    ``experts``: per expert its ``path``, ``role`` and the ``knowledge`` and ``weights`` metrics
+    (as precheck.json's ``models``); ``configured``: each expert's configured weight; ``cosines``:
+    the task-vector cosine per pair; ``cka`` and ``overlaps``: per pair, per layer, the unbiased CKA
+    and the group-specific neurons' overlap; ``errors``: the error findings (any: do_not_merge);
+    ``label`` names a model in reasons."""
+    from mergekit_mergeability.decide.calibration import domain_check
+    from mergekit_mergeability.decide.features import features
+    from mergekit_mergeability.decide.verdict import (
+        RELATIVE_DROP,
+        Prediction,
+        cutoff_from_curve,
+        decide_cutoff,
+        divergence_curve,
+        effective_threshold,
+        kept_shares,
+        predict,
+        recommend,
+    )
+
+    table = features(experts)
+    calibrated = {name: Prediction(*calibration.predict(values)) for name, values in table.items()}
+    norms = {m["path"]: (m["weights"] or {}).get("update_norm") for m in experts if m["role"] == "expert"}
+    kept = kept_shares(configured, norms, cosines)
+    predictions = predict(calibrated, kept)
+    outside = domain_check(calibration, experts, table)
+    curve = divergence_curve(cka, base)
+    overlap = divergence_curve(overlaps, base)
+    selectivity_cutoff = cutoff_from_curve(overlap, overlap_threshold, offset=0)
+    cutoff, decided_by = decide_cutoff(
+        signal, cutoff_from_curve(curve, threshold, relative_drop=RELATIVE_DROP), selectivity_cutoff
+    )
+    known = {name: values[calibration.knowledge_feature] for name, values in table.items()}
+    recommendation = recommend(
+        method, predictions, known, cosines, cutoff, errors, label=label, decided_by=decided_by or "cka"
+    )
+    return Decision(
+        calibration=calibration,
+        features=table,
+        kept=kept,
+        predictions=predictions,
+        outside=outside,
+        threshold=threshold,
+        effective_threshold=effective_threshold(curve, threshold, RELATIVE_DROP) if curve else None,
+        curve=curve,
+        overlap=overlap,
+        overlap_threshold=overlap_threshold,
+        selectivity_cutoff=selectivity_cutoff,
+        signal=signal,
+        cutoff=cutoff,
+        decided_by=decided_by,
+        recommendation=recommendation,
+        weights=_weights(recommendation, configured),
+    )
+
+
+def _weights(recommendation: Recommendation, configured: Mapping[str, float]) -> Optional[Dict[str, float]]:
+    """The knowledge_weighted shares the advice gives, else the configured weights."""
+    from mergekit_mergeability.decide.verdict import KNOWLEDGE_WEIGHTED
+
+    if recommendation.verdict == KNOWLEDGE_WEIGHTED:
+        from mergekit_mergeability.methods.knowledge_weighted import DEFAULT_TEMPERATURE, knowledge_weights
+
+        names = list(recommendation.knowledge)
+        shares = knowledge_weights(
+            [recommendation.knowledge[n] for n in names], DEFAULT_TEMPERATURE, [configured.get(n, 1.0) for n in names]
+        )
+        return {n: float(w) for n, w in zip(names, shares)}
+    return dict(configured) or None
