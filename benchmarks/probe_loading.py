@@ -17,6 +17,11 @@ declared ``"format": "options", "shots": K``, as issue 21 measured a 23-model po
 Measured on 2 busy CPU cores (4 models, 64 items, medians): before the memo, every model built the
 task again and lm-eval compiled its Jinja templates once per document: 281 ms against JSONL's
 6.5 ms (43x). Each distinct task built once, its templates compiled once: 13 ms against 3.0 ms (4.4x).
+
+Whole prechecks (2026-12-01, 2 cores shared with a pool build, one run each after a warm-up pair):
+23 models, each its own 4-item task, 0-shot (the same cloze prompts on both sides): lm-eval 72.5 s
+against JSONL 71.1 s (1.02x). 3-shot: 44.0 s against 141.9 s (0.31x), but there the two sides ask
+different prompts (the JSONL lines as options, listed and lettered; the task cloze with three shots).
 """
 
 import argparse
