@@ -31,6 +31,14 @@ PACKAGED = Path(__file__).resolve().parents[1] / "mergekit_mergeability" / "deci
 console = Console()
 
 
+def _families(specs):
+    """(family, its folder under pools-out) for each FAMILY or FAMILY=FOLDER (a family measured
+    into another folder, e.g. a first look with --count)."""
+    for spec in specs:
+        family, _, folder = spec.partition("=")
+        yield family, folder or family
+
+
 def _mean_s(pool: str, label: str = "mean") -> dict:
     report = json.loads((OUT / pool / "mergeability" / label / "mergeability.json").read_text())
     return {m["path"]: m["mergeability"] for m in report["models"]}
@@ -173,12 +181,11 @@ def families(args) -> None:
 
     names, directions = list(FEATURES), list(FEATURES.values())
     pools, described = {}, {}
-    for spec in args.families or FAMILIES:
-        family, _, folder = spec.partition("=")  # FAMILY=FOLDER: a family measured into another folder of pools-out
+    for family, folder in _families(args.families or FAMILIES):
         described[family] = FAMILIES.get(family, family)
         precheck, measured = (
-            OUT / (folder or family) / "precheck" / "precheck.json",
-            OUT / (folder or family) / "mergeability" / "mean" / "mergeability.json",
+            OUT / folder / "precheck" / "precheck.json",
+            OUT / folder / "mergeability" / "mean" / "mergeability.json",
         )
         if precheck.is_file() and measured.is_file():
             pools[family] = measured_pool(precheck, measured)[1:3]
@@ -263,9 +270,8 @@ def aims(args) -> None:
     """knowledge_weighted (``--kw``, a label pools.py measured) against mean merging and TIES on
     each family, with the same partner draws: the mean paired difference per group of experts
     (thirds by the base's knowledge), a bootstrap 95% interval over experts, and which aims hold."""
-    import numpy as np
-
     from mergekit_mergeability.demo.run import knowledge_groups
+    from mergekit_mergeability.maths.stats import mean_interval
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from pools import FAMILIES
@@ -277,15 +283,14 @@ def aims(args) -> None:
         "aims met",
         title=f"{args.kw} against mean merging and TIES (8 partners × 5 trials, same draws)",
     )
-    rng, met_on = np.random.default_rng(0), 0
-    for spec in args.families or FAMILIES:
-        family, _, folder = spec.partition("=")
-        root = OUT / (folder or family)
+    met_on = 0
+    for family, folder in _families(args.families or FAMILIES):
+        root = OUT / folder
         labels = {"mean": "mean", "ties": "ties_d0.5", "kw": args.kw}
         if not all((root / "mergeability" / label / "mergeability.json").is_file() for label in labels.values()):
             console.print(f"[yellow]{family}: not every method measured yet ({', '.join(labels.values())})[/yellow]")
             continue
-        s = {key: _mean_s(folder or family, label) for key, label in labels.items()}
+        s = {key: _mean_s(folder, label) for key, label in labels.items()}
         thirds = knowledge_groups(json.loads((root / "precheck" / "precheck.json").read_text()))
         groups = {
             "weakest third − mean": (thirds["weakly known"], "mean"),
@@ -294,12 +299,10 @@ def aims(args) -> None:
         }
         cells, met = [], 0
         for aim, (members, against) in groups.items():
-            gains = np.array([s["kw"][m] - s[against][m] for m in members])
-            means = gains[rng.integers(0, len(gains), size=(2000, len(gains)))].mean(axis=1)
-            low, high = np.percentile(means, [2.5, 97.5])
-            held = gains.mean() >= AIMS[aim]
+            gain, (low, high) = mean_interval([s["kw"][m] - s[against][m] for m in members])
+            held = gain >= AIMS[aim]
             met += held
-            cells.append(f"{gains.mean():+.3f} [{low:+.3f}, {high:+.3f}] {'✓' if held else '✗'}")
+            cells.append(f"{gain:+.3f} [{low:+.3f}, {high:+.3f}] {'✓' if held else '✗'}")
         met_on += met == len(AIMS)
         table.add_row(family, str(len(s["kw"])), *cells, f"{met}/{len(AIMS)}")
     console.print(table)

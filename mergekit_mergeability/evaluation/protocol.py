@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional
 import numpy as np
 
 from mergekit_mergeability.errors import UserError
+from mergekit_mergeability.maths.stats import mean_interval
 
 
 def partners(pool: List[str], model: str, count: int, trial: int, seed: int) -> List[str]:
@@ -33,12 +34,10 @@ def partners(pool: List[str], model: str, count: int, trial: int, seed: int) -> 
 def summarise(scores: List[float], seed: int = 0, resamples: int = 2000) -> Dict[str, Any]:
     """Mean with a percentile bootstrap 95% interval over trials."""
     values = np.asarray(scores, dtype=float)
-    rng = np.random.default_rng(seed)
-    boot = values[rng.integers(0, len(values), size=(resamples, len(values)))].mean(axis=1)
-    low, high = np.percentile(boot, [2.5, 97.5])
+    mean, interval = mean_interval(values, seed, resamples)
     return {
-        "mergeability": float(values.mean()),
-        "interval": [float(low), float(high)],
+        "mergeability": mean,
+        "interval": list(interval),
         "std": float(values.std(ddof=1)) if len(values) > 1 else 0.0,
     }
 

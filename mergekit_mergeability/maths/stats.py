@@ -24,6 +24,15 @@ class Correlation:
     resamples: int
 
 
+def mean_interval(values: Sequence[float], seed: int = 0, resamples: int = 2_000) -> Tuple[float, Tuple[float, float]]:
+    """The mean, with a percentile bootstrap 95% interval (values resampled with replacement)."""
+    values = np.asarray(values, dtype=float)
+    rng = np.random.default_rng(seed)
+    boot = values[rng.integers(0, len(values), size=(resamples, len(values)))].mean(axis=1)
+    low, high = np.percentile(boot, [2.5, 97.5])
+    return float(values.mean()), (float(low), float(high))
+
+
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     """Spearman's ρ; 0 when either side is constant (a resample can draw one value only)."""
     if np.ptp(np.asarray(x, dtype=float)) == 0 or np.ptp(np.asarray(y, dtype=float)) == 0:
