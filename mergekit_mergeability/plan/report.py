@@ -278,6 +278,7 @@ def print_plan(document: Mapping[str, Any], out: Optional[Path] = None) -> None:
         "everything, TIES",
         title="plan: which experts share a merged model",
     )
+    table.columns[0].overflow = "fold"  # a narrow terminal wraps an expert's name rather than cutting it
     for expert in document["experts"]:
         flag = "*" if expert["outside_domain"] else ""
         where = (
