@@ -36,6 +36,11 @@ from mergekit_mergeability.progress import task
 from mergekit_mergeability.sources import Source, TensorReader, same_model, tensor_index, tensors, update_of
 from mergekit_mergeability.sources.architecture import UnknownTensorError, tensor_position
 
+# Values per block of rows read from every model at once: 4 MiB of float32 each. Memory stays
+# flat (a few blocks per model); fewer, larger blocks keep the per-operation overhead (and, on
+# busy cores, the threads' synchronisation) small against the work (benchmarks/scale.py).
+BLOCK = 1 << 20
+
 
 class _Sums:
     def __init__(self, models):
@@ -56,9 +61,13 @@ class _Sums:
         self._sketch = None
 
     def add(self, part, base: torch.Tensor, blocks: Dict[str, torch.Tensor]) -> None:
-        deltas = torch.stack([blocks[m].float().flatten() for m in self.models]) - base.flatten()  # (models, n)
-        if not deltas.any():  # no model changed this block (most of a low-rank fine-tune)
-            return
+        """One block of rows of a tensor: the base's and each model's, in their stored dtype.
+        Each model's rows are converted to float32 as they are copied into place and the base
+        subtracted in place: the block is written once, not once per conversion."""
+        deltas = torch.empty(len(self.models), base.numel())  # (models, n), float32
+        for row, model in zip(deltas, self.models):
+            row.copy_(blocks[model].flatten())
+        deltas -= base.flatten()
         gram = deltas @ deltas.T
         if not torch.isfinite(gram).all():  # NaN and Inf propagate: count exactly only then
             bad = (~torch.isfinite(deltas)).sum(dim=1)
@@ -66,6 +75,8 @@ class _Sums:
                 self.nonfinite[model] += count
             deltas = torch.nan_to_num(deltas, nan=0.0, posinf=0.0, neginf=0.0)
             gram = deltas @ deltas.T
+        if not gram.diagonal().any():  # no model changed this block (most of a low-rank fine-tune)
+            return
         for i, model in enumerate(self.models):
             self.squares[model][part] += float(gram[i, i])
         if base.ndim >= 2:  # a matrix: its rows go into every model's sketch at once
@@ -180,10 +191,10 @@ def tensor_sums(names: Sequence[str], base: Source, sources: Mapping[str, Source
     readers = {m: tensors(path) for m, path in sources.items()}
     for name in names:
         sums, part = _Sums(sources), _part(name)
-        for start, stop in reference.blocks(name):
+        for start, stop in reference.blocks(name, BLOCK):
             sums.add(
                 part,
-                reference.rows(name, start, stop).float(),
+                reference.rows(name, start, stop),
                 {m: r.rows(name, start, stop) for m, r in readers.items()},
             )
         sums.end_tensor()
