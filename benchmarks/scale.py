@@ -7,7 +7,10 @@ MLP 5632, vocabulary 32000), stored in bf16 (or --dtype float32), against readin
    with probes (--dtype auto: the checkpoints' own bf16), in a fresh process, against one model's
    size on disk. Models are loaded one at a time, so the target is <= 1.3x one model.
 
-    python benchmarks/scale.py [--layers 22] [--dtype bfloat16] [--repeats 3] [--work DIR]
+    python benchmarks/scale.py [--layers 22] [--dtype bfloat16] [--repeats 3] [--threads N] [--work DIR]
+
+--threads sets torch's intra-op threads (default: torch's own, one per core). On cores other
+jobs share, one thread is faster: every parallel region waits for the thread that was preempted.
 
 Experts are the base plus seeded noise on every matrix (a full fine-tune, the weight pass's
 worst case). Building the four models writes ~8.8 GB (bf16) to --work; keep it to rerun.
@@ -112,8 +115,11 @@ def main():
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--work", type=Path)
+    parser.add_argument("--threads", type=int, help="torch's intra-op threads (default: torch's choice)")
     parser.add_argument("--memory-of", type=Path, help=argparse.SUPPRESS)  # internal: a fresh process per measurement
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.memory_of:
         paths = {p.name: p for p in sorted(args.memory_of.iterdir()) if (p / "config.json").is_file()}
         with PeakMemory() as peak:
@@ -126,7 +132,8 @@ def main():
         paths = build(root, args.layers, getattr(torch, args.dtype))
         size = sum(f.stat().st_size for f in paths["base"].glob("*.safetensors")) / 2**30
         print(
-            f"base + 3 experts, {args.layers} layers, {args.dtype}: {size:.2f} GiB each ({time.perf_counter() - started:.0f} s to build)"
+            f"base + 3 experts, {args.layers} layers, {args.dtype}: {size:.2f} GiB each ({time.perf_counter() - started:.0f} s to build);"
+            f" {torch.get_num_threads()} torch thread(s)"
         )
         read_files(paths), weight_pass(paths)  # warm: the page cache, torch's kernels
         times = {"read": [], "weights": []}

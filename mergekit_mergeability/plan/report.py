@@ -386,7 +386,9 @@ td,th{{border:1px solid #ccc;padding:2px 6px}}img{{max-width:100%}}</style></hea
 
 
 def _graph(document: Mapping[str, Any]):
-    """The pool laid out by classical MDS on 1 − pairwise compatibility; nodes coloured by model."""
+    """The pool on a circle, grouped by planned model (left-out experts last), each group in the
+    order classical MDS on 1 − pairwise compatibility gives it; edges are each expert's strongest
+    pairs, names outside the circle."""
     from mergekit_mergeability.plots import png
 
     experts = document["experts"]
@@ -399,10 +401,17 @@ def _graph(document: Mapping[str, Any]):
         table[index[pair["a"]], index[pair["b"]]] = table[index[pair["b"]], index[pair["a"]]] = pair["predicted"]
     filled = np.where(np.isnan(table), np.nanmean(table) if np.isfinite(table).any() else 0.5, table)
     np.fill_diagonal(filled, 1.0)
-    distance = np.clip(1 - filled, 0, None)
     centre = np.eye(n) - 1 / n
-    values, vectors = np.linalg.eigh(-0.5 * centre @ (distance**2) @ centre)
-    position = vectors[:, -2:] * np.sqrt(np.clip(values[-2:], 0, None))
+    _, vectors = np.linalg.eigh(-0.5 * centre @ (np.clip(1 - filled, 0, None) ** 2) @ centre)
+    along = np.arctan2(vectors[:, -2], vectors[:, -1])  # where MDS puts each expert, as an angle
+    groups = [float("inf") if e["model"] is None else e["model"] for e in experts]
+    order = sorted(range(n), key=lambda i: (groups[i], along[i]))
+    angle = np.empty(n)
+    angle[order] = np.pi / 2 - 2 * np.pi * np.arange(n) / n  # clockwise from the top
+    position = np.stack([np.cos(angle), np.sin(angle)], axis=1)
+
+    def colour(expert) -> str:
+        return "#9e9e9e" if expert["model"] is None else COLOURS[(expert["model"] - 1) % len(COLOURS)]
 
     def draw(fig, ax):
         import matplotlib.cm as cm
@@ -417,18 +426,34 @@ def _graph(document: Mapping[str, Any]):
                         *position[[i, j]].T, color=cm.viridis(shade), alpha=0.6, linewidth=0.5 + 2 * shade, zorder=1
                     )
         for i, expert in enumerate(experts):
-            colour = "#9e9e9e" if expert["model"] is None else COLOURS[(expert["model"] - 1) % len(COLOURS)]
-            ax.scatter(*position[i], s=60, color=colour, edgecolor="black", zorder=2)
-            if n <= 40:
-                ax.annotate(expert["name"], position[i], fontsize=7, xytext=(3, 3), textcoords="offset points")
-        ax.set_xticks([])
-        ax.set_yticks([])
+            ax.scatter(*position[i], s=60, color=colour(expert), edgecolor="black", zorder=2)
+            if n <= 60:
+                degrees = np.degrees(angle[i]) % 360
+                left = 90 < degrees < 270
+                ax.text(
+                    *(1.07 * position[i]),
+                    expert["name"],
+                    fontsize=7 if n <= 30 else 5,
+                    rotation=degrees - 180 if left else degrees,
+                    rotation_mode="anchor",
+                    ha="right" if left else "left",
+                    va="center",
+                )
+        for model in sorted({e["model"] for e in experts}, key=lambda m: float("inf") if m is None else m):
+            example = next(e for e in experts if e["model"] == model)
+            label = "left out" if model is None else f"model{model}"
+            ax.scatter([], [], s=60, color=colour(example), edgecolor="black", label=label)
+        ax.legend(loc="upper left", fontsize=8, frameon=False)
+        ax.set_xlim(-2.0, 2.0)
+        ax.set_ylim(-2.0, 2.0)
+        ax.set_aspect("equal")
+        ax.axis("off")
         mappable = cm.ScalarMappable(cmap="viridis")
         mappable.set_array([low, high])
-        fig.colorbar(mappable, ax=ax, label="predicted mean score of the pair merged")
+        fig.colorbar(mappable, ax=ax, label="predicted mean score of the pair merged", shrink=0.6)
 
-    title = "the pool: each expert's strongest pairs; colour = planned model (grey: left out)"
-    return title, png(draw, title, 9, 6)
+    title = "the pool: each expert's strongest pairs, grouped by planned model"
+    return title, png(draw, title, 10, 8)
 
 
 def _objective_plot(document: Mapping[str, Any]):
