@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from typing import Any, Dict, Optional
+from unittest import mock
 
 from mergekit_mergeability.tasks.lmeval import Task, compiled_templates, quiet_harness
 
@@ -20,13 +21,16 @@ def score(
     model, tokenizer, task: Task, limit: Optional[int] = None, batch_size: int = 16, device: str = "cpu"
 ) -> Dict[str, Any]:
     """Run one task; returns {"metrics": {name: value}, "primary": name, "score": value, "samples": n}."""
-    from lm_eval import simple_evaluate
+    from lm_eval import evaluator, simple_evaluate
     from lm_eval.models.huggingface import HFLM
 
     manager, entry = task.load()
     for noisy in ("lm_eval", "lm-eval"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
-    with quiet_harness(), compiled_templates():
+    # simple_evaluate ends by describing the machine (torch's collect_env runs `pip list` and
+    # more: ~2 s a call, more than scoring a probe); only the scores are kept here, so skip it
+    no_machine_report = mock.patch.object(evaluator, "add_env_info", lambda storage: None)
+    with quiet_harness(), compiled_templates(), no_machine_report:
         lm = HFLM(pretrained=model, tokenizer=tokenizer, device=device, batch_size=batch_size)
         out = simple_evaluate(
             model=lm, tasks=[entry], task_manager=manager, limit=limit, log_samples=True, verbosity="ERROR"
