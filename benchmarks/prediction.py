@@ -8,8 +8,9 @@ the README's "How the prediction was fitted", from the pools ``benchmarks/pools.
     python benchmarks/prediction.py families             # leave one family out: the README's headline
     python benchmarks/prediction.py aims [FAMILY ...]    # knowledge_weighted's three aims, per family
 
-The held-out pool is only ever read by ``validate`` and ``methods``: nothing here fits on it
-or chooses a default from it.
+``families`` fits on every family but the one it predicts; ``calibrate`` fits the shipped
+calibration on all the measured ones. No default (``--fewshot``, knowledge_weighted's) was
+chosen on any family but ``fit``.
 """
 
 from __future__ import annotations

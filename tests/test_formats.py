@@ -253,6 +253,15 @@ def test_a_model_predicted_to_lose_its_task_is_never_merged_blind():
     )
 
 
+def test_far_below_its_partners_is_lost_whatever_the_calibrations_level():
+    knowledge = {"a": 0.5, "b": 0.45, "c": 0.5}
+    far = _recommend({"a": 0.8, "b": 0.35, "c": 0.9}, knowledge)  # 0.35 < ½ · median(0.8, 0.9)
+    assert (far.verdict, far.left_out) == ("leave_out", ["b"])
+    assert _recommend({"a": 0.8, "b": 0.45, "c": 0.9}, knowledge).verdict == "merge_as_configured"  # 0.45 > 0.425
+    assert _recommend({"a": 0.6, "b": 0.35, "c": 0.6}, knowledge).verdict == "merge_as_configured"  # 0.35 > 0.3
+    assert _recommend({"a": 0.95, "b": 0.55, "c": 0.95}, knowledge).verdict == "merge_as_configured"  # ≥ 0.5: kept
+
+
 def test_leave_out_advice_is_the_config_without_the_lost_models():
     from mergekit_mergeability.decide.advice import advise
 
@@ -307,7 +316,9 @@ def test_an_expert_whose_upper_blocks_were_rewritten_keeps_them_in_some_recommen
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
     predicted = {m["path"]: m["predicted_mergeability"] for m in report["models"] if m["role"] == "expert"}
-    assert predicted[str(ft1)] < verdict.LOST and report["recommendation"]["verdict"] != "merge_as_configured"
+    lost, partner = predicted[str(ft1)], predicted[str(ft0)]
+    assert lost < verdict.LOST or (lost < verdict.LOW_PREDICTION and lost < verdict.RELATIVE_LOST * partner)
+    assert report["recommendation"]["verdict"] != "merge_as_configured"
     base_weights, own = state_dict(base), state_dict(ft1)
     upper = [n for n in own if ".layers.2." in n or ".layers.3." in n]
     kept_upper = []

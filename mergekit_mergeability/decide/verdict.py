@@ -26,11 +26,15 @@ Verdict, first match wins:
 3. ``knowledge_weighted``: some model is predicted below 0.5 and the base's p(gold)
    spreads by ≥ 0.2 across models: weight the weakly-known ones up (on the measured
    families it lifted the weakest-known third most: README).
-4. ``leave_out``: some model is predicted to keep under LOST (0.3) of its task, the
-   prediction rests on measured knowledge, and nothing above protects it: merge the
-   others, keep it apart (one config gives it back as it is). When every model is
-   predicted so, leaving them all out is no merge: the verdicts below decide, and the
-   recommended config names those tasks among what it drops.
+4. ``leave_out``: some model is predicted to lose its task, the prediction rests on
+   measured knowledge, and nothing above protects it: merge the others, keep it apart
+   (one config gives it back as it is). Lost: predicted to keep under LOST (0.3) of its
+   task, or under LOW_PREDICTION and under half of what the others are predicted to keep
+   (their median). The second reading is there because a calibration's level moves with
+   the pools it was fitted on (mean S 0.73 on one measured family, 0.50 on another) while
+   its ranking transfers (docs/prediction.md): far below its partners is lost whatever the
+   level. When every model is lost, leaving them all out is no merge: the verdicts below
+   decide, and the recommended config names those tasks among what it drops.
 5. ``sign_election``: a conflicting pair: mergekit's ``ties``.
 6. ``merge_as_configured``.
 """
@@ -46,6 +50,8 @@ from mergekit_mergeability.maths.cka import shared_depth
 
 LOW_PREDICTION = 0.5
 LOST = 0.3  # predicted below this, a model's task is lost in the merge: never "nothing the precheck can predict"
+# Or predicted under LOW_PREDICTION and under this share of the others' median: set a priori, not fitted.
+RELATIVE_LOST = 0.5
 # A fall this far below the shared lower blocks' CKA marks a divergence even above the
 # absolute threshold (two fine-tunes at 1.0 below and 0.82 above have parted). Set before
 # any pool was measured with it, not fitted.
@@ -233,17 +239,14 @@ def recommend(
         reason = f"{len(weak)} model(s) predicted below {LOW_PREDICTION} and the base's p(gold) spreads by {spread:.2f}: weight the weakly-known ones up"
         return Recommendation(KNOWLEDGE_WEIGHTED, "knowledge_weighted", knowledge=known, reasons=[reason])
     grounded = set(known) if grounded is None else grounded
-    lost = sorted(
-        (m for m, p in predictions.items() if m in grounded and p.value is not None and p.value < LOST),
-        key=lambda m: predictions[m].value,
-    )
+    lost = sorted((m for m in grounded if _lost(m, predictions)), key=lambda m: predictions[m].value)
     if lost:
         kept = [m for m in predictions if m not in lost]
         named = ", ".join(f"{label(m)} ({predictions[m].value:.2f})" for m in lost[:3]) + (
             f" and {len(lost) - 3} more" if len(lost) > 3 else ""
         )
         if kept:
-            reason = f"{named} predicted to keep under {LOST} of its task in this merge, and the base's knowledge does not spread enough to weight it up: merge the others, serve it apart"
+            reason = f"{named} predicted to keep under {LOST} of its task in this merge, or under half of what the others keep, and the base's knowledge does not spread enough to weight it up: merge the others, serve it apart"
             return Recommendation(LEAVE_OUT, method, reasons=[reason], left_out=lost)
         # every model lost: leaving them all out is no merge; say so beside whatever comes next
         warning = f"every model is predicted to keep under {LOST} of its task ({named}), and no other method is indicated: expect the merge to keep little of any"
@@ -255,3 +258,15 @@ def recommend(
         reason = f"{label(a)} and {label(b)} pull against each other (task-vector cosine {cosines[a, b]:+.2f}): elect signs per entry (TIES)"
         return Recommendation(SIGN_ELECTION, "ties", reasons=[reason], pairs=conflicting)
     return Recommendation(MERGE_AS_CONFIGURED, method, reasons=["no signal of a loss that another method would avoid"])
+
+
+def _lost(model: str, predictions: Mapping[str, Prediction]) -> bool:
+    """Predicted to keep under LOST of its task, or under LOW_PREDICTION and under RELATIVE_LOST
+    of the others' median prediction."""
+    value = predictions[model].value if model in predictions else None
+    if value is None:
+        return False
+    others = [p.value for m, p in predictions.items() if m != model and p.value is not None]
+    return value < LOST or (
+        value < LOW_PREDICTION and bool(others) and value < RELATIVE_LOST * statistics.median(others)
+    )
