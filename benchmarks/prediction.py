@@ -233,15 +233,17 @@ def families(args) -> None:
         "permutations": args.null,
     }
     table = Table(
-        "held-out family",
+        "held out",
         "n",
-        "prediction",
-        "95% interval",
+        "predicted",
+        "95%",
         "p",
-        "best single input there",
+        "best single input",
         "difference [95%]",
         title="Leave one family out: Spearman with measured S (mean merge, 8 partners × 5 trials)",
     )
+    for column in table.columns:  # at 80 columns a long name wraps instead of being cut
+        column.overflow = "fold"
     for family, n, result, best, single, gap, low, high in rows:
         table.add_row(
             family,
