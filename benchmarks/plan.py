@@ -152,11 +152,14 @@ def _measure(base: Path, folders, models: int) -> dict:
     from mergekit_mergeability.sources import resolve
     from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
     from mergekit_mergeability.diagnostics.weights import WeightStatistics
+    from mergekit_mergeability.settings import PrecheckSettings
     from mergekit_mergeability.plan import decide as deciding, fit as fitting
 
     tensor_position("model.embed_tokens.weight")  # mergekit's architectures import (~3 s): not the pass
     inputs = DiagnosticInputs(
-        ModelInput(str(base), base), tuple(ModelInput(str(f), resolve(str(f))) for f in folders), {"quiet": True}
+        ModelInput(str(base), base),
+        tuple(ModelInput(str(f), resolve(str(f))) for f in folders),
+        PrecheckSettings(quiet=True),
     )
     with PeakMemory() as weights_peak:
         started = time.perf_counter()
@@ -234,7 +237,8 @@ def speed(args) -> None:
 
 def check(args) -> None:
     """Measure the plan, merge-everything and random subsets in memory (see the module docstring)."""
-    from mergekit_mergeability.cli import _options, default_cache_dir
+    from mergekit_mergeability.cli import default_cache_dir
+    from mergekit_mergeability.settings import RunSettings
     from mergekit_mergeability.sources.cache import Cache
     from mergekit_mergeability.plan import conditional as cond, decide as deciding, fit as fitting, run as planning
     from mergekit_mergeability.precheck import config as merge_config
@@ -248,9 +252,8 @@ def check(args) -> None:
         report, calibration, merges, args.models, names=spec.models, expert_scores=experts, base_scores=bases
     )
     pool = decided.pool
-    options = _options(limit=None, device="cpu", dtype="float32", batch_size=16, quiet=args.quiet)
     cache = Cache(default_cache_dir() / "scores")
-    measure = planning.Measurer(spec, options, cache, pool)
+    measure = planning.Measurer(spec, RunSettings(device="cpu", quiet=args.quiet), cache, pool)
     rng = np.random.default_rng(args.seed)
 
     def kept(assignment) -> np.ndarray:

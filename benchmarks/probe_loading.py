@@ -34,6 +34,7 @@ import yaml
 
 from _models import workdir
 from mergekit_mergeability.precheck import config, load_inputs, run
+from mergekit_mergeability.settings import PrecheckSettings
 from mergekit_mergeability.tasks import lmeval
 from mergekit_mergeability.tiny import make_family
 
@@ -94,7 +95,7 @@ def load(spec: config.MergeSpec, limit: int):
 def whole_precheck(spec: config.MergeSpec, out: Path, limit: int) -> float:
     getattr(lmeval, "_built", {}).clear()
     started = time.perf_counter()
-    run(spec, {}, {"quiet": True, "limit": limit}, out)
+    run(spec, {}, PrecheckSettings(device="cpu", quiet=True, limit=limit), out)
     return time.perf_counter() - started
 
 

@@ -96,6 +96,7 @@ def probes(root: Path) -> Path:
 
 def whole_precheck(paths: dict, probe: Path, out: Path) -> None:
     from mergekit_mergeability.precheck import config, run
+    from mergekit_mergeability.settings import PrecheckSettings
 
     models = [
         {"model": str(p), "probe": str(probe), "parameters": {"weight": 1.0}} for n, p in paths.items() if n != "base"
@@ -103,7 +104,7 @@ def whole_precheck(paths: dict, probe: Path, out: Path) -> None:
     spec = config.from_document(
         {"merge_method": "task_arithmetic", "base_model": str(paths["base"]), "models": models}, out.parent
     )
-    run(spec, {}, {"quiet": True, "limit": LINES}, out)
+    run(spec, {}, PrecheckSettings(device="cpu", quiet=True, limit=LINES), out)
 
 
 def main():

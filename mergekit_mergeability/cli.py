@@ -148,42 +148,54 @@ def _probe_pairs(values) -> dict:
     return pairs
 
 
-def model_options(default_limit: int | None, default_dtype: str = "float32"):
-    """The options every command that runs models shares (lm-eval's names where it has them).
-    ``default_dtype="auto"`` offers auto: the config's ``dtype:``, else each checkpoint's own."""
-    dtypes = ["float32", "bfloat16", "float16"]
-    if default_dtype == "auto":
-        dtypes.insert(0, "auto")
+class _Setting(click.Option):
+    """An option whose default is a field's of a settings class (``mergekit_mergeability.settings``),
+    where every default is stated once. Looked up when needed: the settings module imports torch,
+    which listing the commands should not wait for."""
+
+    def __init__(self, *args, settings: str, field: Optional[str] = None, **kwargs):
+        super().__init__(*args, show_default=True, **kwargs)
+        self.settings, self.field = settings, field or self.name
+
+    def get_default(self, ctx, call: bool = True):
+        from mergekit_mergeability import settings
+
+        return settings.default(getattr(settings, self.settings), self.field)
+
+
+def setting(*names: str, settings: str, **kwargs):
+    """``click.option`` whose default is ``settings``'s field of the option's name."""
+    return click.option(*names, cls=_Setting, settings=settings, **kwargs)
+
+
+def model_options(settings: str):
+    """The options every command that runs models shares (lm-eval's names where it has them), with
+    the defaults of ``settings`` (a class of ``mergekit_mergeability.settings``): PrecheckSettings
+    loads in dtype auto, the config's ``dtype:``, else each checkpoint's own."""
+    auto = settings == "PrecheckSettings"
+    dtypes = ["auto", "float32", "bfloat16", "float16"][0 if auto else 1 :]
 
     def decorate(command):
         for option in reversed(
             [
-                click.option(
-                    "--limit",
-                    type=click.IntRange(min=1),
-                    default=default_limit,
-                    show_default=True,
-                    help="Instances per task or probe set.",
+                setting(
+                    "--limit", settings=settings, type=click.IntRange(min=1), help="Instances per task or probe set."
                 ),
-                click.option(
-                    "--device",
-                    default="auto",
-                    show_default=True,
-                    help="cpu, cuda, cuda:1, mps… (auto: cuda if available).",
+                setting(
+                    "--device", settings=settings, type=str, help="cpu, cuda, cuda:1, mps… (auto: cuda if available)."
                 ),
-                click.option(
+                setting(
                     "--dtype",
+                    settings=settings,
                     type=click.Choice(dtypes),
-                    default=default_dtype,
-                    show_default=True,
                     help="What the models are loaded in"
                     + (
                         " (auto: the config's dtype:, else each checkpoint's own torch_dtype, else float32; statistics stay float32)."
-                        if default_dtype == "auto"
+                        if auto
                         else "."
                     ),
                 ),
-                click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True),
+                setting("--batch-size", settings=settings, type=click.IntRange(min=1)),
                 click.option("--quiet", "-q", is_flag=True, help="No progress bars."),
             ]
         ):
@@ -193,12 +205,15 @@ def model_options(default_limit: int | None, default_dtype: str = "float32"):
     return decorate
 
 
-def _options(limit, device, dtype, batch_size, quiet, **extra) -> dict:
-    from mergekit_mergeability import distributed
+def _settings(kind: str, **given):
+    """A settings object of ``kind`` (a class of ``mergekit_mergeability.settings``) from the
+    command's options; ``device`` auto is resolved (with --ray: the workers' devices)."""
+    from mergekit_mergeability import distributed, settings
     from mergekit_mergeability.sources import auto_device
 
-    device = distributed.device(device) if distributed.active() else auto_device(device)  # --ray: the workers' devices
-    return {"limit": limit, "device": device, "dtype": dtype, "batch_size": batch_size, "quiet": quiet, **extra}
+    device = given["device"]
+    given["device"] = distributed.device(device) if distributed.active() else auto_device(device)
+    return getattr(settings, kind)(**given)
 
 
 def cache_option(command):
@@ -273,11 +288,11 @@ def default_cache_dir() -> Path:
     metavar="MODEL=SPEC",
     help="Probe data for a model (path as written in the config, or its folder name): a .jsonl file, an lm-eval task YAML or task name. Repeatable; overrides the config's probe: key.",
 )
-@click.option(
+@setting(
     "--fewshot",
+    settings="PrecheckSettings",
     type=click.IntRange(min=0),
-    default=None,
-    help="Solved examples before each multiple-choice probe question (default: 3, chosen by measurement). lm-eval tasks keep their own num_fewshot.",
+    help="Solved examples before each multiple-choice probe question (the default chosen by measurement). lm-eval tasks keep their own num_fewshot.",
 )
 @click.option(
     "--calibration",
@@ -289,52 +304,47 @@ def default_cache_dir() -> Path:
     "--layers",
     help="Only compare these representation layers, e.g. 0-12,20 (0 = embedding output, i = output of block i-1).",
 )
-@click.option(
+@setting(
     "--cka-threshold",
+    settings="PrecheckSettings",
     type=click.FloatRange(0, 1),
-    default=None,
-    help="Unbiased CKA below this, from some layer on, marks where representations stop being shared (default 0.8).",
+    help="Unbiased CKA below this, from some layer on, marks where representations stop being shared.",
 )
-@click.option(
+@setting(
     "--cka-batch-size",
+    settings="PrecheckSettings",
     type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
     help="Rows per minibatch of the unbiased CKA (0: one batch of all rows; each batch needs ≥ 4).",
 )
-@click.option(
+@setting(
     "--selectivity-span",
+    settings="PrecheckSettings",
     type=click.Choice(["answer", "prompt"]),
-    default="answer",
-    show_default=True,
     help="Neuron selectivity counts MLP activations over these tokens of each probe line: its gold answer or its prompt.",
 )
-@click.option(
+@setting(
     "--lape-entropy-quantile",
+    settings="PrecheckSettings",
     type=click.FloatRange(0, 1, min_open=True),
-    default=0.10,
-    show_default=True,
     help="Share of all MLP neurons kept as group-specific: those whose activation spreads least evenly over the probe groups (paper 3's value).",
 )
-@click.option(
+@setting(
     "--lape-activation-quantile",
+    settings="PrecheckSettings",
     type=click.FloatRange(0, 1, max_open=True),
-    default=0.80,
-    show_default=True,
     help="A group owns a specific neuron when the neuron's activation probability on it is above this quantile of all activation probabilities (paper 3's value).",
 )
-@click.option(
+@setting(
     "--cutoff-signal",
+    settings="PrecheckSettings",
     type=click.Choice(["cka", "selectivity", "both"]),
-    default="cka",
-    show_default=True,
     help="What sets the layer cut-off: unbiased CKA, the fine-tunes' overlap of group-specific neurons, or the lower of the two. The report says which decided.",
 )
-@click.option(
+@setting(
     "--overlap-threshold",
+    settings="PrecheckSettings",
     type=click.FloatRange(0, 1),
-    default=None,
-    help="Specific-neuron overlap (Jaccard) below this, from some block on, marks where the fine-tunes' neurons part (default 0.5; read with --cutoff-signal selectivity or both).",
+    help="Specific-neuron overlap (Jaccard) below this, from some block on, marks where the fine-tunes' neurons part (read with --cutoff-signal selectivity or both).",
 )
 @click.option(
     "--skip",
@@ -347,7 +357,7 @@ def default_cache_dir() -> Path:
     type=click.Path(file_okay=False, path_type=Path),
     help="Keep each model's pass results here: a killed precheck (or a lost Ray worker) restarts where it stopped. Off unless given.",
 )
-@model_options(default_limit=64, default_dtype="auto")
+@model_options("PrecheckSettings")
 @user_errors
 @ray_option
 def precheck(
@@ -403,29 +413,27 @@ def precheck(
     from mergekit_mergeability.precheck import config as merge_config, run
     from mergekit_mergeability.summary import print_precheck
 
-    extra = {
-        "layers": _layer_set(layers),
-        "cka_batch_size": cka_batch_size,
-        "skip": list(skip),
-        "selectivity_span": selectivity_span,
-    }
-    extra.update(
+    chosen = _layer_set(layers)
+    settings = _settings(
+        "PrecheckSettings",
+        **model,
+        fewshot=fewshot,
+        calibration=calibration and str(calibration),
+        layers=frozenset(chosen) if chosen is not None else None,
+        cka_threshold=cka_threshold,
+        cka_batch_size=cka_batch_size,
+        selectivity_span=selectivity_span,
         lape_entropy_quantile=lape_entropy_quantile,
         lape_activation_quantile=lape_activation_quantile,
         cutoff_signal=cutoff_signal,
+        overlap_threshold=overlap_threshold,
+        skip=tuple(skip),
+        cache_dir=cache_dir and str(cache_dir),
     )
-    chosen = {
-        "fewshot": fewshot,
-        "calibration": calibration and str(calibration),
-        "cka_threshold": cka_threshold,
-        "overlap_threshold": overlap_threshold,
-        "cache_dir": cache_dir and str(cache_dir),
-    }
-    extra.update({k: v for k, v in chosen.items() if v is not None})
     if (config_file is None) == (pool is None):
         raise UserError("precheck: name a CONFIG_FILE or a --pool folder of adapters (one of the two)")
     spec = merge_config.read(config_file) if config_file else merge_config.from_pool(pool)
-    report = run(spec, _probe_pairs(probes), _options(**model, **extra), out)
+    report = run(spec, _probe_pairs(probes), settings, out)
     print_precheck(report, out)
     if report["stop"]:
         raise SystemExit(STOP)
@@ -501,9 +509,9 @@ def precheck(
 @click.option(
     "--probe", "probes", multiple=True, metavar="MODEL=SPEC", help="Probe data for a model, as in precheck. Repeatable."
 )
-@click.option("--fewshot", type=click.IntRange(min=0), default=None, help="As in precheck (default 3).")
+@setting("--fewshot", settings="PrecheckSettings", type=click.IntRange(min=0), help="As in precheck.")
 @cache_option
-@model_options(default_limit=64, default_dtype="auto")
+@model_options("PrecheckSettings")
 @user_errors
 def plan(
     pool_file: Optional[Path],
@@ -554,12 +562,11 @@ def plan(
     if pool_file is not None and (base or probe_folder):
         raise UserError("plan: --base and --probes go with --pool; a POOL_FILE names its base and probes itself")
     spec = merge_config.read(pool_file) if pool_file else pool_spec(pool_folder, base, probe_folder)
-    extra = {} if fewshot is None else {"fewshot": fewshot}
     document, _ = run(
         spec,
         out,
         overrides=_probe_pairs(probes),
-        options=_options(**model, **extra),
+        settings=_settings("PrecheckSettings", **model, fewshot=fewshot),
         precheck=precheck_json,
         calibration=calibration,
         methods=[m.strip() for m in methods.split(",") if m.strip()],
@@ -581,7 +588,7 @@ def plan(
 @click.option("--tasks", help="Comma-separated task specs for every model, instead of each model's probe: key.")
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("eval"), show_default=True)
 @cache_option
-@model_options(default_limit=None)
+@model_options("RunSettings")
 @user_errors
 def evaluate(config_file: Path, merged: Path, tasks, out: Path, cache, **model):
     """Score the base, the merged model and each expert on that expert's task.
@@ -602,7 +609,7 @@ def evaluate(config_file: Path, merged: Path, tasks, out: Path, cache, **model):
 
     spec = merge_config.read(config_file)
     task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
-    report = evaluation.evaluate(spec, merged, task_list, _options(**model), cache)
+    report = evaluation.evaluate(spec, merged, task_list, _settings("RunSettings", **model), cache)
     evaluation.write(report, out)
     print_evaluation(report, out)
 
@@ -624,7 +631,7 @@ def evaluate(config_file: Path, merged: Path, tasks, out: Path, cache, **model):
     "--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("mergeability"), show_default=True
 )
 @cache_option
-@model_options(default_limit=None)
+@model_options("RunSettings")
 @user_errors
 @ray_option
 def mergeability(pool_file: Path, partners, trials, method, seed, out: Path, cache, **model):
@@ -646,7 +653,7 @@ def mergeability(pool_file: Path, partners, trials, method, seed, out: Path, cac
     from mergekit_mergeability.summary import print_mergeability
 
     spec = merge_config.read(pool_file)
-    report = protocol.measure(spec, method, partners, trials, seed, _options(**model), cache, out)
+    report = protocol.measure(spec, method, partners, trials, seed, _settings("RunSettings", **model), cache, out)
     protocol.write(report, out)
     print_mergeability(report, out)
 
@@ -773,18 +780,17 @@ def calibrate(measured, out: Path, target, permutations, alpha):
 )
 @click.option(
     "--lambdas",
-    default="0:1:0.1",
-    show_default=True,
-    help="START:STOP:STEP (both ends included) or a list like 0,0.5,1.",
+    help="START:STOP:STEP (both ends included) or a list like 0,0.5,1 (default: 0 to 1 by 0.1).",
 )
-@click.option(
+@setting(
     "--marker",
-    default="</think>",
-    show_default=True,
+    settings="SweepSettings",
+    type=str,
     help="A regex: answers containing it count towards the marker rate.",
 )
-@click.option(
+@setting(
     "--budget",
+    settings="SweepSettings",
     type=click.FloatRange(min=0, min_open=True),
     help="Tokens per answer: the sweet spot is then the best accuracy within it.",
 )
@@ -798,41 +804,36 @@ def calibrate(measured, out: Path, target, permutations, alpha):
     type=click.Choice(["mlp", "attention"]),
     help="Interpolate only MLP or only attention tensors (everything else is A's).",
 )
-@click.option(
+@setting(
     "--samples",
     "-k",
+    settings="SweepSettings",
     type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
     help="Answers per problem: 1 is greedy; more are sampled, for Pass@k and Vote@k.",
 )
-@click.option(
+@setting(
     "--temperature",
+    settings="SweepSettings",
     type=click.FloatRange(min=0, min_open=True),
-    default=0.7,
-    show_default=True,
     help="Sampling temperature when --samples > 1.",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option(
+@setting("--seed", settings="SweepSettings", type=int)
+@setting(
     "--refine",
+    settings="SweepSettings",
     type=click.IntRange(min=0),
-    default=8,
-    show_default=True,
     help="At most this many λ added where the curves change fastest (0: the grid only).",
 )
-@click.option(
+@setting(
     "--resolution",
+    settings="SweepSettings",
     type=click.FloatRange(min=0, min_open=True),
-    default=0.025,
-    show_default=True,
     help="Refine until the transition is located to ± this.",
 )
-@click.option(
+@setting(
     "--tolerance",
+    settings="SweepSettings",
     type=click.FloatRange(min=0),
-    default=0.05,
-    show_default=True,
     help="Without --budget, accuracy within this of the best counts as matching it.",
 )
 @click.option(
@@ -842,7 +843,7 @@ def calibrate(measured, out: Path, target, permutations, alpha):
 )
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("sweep"), show_default=True)
 @cache_option
-@model_options(default_limit=None)
+@model_options("SweepSettings")
 @user_errors
 @ray_option
 def sweep(
@@ -885,25 +886,24 @@ def sweep(
     (the sweet spot as a config for mergekit-yaml).
     """
     from mergekit_mergeability.sweep import report as outputs, run as sweeping
-    from mergekit_mergeability.sweep.models import Selection
 
-    selection = Selection(frozenset(_layer_set(layers)) if layers else None, modules)
-    settings = sweeping.Settings(
-        task,
-        sweeping.grid(lambdas),
-        marker,
-        budget,
-        selection,
-        samples,
-        temperature,
-        seed,
-        refine,
-        resolution,
-        tolerance,
+    chosen = _layer_set(layers)
+    settings = _settings(
+        "SweepSettings",
+        **model,
+        **({"lambdas": sweeping.grid(lambdas)} if lambdas is not None else {}),
+        marker=marker,
+        budget=budget,
+        layers=frozenset(chosen) if chosen else None,
+        modules=modules,
+        samples=samples,
+        temperature=temperature,
+        seed=seed,
+        refine=refine,
+        resolution=resolution,
+        tolerance=tolerance,
     )
-    report, run = sweeping.run(
-        model_a, model_b, base, settings, _options(**model), cache, out / "chosen" if save_chosen else None
-    )
+    report, run = sweeping.run(model_a, model_b, base, task, settings, cache, out / "chosen" if save_chosen else None)
     outputs.write(report, run, out)
     outputs.print_sweep(report, out)
 

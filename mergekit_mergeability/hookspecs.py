@@ -62,6 +62,15 @@ def mergeability_diagnostics() -> Sequence["Diagnostic"]:
     ``name``, the inputs it ``needs`` (weights, base model, probe data) and a
     ``run(inputs)`` that returns a ``DiagnosticResult`` with values per model,
     per pair and per layer. All plugins' results are collected, in plugin order.
+
+    ``inputs`` is a ``DiagnosticInputs``: the ``base`` and the other ``models``
+    (``ModelInput``: name as written, source, probes, shots, dtype), the config's
+    ``tokenizer_source`` and ``settings``, the precheck's settings typed: a
+    frozen ``mergekit_mergeability.settings.PrecheckSettings`` (``device``,
+    ``dtype``, ``limit``, ``batch_size``, ``layers``, ...; every default stated
+    there once). Read the fields you need; a field added later leaves your
+    diagnostic working. (Until schema 3.0 this was ``inputs.options``, an untyped
+    mapping with the defaults restated by each reader.)
     A name two plugins contribute (a third party's ``weights``, say) refuses the
     precheck: one line naming both packages, exit 2.
 

@@ -9,6 +9,7 @@ import yaml
 from mergekit_mergeability.sources import resolve
 from mergekit_mergeability.diagnostics import weights
 from mergekit_mergeability.precheck import config as merge_config, run
+from mergekit_mergeability.settings import PrecheckSettings
 from mergekit_mergeability.sources.adapter import materialise
 from mergekit_mergeability.tiny import make_adapter
 
@@ -53,7 +54,7 @@ def _precheck(llama, root, members, label):
     }
     path = root / f"{label}.yml"
     path.write_text(yaml.safe_dump(document))
-    run(merge_config.read(path), options={"quiet": True}, out=root / label)
+    run(merge_config.read(path), settings=PrecheckSettings(quiet=True), out=root / label)
     return json.loads((root / label / "precheck.json").read_text())
 
 

@@ -268,7 +268,10 @@ class _Plugin:
         def run(self, inputs):
             from mergekit_mergeability.diagnostics import DiagnosticResult
 
-            return DiagnosticResult(per_model={m.name: {"answer": 42.0} for m in inputs.models})
+            # the settings arrive typed: a plugin reads the fields it knows
+            return DiagnosticResult(
+                per_model={m.name: {"answer": 42.0, "limit": float(inputs.settings.limit)} for m in inputs.models}
+            )
 
     @hookimpl
     def mergeability_diagnostics(self):
@@ -289,7 +292,7 @@ def test_third_party_diagnostics_and_report_hooks(tmp_path, pool):
         result = _precheck(_config(tmp_path, pool, ["known", "unknown"], [None, None]), tmp_path / "out")
     assert result.exit_code == 1 and "policy: merge_as_configured needs a review" in result.output
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
-    assert report["diagnostics"]["mean_weight"]["per_model"][str(pool["known"])] == {"answer": 42.0}
+    assert report["diagnostics"]["mean_weight"]["per_model"][str(pool["known"])] == {"answer": 42.0, "limit": 64.0}
     assert report["stop"] == ["policy: merge_as_configured needs a review"]
 
 
@@ -563,7 +566,7 @@ def test_the_gate_setting_reads_a_switch_or_a_folder(tmp_path, pool, monkeypatch
     from mergekit_mergeability.precheck import gate
 
     runs = []
-    monkeypatch.setattr(precheck, "run", lambda spec, options, out: runs.append(out) or {"stop": []})
+    monkeypatch.setattr(precheck, "run", lambda spec, settings, out: runs.append(out) or {"stop": []})
     monkeypatch.setattr("mergekit_mergeability.summary.print_precheck", lambda report, out: None)
     monkeypatch.setenv(gate.ENVIRONMENT, value)
     config = _config(tmp_path, pool, ["known", "unknown"], [None, None])

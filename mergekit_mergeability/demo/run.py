@@ -161,15 +161,18 @@ class Demo:
 
     def precheck(self, name: str, config: Path) -> Dict[str, Any]:
         from mergekit_mergeability.precheck import config as merge_config, run
+        from mergekit_mergeability.settings import PrecheckSettings
 
-        options = {"limit": 64, "device": "cpu", "dtype": "float32", "batch_size": 16, "quiet": self.quiet}
-        if name == "facts":  # one or two lines per fact: no group has enough tokens for LAPE to find its neurons
-            options["skip"] = ["selectivity"]
-        return run(merge_config.read(config), {}, options, self.out / "precheck" / name)
+        # facts: one or two lines per fact: no group has enough tokens for LAPE to find its neurons
+        skip = ("selectivity",) if name == "facts" else ()
+        settings = PrecheckSettings(device="cpu", dtype="float32", quiet=self.quiet, skip=skip)
+        return run(merge_config.read(config), {}, settings, self.out / "precheck" / name)
 
     # 4. merge and measure -------------------------------------------------------------------
-    def options(self) -> Dict[str, Any]:
-        return {"limit": None, "device": "cpu", "dtype": "float32", "batch_size": 16, "quiet": self.quiet}
+    def run_settings(self):
+        from mergekit_mergeability.settings import RunSettings
+
+        return RunSettings(device="cpu", quiet=self.quiet)
 
     def mergeability(self, facts_config: Path, knowledge: Dict[str, float]) -> Dict[str, Dict[str, Any]]:
         from mergekit_mergeability.methods.knowledge_weighted import DEFAULT_DENSITY, DEFAULT_TEMPERATURE, DEFAULT_TIES
@@ -214,7 +217,7 @@ class Demo:
             self.s.partners,
             self.s.trials,
             0,
-            self.options(),
+            self.run_settings(),
             Cache(self.cache / "scores"),
             out,
         )
@@ -247,7 +250,7 @@ def knowledge_of(precheck: Dict[str, Any]) -> Dict[str, float]:
     values a knowledge_weighted recommendation carries)."""
     from mergekit_mergeability.decide.calibration import Calibration
 
-    feature = Calibration.load(precheck["options"].get("calibration")).knowledge_feature
+    feature = Calibration.load(precheck["settings"]["calibration"]).knowledge_feature
     return {m["path"]: m["features"][feature] for m in precheck["models"] if m["role"] == "expert"}
 
 

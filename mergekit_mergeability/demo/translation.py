@@ -144,7 +144,7 @@ def score(demo, name: str, label: str, path: Path, expert: Optional[str] = None)
 
     spec = merge_config.read(path)
     cutoff = (spec.document.get("parameters") or {}).get("cutoff")
-    report = evaluation.evaluate(spec, demo.merge(path), None, demo.options(), Cache(demo.cache / "scores"))
+    report = evaluation.evaluate(spec, demo.merge(path), None, demo.run_settings(), Cache(demo.cache / "scores"))
     evaluation.write(
         report, demo.out / "evaluation" / name / f"{label.replace(' ', '_')}_{Path(expert).name if expert else 'both'}"
     )

@@ -234,8 +234,8 @@ def configs(decision: Decision, spec, document: Mapping[str, Any]) -> Dict[str, 
         config["models"] = [{"model": name, "parameters": per_model[name]} for name in entry["members"]]
         if shared:
             config["parameters"] = shared
-        if spec.document.get("dtype"):
-            config["dtype"] = spec.document["dtype"]
+        if spec.dtype:
+            config["dtype"] = spec.dtype
         header = [
             f"Written by mergekit-mergeability plan from {spec.source}: planned model {k + 1} of {len(decision.planned)}",
             f"method: {entry['method']}; experts: {len(entry['members'])}; predicted tasks kept here: {entry['expected_tasks']:.2f}",

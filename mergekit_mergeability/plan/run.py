@@ -8,6 +8,7 @@ optionally check the best candidates with real evaluations (``--budget-evals``) 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -18,6 +19,7 @@ from mergekit_mergeability.files import read_report
 from mergekit_mergeability.plan import conditional as cond
 from mergekit_mergeability.plan.decide import Decision, Planned, decide, mergekit_parameters
 from mergekit_mergeability.precheck import config as merge_config
+from mergekit_mergeability.settings import PrecheckSettings, RunSettings
 
 PRECHECK_FIELDS = ("path", "role", "knowledge", "weights")
 SKIPPED = ("representations", "selectivity")  # the plan reads weights and knowledge; CKA only sets a cut-off
@@ -94,14 +96,14 @@ def read_precheck(path: Path, spec: merge_config.MergeSpec) -> Dict[str, Any]:
 
 
 def measure(
-    spec: merge_config.MergeSpec, overrides: Mapping[str, str], options: Mapping[str, Any], representations: bool
+    spec: merge_config.MergeSpec, overrides: Mapping[str, str], settings: PrecheckSettings, representations: bool
 ) -> Dict[str, Any]:
     """The precheck's report on the pool (nothing written), its weights and knowledge diagnostics
     at least; its verdict on the config is not the plan's business, its errors are."""
     from mergekit_mergeability.precheck import run
 
-    skip = sorted(set(options.get("skip") or ()) | (set() if representations else set(SKIPPED)))
-    report = run(spec, overrides, {**options, "skip": skip}, None)
+    skip = sorted(set(settings.skip) | (set() if representations else set(SKIPPED)))
+    report = run(spec, overrides, replace(settings, skip=tuple(skip)), None)
     errors = [f["message"] for f in report["findings"] if f["severity"] == "error"]
     if errors:
         raise UserError(f"{spec.source}: the precheck found a problem with the pool: {errors[0]}")
@@ -124,9 +126,7 @@ class Measurer:
     the members' updates merged with mergekit's ``merge_tensors``, patched into one loaded base,
     each member scored on its own task; scores cached by content (``--cache-dir``)."""
 
-    def __init__(
-        self, spec: merge_config.MergeSpec, options: Mapping[str, Any], cache, pool: Optional[cond.Pool] = None
-    ):
+    def __init__(self, spec: merge_config.MergeSpec, settings: RunSettings, cache, pool: Optional[cond.Pool] = None):
         from mergekit_mergeability.tasks import lmeval as task_specs
         from mergekit_mergeability.sources.cache import fingerprint
         from mergekit_mergeability.evaluation.mergeability import Trials, check_pool
@@ -138,7 +138,7 @@ class Measurer:
         fingerprints = {name: fingerprint(folder) for name, folder in folders.items()}
         self.spec, self.pool = spec, pool
         self.trials = Trials(
-            folders, spec.base_model, cond.TASK_ARITHMETIC, {}, {}, fingerprints, own_task, options, cache
+            folders, spec.base_model, cond.TASK_ARITHMETIC, {}, {}, fingerprints, own_task, settings, cache
         )
         self.evaluations = 0
 
@@ -211,7 +211,7 @@ def run(
     out: Path,
     *,
     overrides: Mapping[str, str] = {},
-    options: Mapping[str, Any] = {},
+    settings: PrecheckSettings = PrecheckSettings(),
     precheck: Optional[Path] = None,
     calibration: Optional[Path] = None,
     methods: Optional[Sequence[str]] = None,
@@ -230,10 +230,9 @@ def run(
     reports.check_out(out)
     conditional = fit.load(calibration)
     experts, bases = expert_scores(measured)
-    report = read_precheck(precheck, spec) if precheck else measure(spec, overrides, options, representations)
+    report = read_precheck(precheck, spec) if precheck else measure(spec, overrides, settings, representations)
     merges, notes = candidate_merges(report, methods, knobs)
-    quiet = options.get("quiet", False)
-    with task("plan: searching", steps(len(spec.models), merges), quiet) as advance:
+    with task("plan: searching", steps(len(spec.models), merges), settings.quiet) as advance:
         decision = decide(
             report,
             conditional,
@@ -250,7 +249,7 @@ def run(
     if budget_evals:
         from mergekit_mergeability.sources.cache import Cache
 
-        measurer = Measurer(spec, options, cache or Cache(None), decision.pool)
+        measurer = Measurer(spec, settings, cache or Cache(None), decision.pool)
         checked = verify(decision, measurer, budget_evals)
         if checked["chosen"] is not None:
             choose(decision, checked["chosen"]["assignment"])

@@ -15,6 +15,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from mergekit_mergeability.errors import UserError
 
 PROBE_KEY = "probe"
+DTYPE_KEY = "dtype"
 FEWSHOT_KEY = "fewshot"  # solved examples for the knowledge prompts (a JSONL file like a probe)
 
 
@@ -35,6 +36,11 @@ class MergeSpec:
     @property
     def folder(self) -> Path:
         return self.source.parent if self.source.is_file() else self.source
+
+    @property
+    def dtype(self) -> Optional[str]:
+        """The config's ``dtype:``, what mergekit computes the merge in; None if it names none."""
+        return self.document.get(DTYPE_KEY)
 
     def sources(self) -> Dict[str, Any]:
         """Each model as written -> its folder, hub model or adapter (``sources.resolve``), the

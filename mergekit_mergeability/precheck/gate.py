@@ -71,12 +71,12 @@ def check(merge_config) -> None:
 
     document = _documents.get(id(merge_config)) or merge_config.model_dump(mode="json", exclude_none=True)
     out = report_folder()
+    from mergekit_mergeability.settings import PrecheckSettings
     from mergekit_mergeability.sources import auto_device
 
     spec = config.from_document(document, Path.cwd())
-    options = {"limit": 64, "device": auto_device(), "quiet": True}
     try:
-        report = run(spec, options=options, out=out)
+        report = run(spec, settings=PrecheckSettings(device=auto_device(), quiet=True), out=out)
     except MeasurementError as error:  # fail closed: no verdict is not a go-ahead
         raise UserError(f"{ENVIRONMENT} is set and the precheck could not measure: {error}") from None
     print_precheck(report, out)

@@ -18,15 +18,15 @@ from mergekit_mergeability.decide.features import FEATURES as FEATURE_NAMES
 from mergekit_mergeability.decide.verdict import RELATIVE_DROP
 from mergekit_mergeability.diagnostics.selectivity import COLLISION_SHARE, SPECIFIC, colliding_layers
 from mergekit_mergeability.files import SCHEMA_VERSION, write_atomic
-from mergekit_mergeability.maths.selectivity import ACTIVATION_QUANTILE, ENTROPY_QUANTILE
 from mergekit_mergeability.names import short_names
 from mergekit_mergeability.precheck import Measurements, metrics, per_layer
 from mergekit_mergeability.precheck.config import model_entries
+from mergekit_mergeability.settings import PrecheckSettings
 
 SCHEMA = Path(__file__).with_name("schema.json")
 
 
-def build(measured: Measurements, options: Dict[str, Any], decision: Decision) -> Dict[str, Any]:
+def build(measured: Measurements, settings: PrecheckSettings, decision: Decision) -> Dict[str, Any]:
     """precheck.json: the measurements, and the decision taken on them (``precheck.decision``)."""
     from importlib.metadata import version
 
@@ -84,7 +84,7 @@ def build(measured: Measurements, options: Dict[str, Any], decision: Decision) -
         "config": str(spec.source),
         "merge_method": spec.merge_method,
         "base_model": spec.base_model,
-        "options": {k: sorted(v) if isinstance(v, set) else v for k, v in options.items() if k != "quiet"},
+        "settings": settings.to_json(),
         "models": models,
         "pairs": _pairs(results),
         "layers": {
@@ -97,7 +97,7 @@ def build(measured: Measurements, options: Dict[str, Any], decision: Decision) -
             "cutoff_signal": decision.signal,
             "decided_by": decision.decided_by,
             "selectivity": _selectivity(
-                results, options, specific, decision.overlap, decision.overlap_threshold, decision.selectivity_cutoff
+                results, settings, specific, decision.overlap, decision.overlap_threshold, decision.selectivity_cutoff
             ),
         },
         "calibration": _calibration_summary(decision.calibration),
@@ -151,7 +151,12 @@ def _model(path, names, role, probe=None, knowledge=None, weights=None, layer_no
 
 
 def _selectivity(
-    results, options: Dict[str, Any], specific: Dict[str, Dict[str, List[float]]], overlap, threshold: float, cutoff
+    results,
+    settings: PrecheckSettings,
+    specific: Dict[str, Dict[str, List[float]]],
+    overlap,
+    threshold: float,
+    cutoff,
 ) -> Optional[Dict[str, Any]]:
     """The LAPE settings, the groups, per pair of experts the blocks where their specific neurons
     collide, and the cut-off the overlap would set."""
@@ -163,9 +168,9 @@ def _selectivity(
         if "specific_collisions" in layers
     ]
     return {
-        "span": options.get("selectivity_span", "answer"),
-        "entropy_quantile": options.get("lape_entropy_quantile", ENTROPY_QUANTILE),
-        "activation_quantile": options.get("lape_activation_quantile", ACTIVATION_QUANTILE),
+        "span": settings.selectivity_span,
+        "entropy_quantile": settings.lape_entropy_quantile,
+        "activation_quantile": settings.lape_activation_quantile,
         "collision_share": COLLISION_SHARE,
         "groups": list(next(iter(specific.values()))),
         "collisions": collisions,
