@@ -5,7 +5,7 @@ whether a plan keeps what it predicts.
         Refit the conditional prediction on measured pools (default: every
         pools-out/*/precheck/precheck.json with each pools-out/*/mergeability/<label>/
         beside it) and print its out-of-sample Spearman per merge rule and size;
-        --install writes it into the package (mergekit_mergeability/plan/conditional.json).
+        --install writes it into the package (mergekit_mergeability/planner/conditional.json).
     python benchmarks/plan.py speed [--adapters 100] [--models 1]
         Plan on N LoRA adapters of a SmolLM2-shaped model (factors only, random; never
         materialised): the weight pass alone against the plan's own work after it,
@@ -59,7 +59,7 @@ def _pairs(arguments, out: Path):
 
 
 def fit(args) -> None:
-    from mergekit_mergeability.plan import fit as fitting
+    from mergekit_mergeability.planner import fit as fitting
 
     pairs = _pairs(args.measured, args.out)
     started = time.perf_counter()
@@ -153,7 +153,7 @@ def _measure(base: Path, folders, models: int) -> dict:
     from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
     from mergekit_mergeability.diagnostics.weights import WeightStatistics
     from mergekit_mergeability.settings import PrecheckSettings
-    from mergekit_mergeability.plan import decide as deciding, fit as fitting
+    from mergekit_mergeability.planner import decide as deciding, fit as fitting
 
     tensor_position("model.embed_tokens.weight")  # mergekit's architectures import (~3 s): not the pass
     inputs = DiagnosticInputs(
@@ -240,8 +240,8 @@ def check(args) -> None:
     from mergekit_mergeability.cli import default_cache_dir
     from mergekit_mergeability.settings import RunSettings
     from mergekit_mergeability.sources.cache import Cache
-    from mergekit_mergeability.plan import conditional as cond, decide as deciding, fit as fitting, run as planning
-    from mergekit_mergeability.precheck import config as merge_config
+    from mergekit_mergeability.planner import conditional as cond, decide as deciding, fit as fitting, run as planning
+    from mergekit_mergeability import config as merge_config
 
     spec = merge_config.read(args.pool)
     report = planning.read_precheck(args.precheck, spec)
@@ -321,7 +321,7 @@ METHODS = {  # label as benchmarks/pools.py writes it -> the merge it ran (knowl
 
 
 def methods(args) -> None:
-    from mergekit_mergeability.plan import conditional as cond, fit as fitting
+    from mergekit_mergeability.planner import conditional as cond, fit as fitting
 
     folder = Path(args.pool)
     report = json.loads((folder / "precheck" / "precheck.json").read_text())

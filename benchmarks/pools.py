@@ -85,7 +85,7 @@ def method(spec: str, partners: int):
 
 
 def precheck(demo: Demo, config: Path, fewshot: int) -> dict:
-    from mergekit_mergeability.precheck import config as merge_config, run
+    from mergekit_mergeability import api
     from mergekit_mergeability.settings import PrecheckSettings
 
     out = demo.out / "precheck" if fewshot is None else demo.out / f"precheck_k{fewshot}"
@@ -97,7 +97,7 @@ def precheck(demo: Demo, config: Path, fewshot: int) -> dict:
     )
     if fewshot is not None:  # only the knowledge differs between these
         settings = dataclasses.replace(settings, fewshot=fewshot, skip=("representations", "selectivity", "weights"))
-    return run(merge_config.read(config), {}, settings, out)
+    return api.precheck(config, settings=settings, out=out).to_json()
 
 
 def main():

@@ -33,7 +33,7 @@ from mergekit_mergeability.demo.run import FULL, Demo
 from mergekit_mergeability.sources.cache import Cache
 from mergekit_mergeability.tasks.lmeval import quiet_harness, shipped_tasks
 from mergekit_mergeability.settings import SweepSettings
-from mergekit_mergeability.sweep.run import Sweep, grid
+from mergekit_mergeability.interpolation.run import Sweep, grid
 
 SETTINGS = SweepSettings(device="cpu", quiet=True)
 

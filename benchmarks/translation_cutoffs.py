@@ -26,7 +26,7 @@ from mergekit_mergeability.demo import translation
 from mergekit_mergeability.demo.run import FULL, Demo
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.files import write_atomic
-from mergekit_mergeability.precheck import config as merge_config, run
+from mergekit_mergeability import api, config as merge_config
 from mergekit_mergeability.settings import PrecheckSettings
 
 
@@ -69,7 +69,7 @@ def main() -> None:
     picks = {}
     for signal in ("cka", "selectivity"):
         settings = PrecheckSettings(device="cpu", dtype="float32", quiet=True, cutoff_signal=signal)
-        precheck = run(spec, {}, settings, demo.out / "cutoffs" / signal)
+        precheck = api.precheck(spec, settings=settings, out=demo.out / "cutoffs" / signal).to_json()
         picks[signal] = precheck["recommendation"]["cutoff"]
     picks["paper 3's patch"] = translation.patch_cutoff(precheck)
     kept = {}

@@ -105,7 +105,7 @@ def _check_configs_before_planning(module: ModuleType) -> None:
 
 
 def _keep_config_documents(module: ModuleType) -> None:
-    from mergekit_mergeability.precheck.gate import keep_documents
+    from mergekit_mergeability.gate import keep_documents
 
     keep_documents(module)
 

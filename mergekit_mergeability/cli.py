@@ -1,4 +1,8 @@
-"""The ``mergekit-mergeability`` command line."""
+"""The ``mergekit-mergeability`` command line: a shell over the Python API (``api``).
+
+Each command parses its options into the API's arguments and settings (``settings``), calls the
+API, and prints the result (``summary``); exit statuses and one-line errors are this module's.
+"""
 
 from __future__ import annotations
 
@@ -70,11 +74,11 @@ def methods(plugins_only: bool):
     from rich.console import Console
     from rich.table import Table
 
-    from mergekit_mergeability.describe import describe_methods
+    from mergekit_mergeability import api
 
     table = Table("method", "from", "parameters", show_lines=True)
     table.columns[0].overflow = "fold"
-    for row in describe_methods():
+    for row in api.methods():
         if plugins_only and row.origin == "mergekit":
             continue
         reference = f"\n[dim]{row.reference}[/dim]" if row.reference else ""
@@ -102,7 +106,7 @@ def merge(config_file: Path, out_path: Path, mergekit_options: tuple):
     """
     if out_path.exists() and any(out_path.iterdir()):
         raise UserError(f"{out_path}: output folder exists and is not empty; remove it or choose another")
-    from mergekit_mergeability.precheck.config import check_local_weights
+    from mergekit_mergeability.config import check_local_weights
 
     check_local_weights(config_file)
     # Importing mergekit registers the plugins' methods: this package's import installed the hook.
@@ -207,24 +211,28 @@ def model_options(settings: str):
 
 def _settings(kind: str, **given):
     """A settings object of ``kind`` (a class of ``mergekit_mergeability.settings``) from the
-    command's options; ``device`` auto is resolved (with --ray: the workers' devices)."""
-    from mergekit_mergeability import distributed, settings
-    from mergekit_mergeability.sources import auto_device
+    command's options (the API resolves device auto)."""
+    from mergekit_mergeability import settings
 
-    device = given["device"]
-    given["device"] = distributed.device(device) if distributed.active() else auto_device(device)
     return getattr(settings, kind)(**given)
 
 
+def api_default(function: str, parameter: str):
+    """The default of one of ``api.<function>``'s parameters, stated there once (importing api is cheap)."""
+    import inspect
+
+    from mergekit_mergeability import api
+
+    return inspect.signature(getattr(api, function)).parameters[parameter].default
+
+
 def cache_option(command):
-    """--cache-dir and --no-cache, handed to the command as ``cache`` (a sources.cache.Cache)."""
+    """--cache-dir and --no-cache, handed to the command as ``cache`` (the folder, or None: no cache)."""
 
     @functools.wraps(command)
     def wrapper(*args, cache_dir: str, no_cache: bool, **kwargs):
-        from mergekit_mergeability.sources.cache import Cache
-
         # '' must not become Path('') = the working directory
-        return command(*args, cache=Cache(None if no_cache or not cache_dir else Path(cache_dir)), **kwargs)
+        return command(*args, cache=None if no_cache or not cache_dir else Path(cache_dir), **kwargs)
 
     wrapper = click.option("--no-cache", is_flag=True, help="Neither read nor write cached scores.")(wrapper)
     return click.option(
@@ -410,7 +418,7 @@ def precheck(
     a plugin asks to stop; 2 a usage error; 3 the precheck could not measure
     (a built-in diagnostic failed).
     """
-    from mergekit_mergeability.precheck import config as merge_config, run
+    from mergekit_mergeability import api
     from mergekit_mergeability.summary import print_precheck
 
     chosen = _layer_set(layers)
@@ -432,10 +440,9 @@ def precheck(
     )
     if (config_file is None) == (pool is None):
         raise UserError("precheck: name a CONFIG_FILE or a --pool folder of adapters (one of the two)")
-    spec = merge_config.read(config_file) if config_file else merge_config.from_pool(pool)
-    report = run(spec, _probe_pairs(probes), settings, out)
-    print_precheck(report, out)
-    if report["stop"]:
+    result = api.precheck(config_file or pool, probes=_probe_pairs(probes), settings=settings, out=out)
+    print_precheck(result.to_json(), out)
+    if result.stop:
         raise SystemExit(STOP)
 
 
@@ -465,25 +472,30 @@ def precheck(
     help="New folder (or an earlier plan's, replaced) for plan.json, models/*.yml, precheck.json and report.html.",
 )
 @click.option(
-    "--models", "-K", type=click.IntRange(min=1), default=1, show_default=True, help="Merged models the plan may use."
+    "--models",
+    "-K",
+    type=click.IntRange(min=1),
+    default=api_default("plan", "models"),
+    show_default=True,
+    help="Merged models the plan may use.",
 )
 @click.option(
     "--methods",
-    default="task_arithmetic,ties,knowledge_weighted,layer_selective",
+    default=",".join(api_default("plan", "methods")),
     show_default=True,
     help="Merge methods a planned model may use (layer_selective only where the precheck measured a cut-off).",
 )
 @click.option(
     "--knobs",
     type=click.Choice(["defaults", "grid"]),
-    default="defaults",
+    default=api_default("plan", "knobs"),
     show_default=True,
     help="The methods' default settings (the measured ones), or also a grid of densities and temperatures (predictions there extrapolate).",
 )
 @click.option(
     "--budget-evals",
     type=click.IntRange(min=0),
-    default=0,
+    default=api_default("plan", "budget_evals"),
     show_default=True,
     help="Merged models to build and score in memory (each on its members' probes) to check the best candidate plans before choosing.",
 )
@@ -553,19 +565,19 @@ def plan(
     Predictions come from merges measured by the project (docs/plan.md); a
     method never measured is predicted by the nearest measured one and marked.
     """
-    from mergekit_mergeability.plan.report import print_plan
-    from mergekit_mergeability.plan.run import pool_spec, run
-    from mergekit_mergeability.precheck import config as merge_config
+    from mergekit_mergeability import api
+    from mergekit_mergeability.planner.report import print_plan
 
     if (pool_file is None) == (pool_folder is None):
         raise UserError("plan: name a POOL_FILE or a --pool folder (one of the two)")
     if pool_file is not None and (base or probe_folder):
         raise UserError("plan: --base and --probes go with --pool; a POOL_FILE names its base and probes itself")
-    spec = merge_config.read(pool_file) if pool_file else pool_spec(pool_folder, base, probe_folder)
-    document, _ = run(
-        spec,
+    result = api.plan(
+        pool_file or pool_folder,
         out,
-        overrides=_probe_pairs(probes),
+        base=base,
+        probe_folder=probe_folder,
+        probes=_probe_pairs(probes),
         settings=_settings("PrecheckSettings", **model, fewshot=fewshot),
         precheck=precheck_json,
         calibration=calibration,
@@ -575,9 +587,9 @@ def plan(
         budget_evals=budget_evals,
         measured=measured,
         representations=representations,
-        cache=cache,
+        cache_dir=cache,
     )
-    print_plan(document, out)
+    print_plan(result.to_json(), out)
 
 
 @main.command()
@@ -603,30 +615,41 @@ def evaluate(config_file: Path, merged: Path, tasks, out: Path, cache, **model):
         mergekit-mergeability evaluate config.yml --merged ./merged --out eval/
     Writes OUT/evaluation.json and OUT/evaluation.png.
     """
-    from mergekit_mergeability.evaluation import evaluate as evaluation
-    from mergekit_mergeability.precheck import config as merge_config
+    from mergekit_mergeability import api
     from mergekit_mergeability.summary import print_evaluation
 
-    spec = merge_config.read(config_file)
     task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
-    report = evaluation.evaluate(spec, merged, task_list, _settings("RunSettings", **model), cache)
-    evaluation.write(report, out)
-    print_evaluation(report, out)
+    result = api.evaluate(
+        config_file, merged, tasks=task_list, settings=_settings("RunSettings", **model), out=out, cache_dir=cache
+    )
+    print_evaluation(result.to_json(), out)
 
 
 @main.command()
 @click.argument("pool_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option(
-    "--partners", "-M", type=click.IntRange(min=1), default=8, show_default=True, help="Partners drawn for each merge."
+    "--partners",
+    "-M",
+    type=click.IntRange(min=1),
+    default=api_default("mergeability", "partners"),
+    show_default=True,
+    help="Partners drawn for each merge.",
 )
-@click.option("--trials", "-N", type=click.IntRange(min=1), default=5, show_default=True, help="Draws per model.")
+@click.option(
+    "--trials",
+    "-N",
+    type=click.IntRange(min=1),
+    default=api_default("mergeability", "trials"),
+    show_default=True,
+    help="Draws per model.",
+)
 @click.option(
     "--method",
-    default="task_arithmetic",
+    default=api_default("mergeability", "method"),
     show_default=True,
     help="Any registered mergekit method (see `methods`); parameters come from the pool file.",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=api_default("mergeability", "seed"), show_default=True)
 @click.option(
     "--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("mergeability"), show_default=True
 )
@@ -648,14 +671,20 @@ def mergeability(pool_file: Path, partners, trials, method, seed, out: Path, cac
     changed. Finished trials go to OUT/trials.jsonl: an interrupted run resumes.
     Writes OUT/mergeability.json.
     """
-    from mergekit_mergeability.evaluation import mergeability as protocol
-    from mergekit_mergeability.precheck import config as merge_config
+    from mergekit_mergeability import api
     from mergekit_mergeability.summary import print_mergeability
 
-    spec = merge_config.read(pool_file)
-    report = protocol.measure(spec, method, partners, trials, seed, _settings("RunSettings", **model), cache, out)
-    protocol.write(report, out)
-    print_mergeability(report, out)
+    result = api.mergeability(
+        pool_file,
+        method=method,
+        partners=partners,
+        trials=trials,
+        seed=seed,
+        settings=_settings("RunSettings", **model),
+        out=out,
+        cache_dir=cache,
+    )
+    print_mergeability(result.to_json(), out)
 
 
 @main.command()
@@ -664,11 +693,13 @@ def mergeability(pool_file: Path, partners, trials, method, seed, out: Path, cac
 @click.option(
     "--target",
     type=click.Choice(["mergeability", "normalised"]),
-    default="mergeability",
+    default=api_default("validate", "target"),
     show_default=True,
     help="Raw own-task score after merging, or the share of the fine-tune's gain kept.",
 )
-@click.option("--permutations", type=click.IntRange(min=100), default=10_000, show_default=True)
+@click.option(
+    "--permutations", type=click.IntRange(min=100), default=api_default("validate", "permutations"), show_default=True
+)
 @click.option(
     "--out",
     "-o",
@@ -688,13 +719,11 @@ def validate(precheck_json: Path, mergeability_json: Path, target, permutations,
     difference):
         mergekit-mergeability validate precheck/precheck.json mg/mergeability.json
     """
-    from mergekit_mergeability.evaluation.validate import validate as run_validation, write
+    from mergekit_mergeability import api
     from mergekit_mergeability.summary import print_validation
 
-    report = run_validation(precheck_json, mergeability_json, target, permutations)
-    if out:
-        write(report, out)
-    print_validation(report)
+    result = api.validate(precheck_json, mergeability_json, target=target, permutations=permutations, out=out)
+    print_validation(result.to_json())
 
 
 @main.command()
@@ -710,21 +739,21 @@ def validate(precheck_json: Path, mergeability_json: Path, target, permutations,
 @click.option(
     "--target",
     type=click.Choice(["mergeability", "normalised"]),
-    default="mergeability",
+    default=api_default("calibrate", "target"),
     show_default=True,
     help="Raw own-task score after merging, or the share of the fine-tune's gain kept.",
 )
 @click.option(
     "--permutations",
     type=click.IntRange(min=20),
-    default=500,
+    default=api_default("calibrate", "permutations"),
     show_default=True,
     help="Shuffles of the targets for the null of the whole fitting procedure.",
 )
 @click.option(
     "--alpha",
     type=click.FloatRange(0, 1, min_open=True),
-    default=0.05,
+    default=api_default("calibrate", "alpha"),
     show_default=True,
     help="Refuse a fit whose held-out Spearman has a permutation p-value at or above this.",
 )
@@ -744,28 +773,18 @@ def calibrate(measured, out: Path, target, permutations, alpha):
             fit/mergeability.json --out calibration.json
         mergekit-mergeability precheck config.yml --calibration calibration.json
     """
-    from mergekit_mergeability.decide.calibration import calibrate as fit, write
+    from mergekit_mergeability import api
     from mergekit_mergeability.summary import print_calibration
 
     if len(measured) % 2:
         raise UserError(f"calibrate takes pairs of files (precheck.json mergeability.json); got {len(measured)} files")
-    pairs = list(zip(measured[::2], measured[1::2]))
-    report = fit(pairs, target, permutations)
-    refusals = [
-        f"{how}: p = {r['p_permutation']:.3f} is not below --alpha {alpha}"
-        for how, r in report["out_of_sample"].items()
-        if r["p_permutation"] >= alpha
-    ]
-    refusals += [
-        f"{how}: Spearman {r['spearman']:+.2f} loses to {r['best_single_feature']} alone ({r['best_single_spearman']:+.2f})"
-        for how, r in report["out_of_sample"].items()
-        if not r["beats_best_single_feature"]
-    ]
-    print_calibration(report)
-    if refusals:
-        click.echo(f"not written: {'; '.join(refusals)}", err=True)
+    result = api.calibrate(
+        list(zip(measured[::2], measured[1::2])), target=target, permutations=permutations, alpha=alpha, out=out
+    )
+    print_calibration(result.to_json())
+    if result.refusals:
+        click.echo(f"not written: {'; '.join(result.refusals)}", err=True)
         raise SystemExit(STOP)
-    write(report, out, [str(p) for p in measured])
     click.echo(f"wrote {out}")
 
 
@@ -885,7 +904,8 @@ def sweep(
     finished point. Writes OUT/sweep.json, sweep.png, report.html and chosen.yml
     (the sweet spot as a config for mergekit-yaml).
     """
-    from mergekit_mergeability.sweep import report as outputs, run as sweeping
+    from mergekit_mergeability import api
+    from mergekit_mergeability.interpolation import report as outputs, run as sweeping
 
     chosen = _layer_set(layers)
     settings = _settings(
@@ -903,9 +923,10 @@ def sweep(
         resolution=resolution,
         tolerance=tolerance,
     )
-    report, run = sweeping.run(model_a, model_b, base, task, settings, cache, out / "chosen" if save_chosen else None)
-    outputs.write(report, run, out)
-    outputs.print_sweep(report, out)
+    result = api.sweep(
+        model_a, model_b, task, base=base, settings=settings, out=out, save_chosen=save_chosen, cache_dir=cache
+    )
+    outputs.print_sweep(result.to_json(), out)
 
 
 @main.command()

@@ -82,7 +82,7 @@ def fill_num_layers(planner) -> None:
 
 def check_before_planning(planner) -> None:
     from mergekit_mergeability.plugins import plugin_methods
-    from mergekit_mergeability.precheck import gate
+    from mergekit_mergeability import gate
 
     _check_plugin_method(planner, plugin_methods())
     gate.check(planner.config)
@@ -111,7 +111,7 @@ def dry_run(document: Dict[str, Any], source) -> None:
     from mergekit.options import MergeOptions
     from mergekit.plan import MergePlanner
 
-    from mergekit_mergeability.precheck import gate
+    from mergekit_mergeability import gate
 
     options = MergeOptions()
     try:

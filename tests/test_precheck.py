@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from mergekit_mergeability.cli import main
 from mergekit_mergeability.plugins import contributions, hookimpl, plugin_manager
 from mergekit_mergeability.decide.calibration import Calibration
-from mergekit_mergeability.precheck.report import SCHEMA
+from mergekit_mergeability.output.precheck import SCHEMA
 from mergekit_mergeability.tiny import CORPUS, derive
 
 from conftest import noise, ranked_probes
@@ -562,11 +562,13 @@ def test_models_with_the_same_folder_name_stay_apart_at_80_columns(tmp_path, poo
 def test_the_gate_setting_reads_a_switch_or_a_folder(tmp_path, pool, monkeypatch, value, report_to):
     from mergekit.config import MergeConfiguration
 
-    import mergekit_mergeability.precheck as precheck
-    from mergekit_mergeability.precheck import gate
+    from types import SimpleNamespace
+
+    from mergekit_mergeability import api, gate
 
     runs = []
-    monkeypatch.setattr(precheck, "run", lambda spec, settings, out: runs.append(out) or {"stop": []})
+    nothing = SimpleNamespace(stop=[], to_json=dict)
+    monkeypatch.setattr(api, "precheck", lambda spec, settings, out: runs.append(out) or nothing)
     monkeypatch.setattr("mergekit_mergeability.summary.print_precheck", lambda report, out: None)
     monkeypatch.setenv(gate.ENVIRONMENT, value)
     config = _config(tmp_path, pool, ["known", "unknown"], [None, None])

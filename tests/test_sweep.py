@@ -18,9 +18,9 @@ from mergekit_mergeability.sources import load_causal_lm
 from mergekit_mergeability.cli import main
 from mergekit_mergeability.tasks import lmeval
 from mergekit_mergeability.sources.cache import Cache
-from mergekit_mergeability.sweep import models as sweep_models
-from mergekit_mergeability.sweep.answers import GenerationTask
-from mergekit_mergeability.sweep.report import SCHEMA
+from mergekit_mergeability.interpolation import models as sweep_models
+from mergekit_mergeability.interpolation.answers import GenerationTask
+from mergekit_mergeability.interpolation.report import SCHEMA
 from mergekit_mergeability.tiny import state_dict
 
 from conftest import widened
@@ -287,7 +287,7 @@ def test_bad_input_is_one_line_before_any_work(world, tmp_path, monkeypatch, cha
 
 def test_the_cache_key_covers_what_changes_a_score(world):
     from mergekit_mergeability.settings import SweepSettings
-    from mergekit_mergeability.sweep.run import Sweep, grid
+    from mergekit_mergeability.interpolation.run import Sweep, grid
 
     def key(**changes):
         settings = SweepSettings(lambdas=grid("0,1"), **changes)

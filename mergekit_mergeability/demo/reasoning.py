@@ -44,7 +44,7 @@ def thinking_model(demo) -> Path:
     from mergekit_mergeability.demo.checkpoints import save_expert
     from mergekit_mergeability.demo.experts import train_low_rank, updated
     from mergekit_mergeability.tasks.lmeval import resolve
-    from mergekit_mergeability.sweep.answers import GenerationTask
+    from mergekit_mergeability.interpolation.answers import GenerationTask
 
     folder = demo.cache / "sweep" / "thinking"
     if not folder.is_dir():
@@ -75,7 +75,7 @@ def sweep(demo) -> Dict[str, Any]:
 
     from mergekit_mergeability.settings import SweepSettings
     from mergekit_mergeability.sources.cache import Cache
-    from mergekit_mergeability.sweep import report as outputs, run
+    from mergekit_mergeability.interpolation import report as outputs, run
 
     demo.console.rule("6. interpolation sweep: instruct → thinking (paper 2)")
     thinking = thinking_model(demo)

@@ -160,13 +160,13 @@ class Demo:
         return made
 
     def precheck(self, name: str, config: Path) -> Dict[str, Any]:
-        from mergekit_mergeability.precheck import config as merge_config, run
+        from mergekit_mergeability import api
         from mergekit_mergeability.settings import PrecheckSettings
 
         # facts: one or two lines per fact: no group has enough tokens for LAPE to find its neurons
         skip = ("selectivity",) if name == "facts" else ()
         settings = PrecheckSettings(device="cpu", dtype="float32", quiet=self.quiet, skip=skip)
-        return run(merge_config.read(config), {}, settings, self.out / "precheck" / name)
+        return api.precheck(config, settings=settings, out=self.out / "precheck" / name).to_json()
 
     # 4. merge and measure -------------------------------------------------------------------
     def run_settings(self):
@@ -199,7 +199,7 @@ class Demo:
     ) -> Dict[str, Any]:
         """The mergeability protocol on the fact pool with one method and its parameters."""
         from mergekit_mergeability.evaluation import mergeability as protocol
-        from mergekit_mergeability.precheck import config as merge_config
+        from mergekit_mergeability import config as merge_config
         from mergekit_mergeability.sources.cache import Cache
 
         document = yaml.safe_load(facts_config.read_text())

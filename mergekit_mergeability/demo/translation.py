@@ -139,7 +139,7 @@ def score(demo, name: str, label: str, path: Path, expert: Optional[str] = None)
     ``expert``'s when given): per expert chrF, BLEU, kept (merged chrF ÷ alone), and the
     expert's and the base's own scores."""
     from mergekit_mergeability.evaluation import evaluate as evaluation
-    from mergekit_mergeability.precheck import config as merge_config
+    from mergekit_mergeability import config as merge_config
     from mergekit_mergeability.sources.cache import Cache
 
     spec = merge_config.read(path)

@@ -21,7 +21,7 @@ from mergekit_mergeability.files import SCHEMA_VERSION, atomic_folder
 from mergekit_mergeability.maths import sampling, stages
 from mergekit_mergeability.settings import SweepSettings
 from mergekit_mergeability.sources.cache import Cache
-from mergekit_mergeability.sweep.models import Endpoints, Selection, endpoints, interpolate, plan
+from mergekit_mergeability.interpolation.models import Endpoints, Selection, endpoints, interpolate, plan
 from mergekit_mergeability.tasks import lmeval
 
 
@@ -55,7 +55,7 @@ def marker_pattern(marker: str) -> Pattern[str]:
 
 class Sweep:
     def __init__(self, a: str, b: str, base: Optional[str], task: str, settings: SweepSettings, cache: Cache):
-        from mergekit_mergeability.sweep.answers import GenerationTask
+        from mergekit_mergeability.interpolation.answers import GenerationTask
 
         self.s, self.task_spec, self.cache = settings, task, cache
         self.marker = marker_pattern(settings.marker)

@@ -1,8 +1,9 @@
-"""``precheck``: will the models of a mergekit config merge well? Answered before merging.
+"""The precheck's measurements: the config's models with their probes, every plugin's diagnostic
+run on them, and the decision taken on what they measured.
 
-load (config, models, probes) → measure (every diagnostic from the plugins) →
-decide (``decision``: predict per model, recommend per merge, in ``decide``) →
-report (``report.build`` writes the decision down, ``report.write``).
+load (``load_inputs``) → measure (``measure``: every diagnostic from the plugins) → decide
+(``decision``: predict per model, recommend per merge, in ``decide``). ``api.precheck`` wires these
+to the report (``output.precheck``: ``build`` writes the decision down, ``write`` the files).
 """
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ from __future__ import annotations
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Tuple
 
 from mergekit_mergeability import tasks
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
 from mergekit_mergeability.errors import MeasurementError, UserError
-from mergekit_mergeability.precheck.config import MergeSpec
+from mergekit_mergeability.config import MergeSpec
 from mergekit_mergeability.settings import PrecheckSettings
 from mergekit_mergeability.tasks import probes
 
@@ -104,7 +105,7 @@ def measure(
         raise MeasurementError(
             "the built-in diagnostics did not load (see the warning above); reinstall mergekit-mergeability"
         )
-    from mergekit_mergeability.precheck.config import tokenizer_source
+    from mergekit_mergeability.config import tokenizer_source
 
     specs = probe_specs(spec, overrides)
     base, models = load_inputs(spec, specs, settings.limit, settings.dtype)
@@ -159,7 +160,7 @@ def plan(measured: Measurements) -> None:
     the merge would refuse is one line now, not a recommendation that fails later. Only for local
     folders: hub models would need their configs fetched, plain adapter folders are ours alone."""
     from mergekit_mergeability.planning import dry_run
-    from mergekit_mergeability.precheck.report import absolute
+    from mergekit_mergeability.config import absolute
 
     sources = {m.name: m.path for m in ([measured.base] if measured.base else []) + list(measured.models)}
     if all(isinstance(path, Path) for path in sources.values()):
@@ -217,39 +218,3 @@ def decision(measured: Measurements, settings: PrecheckSettings = PrecheckSettin
         signal=settings.cutoff_signal,
         label=names.get,
     )
-
-
-def run(
-    spec: MergeSpec,
-    overrides: Mapping[str, str] = {},
-    settings: PrecheckSettings = PrecheckSettings(),
-    out: Optional[Path] = None,
-) -> Dict[str, Any]:
-    """The whole precheck: measure, predict, recommend, ask plugins whether to stop, write ``out``."""
-    from types import MappingProxyType
-
-    from mergekit_mergeability.plugins import results
-    from mergekit_mergeability.precheck import report as reports
-    from mergekit_mergeability.decide.verdict import DO_NOT_MERGE
-
-    try:
-        measured = measure(spec, overrides, settings)
-    except MeasurementError:
-        if out is not None:  # an earlier run's advice must not outlive a failed measurement
-            reports.remove_recommended(Path(out))
-        raise
-    report = reports.build(measured, settings, decision(measured, settings))
-    failures: List[str] = []  # a plugin's bug must not cost the user the report: a warning, the others still answer
-    answers = results(
-        REPORT_HOOK, failed=failures.append, report=MappingProxyType(report), config_path=str(spec.source)
-    )
-    report["findings"] += [
-        {"diagnostic": REPORT_HOOK, "severity": "warning", "message": message} for message in failures
-    ]
-    reasons = [reason for _, reason in answers]
-    if report["recommendation"]["verdict"] == DO_NOT_MERGE:
-        reasons = ["; ".join(report["recommendation"]["reasons"]), *reasons]
-    report["stop"] = [r for r in reasons if r]
-    if out is not None:
-        reports.write(report, measured, Path(out))
-    return report

@@ -65,8 +65,8 @@ def check(merge_config) -> None:
     """Run the precheck on the config being planned; raise UserError to stop the merge."""
     if not enabled():
         return
+    from mergekit_mergeability import api, config
     from mergekit_mergeability.errors import MeasurementError, UserError
-    from mergekit_mergeability.precheck import config, run
     from mergekit_mergeability.summary import print_precheck
 
     document = _documents.get(id(merge_config)) or merge_config.model_dump(mode="json", exclude_none=True)
@@ -76,9 +76,9 @@ def check(merge_config) -> None:
 
     spec = config.from_document(document, Path.cwd())
     try:
-        report = run(spec, settings=PrecheckSettings(device=auto_device(), quiet=True), out=out)
+        result = api.precheck(spec, settings=PrecheckSettings(device=auto_device(), quiet=True), out=out)
     except MeasurementError as error:  # fail closed: no verdict is not a go-ahead
         raise UserError(f"{ENVIRONMENT} is set and the precheck could not measure: {error}") from None
-    print_precheck(report, out)
-    if report["stop"]:
-        raise UserError(f"{ENVIRONMENT} is set and the precheck says stop: {report['stop'][0]}")
+    print_precheck(result.to_json(), out)
+    if result.stop:
+        raise UserError(f"{ENVIRONMENT} is set and the precheck says stop: {result.stop[0]}")

@@ -24,8 +24,8 @@ import numpy as np
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.files import SCHEMA_VERSION, atomic_folder, write_atomic
 from mergekit_mergeability.names import short_names
-from mergekit_mergeability.plan import conditional as cond
-from mergekit_mergeability.plan.decide import Decision, mergekit_parameters
+from mergekit_mergeability.planner import conditional as cond
+from mergekit_mergeability.planner.decide import Decision, mergekit_parameters
 
 SCHEMA = Path(__file__).with_name("schema.json")
 MODELS = "models"
@@ -224,7 +224,7 @@ def configs(decision: Decision, spec, document: Mapping[str, Any]) -> Dict[str, 
     """file → YAML text: one mergekit config per planned model."""
     import yaml
 
-    from mergekit_mergeability.precheck.report import absolute
+    from mergekit_mergeability.config import absolute
 
     resolved = spec.sources()
     written = {}

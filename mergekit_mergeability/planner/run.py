@@ -1,24 +1,24 @@
 """``plan``: which fine-tunes of a pool should share a merged model, with which merge.
 
 load (a pool config, or a folder of adapters/models with a probe each) → measure (the precheck's
-weights and knowledge diagnostics, or a precheck.json already written) → decide (``decide``) →
-optionally check the best candidates with real evaluations (``--budget-evals``) → write
-(``report``). The imports of the rest of the package sit here and in ``Measurer``.
+weights and knowledge diagnostics, or a precheck.json already written: ``api.plan`` runs or reads
+it) → decide (``decide``) → optionally check the best candidates with real evaluations
+(``--budget-evals``) → write (``report``). The imports of the rest of the package sit here and in
+``Measurer``.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.files import read_report
-from mergekit_mergeability.plan import conditional as cond
-from mergekit_mergeability.plan.decide import Decision, Planned, decide, mergekit_parameters
-from mergekit_mergeability.precheck import config as merge_config
+from mergekit_mergeability.planner import conditional as cond
+from mergekit_mergeability.planner.decide import Decision, Planned, decide, mergekit_parameters
+from mergekit_mergeability import config as merge_config
 from mergekit_mergeability.settings import PrecheckSettings, RunSettings
 
 PRECHECK_FIELDS = ("path", "role", "knowledge", "weights")
@@ -92,21 +92,6 @@ def read_precheck(path: Path, spec: merge_config.MergeSpec) -> Dict[str, Any]:
             )
         if not (experts[name].get("weights") or {}).get("update_norm"):
             raise UserError(f"--precheck {path}: {name} has no weight statistics (was the weights diagnostic skipped?)")
-    return report
-
-
-def measure(
-    spec: merge_config.MergeSpec, overrides: Mapping[str, str], settings: PrecheckSettings, representations: bool
-) -> Dict[str, Any]:
-    """The precheck's report on the pool (nothing written), its weights and knowledge diagnostics
-    at least; its verdict on the config is not the plan's business, its errors are."""
-    from mergekit_mergeability.precheck import run
-
-    skip = sorted(set(settings.skip) | (set() if representations else set(SKIPPED)))
-    report = run(spec, overrides, replace(settings, skip=tuple(skip)), None)
-    errors = [f["message"] for f in report["findings"] if f["severity"] == "error"]
-    if errors:
-        raise UserError(f"{spec.source}: the precheck found a problem with the pool: {errors[0]}")
     return report
 
 
@@ -209,8 +194,8 @@ def choose(decision: Decision, assignment: Sequence[Tuple[Sequence[int], cond.Me
 def run(
     spec: merge_config.MergeSpec,
     out: Path,
+    measure: Callable[[], Dict[str, Any]],
     *,
-    overrides: Mapping[str, str] = {},
     settings: PrecheckSettings = PrecheckSettings(),
     precheck: Optional[Path] = None,
     calibration: Optional[Path] = None,
@@ -219,18 +204,18 @@ def run(
     models: int = 1,
     budget_evals: int = 0,
     measured: Optional[Path] = None,
-    representations: bool = False,
     cache=None,
 ) -> Tuple[Dict[str, Any], Decision]:
-    """The whole plan: measure (or read), decide, check with real evaluations if asked, write ``out``."""
-    from mergekit_mergeability.plan import fit, report as reports
-    from mergekit_mergeability.plan.decide import candidate_merges, steps
+    """The whole plan: the precheck's report on the pool (``precheck``'s, else ``measure()``'s, a
+    precheck.json document), decide, check with real evaluations if asked, write ``out``."""
+    from mergekit_mergeability.planner import fit, report as reports
+    from mergekit_mergeability.planner.decide import candidate_merges, steps
     from mergekit_mergeability.progress import task
 
     reports.check_out(out)
     conditional = fit.load(calibration)
     experts, bases = expert_scores(measured)
-    report = read_precheck(precheck, spec) if precheck else measure(spec, overrides, settings, representations)
+    report = read_precheck(precheck, spec) if precheck else measure()
     merges, notes = candidate_merges(report, methods, knobs)
     with task("plan: searching", steps(len(spec.models), merges), settings.quiet) as advance:
         decision = decide(

@@ -32,7 +32,7 @@ def chosen_config(report: Dict[str, Any], sweep) -> Optional[Dict[str, Any]]:
     build it (task vectors are not models it reads; no sweet spot). With --layers/--modules,
     each interpolated tensor gets its own weight through mergekit's substring ``filter:``,
     written as the full tensor name and checked to match no other tensor."""
-    from mergekit_mergeability.sweep.models import weights
+    from mergekit_mergeability.interpolation.models import weights
 
     lam = report["sweet_spot"]["lambda"]
     if lam is None or sweep.ends.vectors:
@@ -243,7 +243,7 @@ def _range(values, digits: int = 2) -> str:
 
 def render(report: Dict[str, Any], figure: bytes, config_text: Optional[str]) -> str:
     """``report.html``: one self-contained page (``figure`` embedded), in the precheck report's style."""
-    from mergekit_mergeability.precheck.html import SORT_SCRIPT
+    from mergekit_mergeability.output.html import SORT_SCRIPT
 
     esc = html.escape
     settings, models, names = report["settings"], report["models"], labels(report)
