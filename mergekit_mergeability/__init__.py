@@ -14,11 +14,12 @@ registered with mergekit as soon as ``mergekit.merge_methods`` is imported. The 
 and the settings load on first use.
 """
 
-from mergekit_mergeability import _hook
+from mergekit_mergeability import gate
+from mergekit_mergeability.plugins.hook import install
 
 __version__ = "0.1.0"
 
-_hook.install()
+install(before_planning=[gate.check], config_imported=gate.keep_documents)
 
 _API = ("precheck", "evaluate", "mergeability", "sweep", "calibrate", "validate", "plan")
 _SETTINGS = ("RunSettings", "PrecheckSettings", "SweepSettings")

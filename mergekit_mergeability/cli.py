@@ -419,7 +419,7 @@ def precheck(
     (a built-in diagnostic failed).
     """
     from mergekit_mergeability import api
-    from mergekit_mergeability.summary import print_precheck
+    from mergekit_mergeability.output.terminal import print_precheck
 
     chosen = _layer_set(layers)
     settings = _settings(
@@ -441,7 +441,7 @@ def precheck(
     if (config_file is None) == (pool is None):
         raise UserError("precheck: name a CONFIG_FILE or a --pool folder of adapters (one of the two)")
     result = api.precheck(config_file or pool, probes=_probe_pairs(probes), settings=settings, out=out)
-    print_precheck(result.to_json(), out)
+    print_precheck(result, out)
     if result.stop:
         raise SystemExit(STOP)
 
@@ -616,13 +616,13 @@ def evaluate(config_file: Path, merged: Path, tasks, out: Path, cache, **model):
     Writes OUT/evaluation.json and OUT/evaluation.png.
     """
     from mergekit_mergeability import api
-    from mergekit_mergeability.summary import print_evaluation
+    from mergekit_mergeability.output.terminal import print_evaluation
 
     task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
     result = api.evaluate(
         config_file, merged, tasks=task_list, settings=_settings("RunSettings", **model), out=out, cache_dir=cache
     )
-    print_evaluation(result.to_json(), out)
+    print_evaluation(result, out)
 
 
 @main.command()
@@ -672,7 +672,7 @@ def mergeability(pool_file: Path, partners, trials, method, seed, out: Path, cac
     Writes OUT/mergeability.json.
     """
     from mergekit_mergeability import api
-    from mergekit_mergeability.summary import print_mergeability
+    from mergekit_mergeability.output.terminal import print_mergeability
 
     result = api.mergeability(
         pool_file,
@@ -684,7 +684,7 @@ def mergeability(pool_file: Path, partners, trials, method, seed, out: Path, cac
         out=out,
         cache_dir=cache,
     )
-    print_mergeability(result.to_json(), out)
+    print_mergeability(result, out)
 
 
 @main.command()
@@ -720,10 +720,10 @@ def validate(precheck_json: Path, mergeability_json: Path, target, permutations,
         mergekit-mergeability validate precheck/precheck.json mg/mergeability.json
     """
     from mergekit_mergeability import api
-    from mergekit_mergeability.summary import print_validation
+    from mergekit_mergeability.output.terminal import print_validation
 
     result = api.validate(precheck_json, mergeability_json, target=target, permutations=permutations, out=out)
-    print_validation(result.to_json())
+    print_validation(result)
 
 
 @main.command()
@@ -774,14 +774,14 @@ def calibrate(measured, out: Path, target, permutations, alpha):
         mergekit-mergeability precheck config.yml --calibration calibration.json
     """
     from mergekit_mergeability import api
-    from mergekit_mergeability.summary import print_calibration
+    from mergekit_mergeability.output.terminal import print_calibration
 
     if len(measured) % 2:
         raise UserError(f"calibrate takes pairs of files (precheck.json mergeability.json); got {len(measured)} files")
     result = api.calibrate(
         list(zip(measured[::2], measured[1::2])), target=target, permutations=permutations, alpha=alpha, out=out
     )
-    print_calibration(result.to_json())
+    print_calibration(result)
     if result.refusals:
         click.echo(f"not written: {'; '.join(result.refusals)}", err=True)
         raise SystemExit(STOP)
@@ -905,7 +905,8 @@ def sweep(
     (the sweet spot as a config for mergekit-yaml).
     """
     from mergekit_mergeability import api
-    from mergekit_mergeability.interpolation import report as outputs, run as sweeping
+    from mergekit_mergeability.interpolation import run as sweeping
+    from mergekit_mergeability.output.terminal import print_sweep
 
     chosen = _layer_set(layers)
     settings = _settings(
@@ -926,7 +927,7 @@ def sweep(
     result = api.sweep(
         model_a, model_b, task, base=base, settings=settings, out=out, save_chosen=save_chosen, cache_dir=cache
     )
-    outputs.print_sweep(result.to_json(), out)
+    print_sweep(result, out)
 
 
 @main.command()

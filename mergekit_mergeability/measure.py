@@ -159,7 +159,7 @@ def plan(measured: Measurements) -> None:
     """Plan the merge as mergekit would (``planning.dry_run``), before the heavy passes: a config
     the merge would refuse is one line now, not a recommendation that fails later. Only for local
     folders: hub models would need their configs fetched, plain adapter folders are ours alone."""
-    from mergekit_mergeability.planning import dry_run
+    from mergekit_mergeability.plugins.planning import dry_run
     from mergekit_mergeability.config import absolute
 
     sources = {m.name: m.path for m in ([measured.base] if measured.base else []) + list(measured.models)}

@@ -19,17 +19,17 @@ Json = Dict[str, Any]
 
 
 @dataclass
-class _Report:
+class Report:
     """A JSON document as a dataclass: a field per key, in the document's order."""
 
-    _nested: ClassVar[Dict[str, type]] = {}  # field -> the _Report type of its items (a list) or of it
+    _nested: ClassVar[Dict[str, type]] = {}  # field -> the Report type of its items (a list) or of it
 
     @classmethod
     def from_json(cls, document: Mapping[str, Any], **extra: Any):
         values = {}
         for f in fields(cls):
-            if not f.init or f.name in extra:
-                continue
+            if not f.init or f.name in extra or not f.metadata.get("json", True):
+                continue  # what the document does not hold keeps its default
             value = document.get(f.name)
             kind = cls._nested.get(f.name)
             if kind is not None and value is not None:
@@ -43,7 +43,7 @@ class _Report:
 
 
 def _json(value: Any) -> Any:
-    if isinstance(value, _Report):
+    if isinstance(value, Report):
         return value.to_json()
     if isinstance(value, list):
         return [_json(v) for v in value]
@@ -54,7 +54,7 @@ NOT_IN_JSON = {"json": False}
 
 
 @dataclass
-class PrecheckModel(_Report):
+class PrecheckModel(Report):
     """One model of a precheck: the base (``role`` base) or an expert, with what was measured and predicted."""
 
     path: str  # as written in the config
@@ -78,7 +78,7 @@ class PrecheckModel(_Report):
 
 
 @dataclass
-class Recommendation(_Report):
+class Recommendation(Report):
     """The verdict and what to merge instead: ``models`` says what each recommended config keeps and drops."""
 
     verdict: str
@@ -95,7 +95,7 @@ class Recommendation(_Report):
 
 
 @dataclass
-class PrecheckResult(_Report):
+class PrecheckResult(Report):
     """``precheck.json``; ``recommended`` holds the recommended configs as mergekit parses them."""
 
     _nested: ClassVar[Dict[str, type]] = {"models": PrecheckModel, "recommendation": Recommendation}
@@ -132,7 +132,7 @@ class PrecheckResult(_Report):
 
 
 @dataclass
-class Evaluation(_Report):
+class Evaluation(Report):
     """``evaluation.json``: per task the base, the expert and the merged model, retention and normalised gain."""
 
     schema_version: str
@@ -143,7 +143,7 @@ class Evaluation(_Report):
 
 
 @dataclass
-class Mergeability(_Report):
+class Mergeability(Report):
     """``mergeability.json``: each pool model's own-task score after merging with random partners."""
 
     schema_version: str
@@ -157,7 +157,7 @@ class Mergeability(_Report):
 
 
 @dataclass
-class Validation(_Report):
+class Validation(Report):
     """``validation.json``: Spearman of predicted against measured mergeability, and of each input alone."""
 
     schema_version: str
@@ -171,7 +171,7 @@ class Validation(_Report):
 
 
 @dataclass
-class Calibration(_Report):
+class Calibration(Report):
     """A fitted calibration and how it did out of sample; ``refusals`` say why it was not written
     (empty: it was, to ``written``)."""
 
@@ -191,7 +191,7 @@ class Calibration(_Report):
 
 
 @dataclass
-class Sweep(_Report):
+class Sweep(Report):
     """``sweep.json``: the λ points scored, the stages, the sweet spot and the chosen config."""
 
     schema_version: str
@@ -212,7 +212,7 @@ class Sweep(_Report):
 
 
 @dataclass
-class Plan(_Report):
+class Plan(Report):
     """``plan.json``: which experts share a merged model, with which merge, and the tasks expected kept."""
 
     schema_version: str

@@ -1,5 +1,6 @@
 """The Python API: typed functions the CLI is a shell over, results that are their JSON."""
 
+import ast
 import json
 import subprocess
 import sys
@@ -7,7 +8,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import ranked_probes
+from conftest import REPO, ranked_probes
 
 QUESTIONS = [f"Question {i}: which word comes next?" for i in range(8)]
 CHOICES = ("red", "blue", "green", "yellow")
@@ -95,3 +96,19 @@ def test_every_public_function_says_what_it_does():
 
     for name in api.__all__:
         assert len(inspect.getdoc(getattr(api, name)) or "") > 80, name
+
+
+def test_the_notebook_style_example_runs_on_the_public_api_alone(tmp_path):
+    example = REPO / "examples" / "api.py"
+    ours = {
+        node.module
+        for node in ast.walk(ast.parse(example.read_text()))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mergekit_mergeability")
+    }
+    assert ours <= {"mergekit_mergeability.tiny"}  # besides `import mergekit_mergeability as mm`
+    done = subprocess.run(
+        [sys.executable, str(example), "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=1500
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "verdict:" in done.stdout and "mergeability" in done.stdout and "done; files in" in done.stdout
+    assert (tmp_path / "out" / "precheck" / "precheck.json").is_file()

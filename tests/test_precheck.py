@@ -569,7 +569,7 @@ def test_the_gate_setting_reads_a_switch_or_a_folder(tmp_path, pool, monkeypatch
     runs = []
     nothing = SimpleNamespace(stop=[], to_json=dict)
     monkeypatch.setattr(api, "precheck", lambda spec, settings, out: runs.append(out) or nothing)
-    monkeypatch.setattr("mergekit_mergeability.summary.print_precheck", lambda report, out: None)
+    monkeypatch.setattr("mergekit_mergeability.output.terminal.print_precheck", lambda report, out: None)
     monkeypatch.setenv(gate.ENVIRONMENT, value)
     config = _config(tmp_path, pool, ["known", "unknown"], [None, None])
     gate.check(MergeConfiguration.model_validate(yaml.safe_load(config.read_text())))

@@ -76,6 +76,7 @@ def sweep(demo) -> Dict[str, Any]:
     from mergekit_mergeability.settings import SweepSettings
     from mergekit_mergeability.sources.cache import Cache
     from mergekit_mergeability.interpolation import report as outputs, run
+    from mergekit_mergeability.output.terminal import print_sweep
 
     demo.console.rule("6. interpolation sweep: instruct → thinking (paper 2)")
     thinking = thinking_model(demo)
@@ -86,5 +87,5 @@ def sweep(demo) -> Dict[str, Any]:
         str(demo.base()), str(thinking), None, TASK, settings, Cache(demo.cache / "sweep" / "scores")
     )
     outputs.write(report, done, demo.out / "sweep")
-    outputs.print_sweep(report, demo.out / "sweep")
+    print_sweep(report, demo.out / "sweep")
     return report

@@ -283,7 +283,7 @@ def run(
 ) -> Dict[str, Any]:
     from mergekit_mergeability.demo import reasoning
     from mergekit_mergeability.evaluation.validate import validate
-    from mergekit_mergeability.summary import print_precheck, print_validation
+    from mergekit_mergeability.output.terminal import print_precheck, print_validation
 
     console = console or Console()
     demo = Demo(settings, cache, out, console, quiet)
@@ -342,7 +342,7 @@ def run(
 
 
 def _expert_rows(precheck: Dict[str, Any], reports: Dict[str, Dict[str, Any]]) -> List[Dict[str, Any]]:
-    from mergekit_mergeability.summary import known
+    from mergekit_mergeability.output.terminal import known
 
     measured = {method: {m["path"]: m for m in r["models"]} for method, r in reports.items()}
     rows = []
@@ -361,7 +361,7 @@ def _expert_rows(precheck: Dict[str, Any], reports: Dict[str, Dict[str, Any]]) -
 
 
 def _print_results(console: Console, summary: Dict[str, Any]) -> None:
-    from mergekit_mergeability.summary import wrapping_table
+    from mergekit_mergeability.output.terminal import wrapping_table
 
     short = {"task_arithmetic": "mean", "ties": "ties", "knowledge_weighted": "kw"}
     table = wrapping_table(

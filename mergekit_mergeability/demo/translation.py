@@ -287,7 +287,7 @@ def plot(
 ) -> bytes:
     """CKA and LAPE overlap between each pair's experts, per block, with the precheck's CKA
     threshold and cut-offs and paper 3's patch."""
-    from mergekit_mergeability.plots import png
+    from mergekit_mergeability.output.plots import png
 
     def draw(fig, ax):
         for (name, s), colour in zip(signals.items(), ("tab:red", "tab:blue")):
@@ -353,7 +353,7 @@ def section(
 def print_section(console, summary: Dict[str, Any], smoke_test: bool = False) -> None:
     """The translation tables and paper 3's findings; ``smoke_test`` (tiny random models) says
     that the numbers mean nothing there."""
-    from mergekit_mergeability.summary import wrapping_table
+    from mergekit_mergeability.output.terminal import wrapping_table
 
     pairs = summary["pairs"]
     table = wrapping_table(

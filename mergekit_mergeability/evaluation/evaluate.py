@@ -95,7 +95,7 @@ def write(report: Dict[str, Any], out: Path) -> List[Path]:
 
 
 def plot(report: Dict[str, Any]) -> bytes:
-    from mergekit_mergeability.plots import png
+    from mergekit_mergeability.output.plots import png
 
     rows = report["tasks"]
 

@@ -387,7 +387,7 @@ td,th{{border:1px solid #ccc;padding:2px 6px}}img{{max-width:100%}}</style></hea
 
 def _graph(document: Mapping[str, Any]):
     """The pool laid out by classical MDS on 1 − pairwise compatibility; nodes coloured by model."""
-    from mergekit_mergeability.plots import png
+    from mergekit_mergeability.output.plots import png
 
     experts = document["experts"]
     n = len(experts)
@@ -432,7 +432,7 @@ def _graph(document: Mapping[str, Any]):
 
 
 def _objective_plot(document: Mapping[str, Any]):
-    from mergekit_mergeability.plots import png
+    from mergekit_mergeability.output.plots import png
 
     objective = document["objective"]
     bars = [("planned", objective["planned"])] + [

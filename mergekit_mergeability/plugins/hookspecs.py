@@ -3,7 +3,7 @@
 A plugin is any object or module with functions marked ``@hookimpl`` (from
 ``mergekit_mergeability.plugins``), published under the entry-point group
 ``mergekit_mergeability``. The package's own methods and diagnostics are
-contributed the same way (``mergekit_mergeability.builtin``).
+contributed the same way (``mergekit_mergeability.plugins.builtin``).
 
 Each hook's docstring says what happens when a plugin's hook raises ("If it
 raises"). For all of them: a plugin that fails to import is skipped with one
@@ -47,7 +47,7 @@ def mergeability_merge_methods() -> Sequence["MergeMethod"]:
     plans or writes anything, and a bad value stops the merge with a one-line
     error naming the model. A method object may also define
     ``check_config(views)``: it receives a list of
-    ``mergekit_mergeability.planning.SliceView`` (resolved parameters per output
+    ``mergekit_mergeability.plugins.planning.SliceView`` (resolved parameters per output
     slice, the model depth, the base model) and raises
     ``mergekit_mergeability.errors.UserError`` to reject the config.
     """
