@@ -1,7 +1,7 @@
 """The ``mergekit-mergeability`` command line: a shell over the Python API (``api``).
 
 Each command parses its options into the API's arguments and settings (``settings``), calls the
-API, and prints the result (``summary``); exit statuses and one-line errors are this module's.
+API, and prints the result (``output.terminal``); exit statuses and one-line errors are this module's.
 """
 
 from __future__ import annotations
