@@ -25,6 +25,7 @@ from precheck import PeakMemory
 from mergekit_mergeability.cli import default_cache_dir
 from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
 from mergekit_mergeability.diagnostics.weights import WeightStatistics
+from mergekit_mergeability.settings import PrecheckSettings
 from mergekit_mergeability.sources import resolve
 from mergekit_mergeability.sources.adapter import materialise
 from mergekit_mergeability.sources.architecture import tensor_position
@@ -48,7 +49,7 @@ def measure(base: Path, members: list) -> dict:
     inputs = DiagnosticInputs(
         ModelInput("base", base),
         tuple(ModelInput(f"#{i}", resolve(str(m))) for i, m in enumerate(members)),
-        {"quiet": True},
+        PrecheckSettings(quiet=True),
     )
     with PeakMemory() as peak:
         started = time.perf_counter()

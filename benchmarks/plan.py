@@ -5,7 +5,7 @@ whether a plan keeps what it predicts.
         Refit the conditional prediction on measured pools (default: every
         pools-out/*/precheck/precheck.json with each pools-out/*/mergeability/<label>/
         beside it) and print its out-of-sample Spearman per merge rule and size;
-        --install writes it into the package (mergekit_mergeability/plan/conditional.json).
+        --install writes it into the package (mergekit_mergeability/planner/conditional.json).
     python benchmarks/plan.py speed [--adapters 100] [--models 1]
         Plan on N LoRA adapters of a SmolLM2-shaped model (factors only, random; never
         materialised): the weight pass alone against the plan's own work after it,
@@ -59,7 +59,7 @@ def _pairs(arguments, out: Path):
 
 
 def fit(args) -> None:
-    from mergekit_mergeability.plan import fit as fitting
+    from mergekit_mergeability.planner import fit as fitting
 
     pairs = _pairs(args.measured, args.out)
     started = time.perf_counter()
@@ -152,11 +152,14 @@ def _measure(base: Path, folders, models: int) -> dict:
     from mergekit_mergeability.sources import resolve
     from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
     from mergekit_mergeability.diagnostics.weights import WeightStatistics
-    from mergekit_mergeability.plan import decide as deciding, fit as fitting
+    from mergekit_mergeability.settings import PrecheckSettings
+    from mergekit_mergeability.planner import decide as deciding, fit as fitting
 
     tensor_position("model.embed_tokens.weight")  # mergekit's architectures import (~3 s): not the pass
     inputs = DiagnosticInputs(
-        ModelInput(str(base), base), tuple(ModelInput(str(f), resolve(str(f))) for f in folders), {"quiet": True}
+        ModelInput(str(base), base),
+        tuple(ModelInput(str(f), resolve(str(f))) for f in folders),
+        PrecheckSettings(quiet=True),
     )
     with PeakMemory() as weights_peak:
         started = time.perf_counter()
@@ -234,10 +237,11 @@ def speed(args) -> None:
 
 def check(args) -> None:
     """Measure the plan, merge-everything and random subsets in memory (see the module docstring)."""
-    from mergekit_mergeability.cli import _options, default_cache_dir
+    from mergekit_mergeability.cli import default_cache_dir
+    from mergekit_mergeability.settings import RunSettings
     from mergekit_mergeability.sources.cache import Cache
-    from mergekit_mergeability.plan import conditional as cond, decide as deciding, fit as fitting, run as planning
-    from mergekit_mergeability.precheck import config as merge_config
+    from mergekit_mergeability.planner import conditional as cond, decide as deciding, fit as fitting, run as planning
+    from mergekit_mergeability import config as merge_config
 
     spec = merge_config.read(args.pool)
     report = planning.read_precheck(args.precheck, spec)
@@ -248,9 +252,8 @@ def check(args) -> None:
         report, calibration, merges, args.models, names=spec.models, expert_scores=experts, base_scores=bases
     )
     pool = decided.pool
-    options = _options(limit=None, device="cpu", dtype="float32", batch_size=16, quiet=args.quiet)
     cache = Cache(default_cache_dir() / "scores")
-    measure = planning.Measurer(spec, options, cache, pool)
+    measure = planning.Measurer(spec, RunSettings(device="cpu", quiet=args.quiet), cache, pool)
     rng = np.random.default_rng(args.seed)
 
     def kept(assignment) -> np.ndarray:
@@ -318,7 +321,7 @@ METHODS = {  # label as benchmarks/pools.py writes it -> the merge it ran (knowl
 
 
 def methods(args) -> None:
-    from mergekit_mergeability.plan import conditional as cond, fit as fitting
+    from mergekit_mergeability.planner import conditional as cond, fit as fitting
 
     folder = Path(args.pool)
     report = json.loads((folder / "precheck" / "precheck.json").read_text())

@@ -85,23 +85,19 @@ def method(spec: str, partners: int):
 
 
 def precheck(demo: Demo, config: Path, fewshot: int) -> dict:
-    from mergekit_mergeability.precheck import config as merge_config, run
+    from mergekit_mergeability import api
+    from mergekit_mergeability.settings import PrecheckSettings
 
     out = demo.out / "precheck" if fewshot is None else demo.out / f"precheck_k{fewshot}"
     saved = out / "precheck.json"
     if saved.is_file():
         return json.loads(saved.read_text())
-    options = {
-        "limit": 64,
-        "device": "cpu",
-        "dtype": "float32",
-        "batch_size": 16,
-        "quiet": demo.quiet,
-        "skip": ["representations", "selectivity"],
-    }
+    settings = PrecheckSettings(
+        device="cpu", dtype="float32", quiet=demo.quiet, skip=("representations", "selectivity")
+    )
     if fewshot is not None:  # only the knowledge differs between these
-        options.update(fewshot=fewshot, skip=["representations", "selectivity", "weights"])
-    return run(merge_config.read(config), {}, options, out)
+        settings = dataclasses.replace(settings, fewshot=fewshot, skip=("representations", "selectivity", "weights"))
+    return api.precheck(config, settings=settings, out=out).to_json()
 
 
 def main():

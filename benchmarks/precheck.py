@@ -30,6 +30,7 @@ from mergekit_mergeability.sources import TensorReader, load_causal_lm
 from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
 from mergekit_mergeability.diagnostics.activations import encode, pad, score
 from mergekit_mergeability.diagnostics.weights import WeightStatistics
+from mergekit_mergeability.settings import PrecheckSettings
 from mergekit_mergeability.tiny import train_tokenizer
 
 PROMPTS = [
@@ -86,7 +87,7 @@ def weight_pass(paths: dict) -> None:
     inputs = DiagnosticInputs(
         ModelInput("base", paths["base"]),
         tuple(ModelInput(n, p) for n, p in paths.items() if n != "base"),
-        {"quiet": True},
+        PrecheckSettings(quiet=True),
     )
     WeightStatistics().run(inputs)
 

@@ -2,7 +2,7 @@
 
 A config of --experts tiny models, every one probed with the same task: once as a JSONL file of
 --items multiple-choice lines, once as an lm-eval task YAML over the same lines (a ``json``
-dataset). Each side loads every model's probe through ``precheck.load_inputs``, as a fresh
+dataset). Each side loads every model's probe through ``measure.load_inputs``, as a fresh
 precheck run does (the package's memo of built tasks cleared before each run; lm-eval's and
 datasets' disk caches warmed once, untimed, as any second run finds them). The instances of the
 two sides must be the same questions and options. Prints the median of --repeats runs, alternating.
@@ -33,7 +33,9 @@ from pathlib import Path
 import yaml
 
 from _models import workdir
-from mergekit_mergeability.precheck import config, load_inputs, run
+from mergekit_mergeability import api, config
+from mergekit_mergeability.measure import load_inputs
+from mergekit_mergeability.settings import PrecheckSettings
 from mergekit_mergeability.tasks import lmeval
 from mergekit_mergeability.tiny import make_family
 
@@ -94,7 +96,7 @@ def load(spec: config.MergeSpec, limit: int):
 def whole_precheck(spec: config.MergeSpec, out: Path, limit: int) -> float:
     getattr(lmeval, "_built", {}).clear()
     started = time.perf_counter()
-    run(spec, {}, {"quiet": True, "limit": limit}, out)
+    api.precheck(spec, settings=PrecheckSettings(device="cpu", quiet=True, limit=limit), out=out)
     return time.perf_counter() - started
 
 

@@ -26,6 +26,7 @@ from mergekit_mergeability.sources.architecture import tensor_position
 from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
 from mergekit_mergeability.diagnostics.representations import Representations
 from mergekit_mergeability.diagnostics.weights import WeightStatistics
+from mergekit_mergeability.settings import PrecheckSettings
 from mergekit_mergeability.tasks.probes import GENERATION, Instance
 from mergekit_mergeability.tiny import train_tokenizer
 
@@ -43,9 +44,7 @@ def inputs_of(paths: dict) -> DiagnosticInputs:
     models = tuple(
         ModelInput(n, paths[n], tuple(ROWS[i * per_expert : (i + 1) * per_expert])) for i, n in enumerate(experts)
     )
-    return DiagnosticInputs(
-        ModelInput("base", paths["base"]), models, {"quiet": True, "device": "cpu", "batch_size": 16}
-    )
+    return DiagnosticInputs(ModelInput("base", paths["base"]), models, PrecheckSettings(quiet=True, device="cpu"))
 
 
 def timed(function):

@@ -98,7 +98,8 @@ def probes(root: Path) -> Path:
 
 
 def whole_precheck(paths: dict, probe: Path, out: Path) -> None:
-    from mergekit_mergeability.precheck import config, run
+    from mergekit_mergeability import api, config
+    from mergekit_mergeability.settings import PrecheckSettings
 
     models = [
         {"model": str(p), "probe": str(probe), "parameters": {"weight": 1.0}} for n, p in paths.items() if n != "base"
@@ -106,7 +107,7 @@ def whole_precheck(paths: dict, probe: Path, out: Path) -> None:
     spec = config.from_document(
         {"merge_method": "task_arithmetic", "base_model": str(paths["base"]), "models": models}, out.parent
     )
-    run(spec, {}, {"quiet": True, "limit": LINES}, out)
+    api.precheck(spec, settings=PrecheckSettings(device="cpu", quiet=True, limit=LINES), out=out)
 
 
 def main():

@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -31,9 +32,10 @@ from mergekit_mergeability.demo import reasoning
 from mergekit_mergeability.demo.run import FULL, Demo
 from mergekit_mergeability.sources.cache import Cache
 from mergekit_mergeability.tasks.lmeval import quiet_harness, shipped_tasks
-from mergekit_mergeability.sweep.run import Settings, Sweep, grid
+from mergekit_mergeability.settings import SweepSettings
+from mergekit_mergeability.interpolation.run import Sweep, grid
 
-OPTIONS = {"limit": None, "device": "cpu", "dtype": "float32", "batch_size": 16, "quiet": True}
+SETTINGS = SweepSettings(device="cpu", quiet=True)
 
 
 def timed(work) -> float:
@@ -88,7 +90,7 @@ def main() -> None:
 
         setup = {}
         start = time.perf_counter()
-        sweep = Sweep(a, b, None, Settings(reasoning.TASK, lambdas, refine=0), OPTIONS, Cache(None))
+        sweep = Sweep(a, b, None, reasoning.TASK, replace(SETTINGS, lambdas=lambdas, refine=0), Cache(None))
         setup["checks, task and tensor plan"] = time.perf_counter() - start
         setup["loading A once"] = timed(sweep.lm)
         middle = lambdas[len(lambdas) // 2]

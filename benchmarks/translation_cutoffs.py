@@ -26,7 +26,8 @@ from mergekit_mergeability.demo import translation
 from mergekit_mergeability.demo.run import FULL, Demo
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.files import write_atomic
-from mergekit_mergeability.precheck import config as merge_config, run
+from mergekit_mergeability import api, config as merge_config
+from mergekit_mergeability.settings import PrecheckSettings
 
 
 def main() -> None:
@@ -67,15 +68,8 @@ def main() -> None:
     document = spec.document
     picks = {}
     for signal in ("cka", "selectivity"):
-        options = {
-            "limit": 64,
-            "device": "cpu",
-            "dtype": "float32",
-            "batch_size": 16,
-            "quiet": True,
-            "cutoff_signal": signal,
-        }
-        precheck = run(spec, {}, options, demo.out / "cutoffs" / signal)
+        settings = PrecheckSettings(device="cpu", dtype="float32", quiet=True, cutoff_signal=signal)
+        precheck = api.precheck(spec, settings=settings, out=demo.out / "cutoffs" / signal).to_json()
         picks[signal] = precheck["recommendation"]["cutoff"]
     picks["paper 3's patch"] = translation.patch_cutoff(precheck)
     kept = {}

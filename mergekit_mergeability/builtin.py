@@ -1,23 +1,7 @@
-"""The package's own plugin: built-in methods and diagnostics, through the public hooks."""
+"""The built-in plugin's old entry point, ``mergekit_mergeability.builtin``: an environment installed
+before the plugin glue moved to ``plugins/`` still names it in its metadata. New installs name
+``mergekit_mergeability.plugins.builtin`` (pyproject.toml); this goes once none names it."""
 
-from mergekit_mergeability.plugins import hookimpl
+from mergekit_mergeability.plugins.builtin import mergeability_diagnostics, mergeability_merge_methods
 
-
-@hookimpl
-def mergeability_merge_methods():
-    from mergekit_mergeability.methods.knowledge_weighted import knowledge_weighted
-    from mergekit_mergeability.methods.layer_selective import layer_selective
-
-    return [knowledge_weighted, layer_selective]
-
-
-@hookimpl
-def mergeability_diagnostics():
-    from mergekit_mergeability.diagnostics.compatibility import Compatibility
-    from mergekit_mergeability.diagnostics.knowledge import Knowledge
-    from mergekit_mergeability.diagnostics.representations import Representations
-    from mergekit_mergeability.diagnostics.selectivity import Selectivity
-    from mergekit_mergeability.diagnostics.weights import WeightStatistics
-
-    # cheapest first: a precheck stops at the first error, before the heavy passes
-    return [Compatibility(), WeightStatistics(), Knowledge(), Representations(), Selectivity()]
+__all__ = ["mergeability_diagnostics", "mergeability_merge_methods"]

@@ -1,4 +1,8 @@
-"""The ``mergekit-mergeability`` command line."""
+"""The ``mergekit-mergeability`` command line: a shell over the Python API (``api``).
+
+Each command parses its options into the API's arguments and settings (``settings``), calls the
+API, and prints the result (``output.terminal``); exit statuses and one-line errors are this module's.
+"""
 
 from __future__ import annotations
 
@@ -70,11 +74,11 @@ def methods(plugins_only: bool):
     from rich.console import Console
     from rich.table import Table
 
-    from mergekit_mergeability.describe import describe_methods
+    from mergekit_mergeability import api
 
     table = Table("method", "from", "parameters", show_lines=True)
     table.columns[0].overflow = "fold"
-    for row in describe_methods():
+    for row in api.methods():
         if plugins_only and row.origin == "mergekit":
             continue
         reference = f"\n[dim]{row.reference}[/dim]" if row.reference else ""
@@ -102,7 +106,7 @@ def merge(config_file: Path, out_path: Path, mergekit_options: tuple):
     """
     if out_path.exists() and any(out_path.iterdir()):
         raise UserError(f"{out_path}: output folder exists and is not empty; remove it or choose another")
-    from mergekit_mergeability.precheck.config import check_local_weights
+    from mergekit_mergeability.config import check_local_weights
 
     check_local_weights(config_file)
     # Importing mergekit registers the plugins' methods: this package's import installed the hook.
@@ -148,42 +152,54 @@ def _probe_pairs(values) -> dict:
     return pairs
 
 
-def model_options(default_limit: int | None, default_dtype: str = "float32"):
-    """The options every command that runs models shares (lm-eval's names where it has them).
-    ``default_dtype="auto"`` offers auto: the config's ``dtype:``, else each checkpoint's own."""
-    dtypes = ["float32", "bfloat16", "float16"]
-    if default_dtype == "auto":
-        dtypes.insert(0, "auto")
+class _Setting(click.Option):
+    """An option whose default is a field's of a settings class (``mergekit_mergeability.settings``),
+    where every default is stated once. Looked up when needed: the settings module imports torch,
+    which listing the commands should not wait for."""
+
+    def __init__(self, *args, settings: str, field: Optional[str] = None, **kwargs):
+        super().__init__(*args, show_default=True, **kwargs)
+        self.settings, self.field = settings, field or self.name
+
+    def get_default(self, ctx, call: bool = True):
+        from mergekit_mergeability import settings
+
+        return settings.default(getattr(settings, self.settings), self.field)
+
+
+def setting(*names: str, settings: str, **kwargs):
+    """``click.option`` whose default is ``settings``'s field of the option's name."""
+    return click.option(*names, cls=_Setting, settings=settings, **kwargs)
+
+
+def model_options(settings: str):
+    """The options every command that runs models shares (lm-eval's names where it has them), with
+    the defaults of ``settings`` (a class of ``mergekit_mergeability.settings``): PrecheckSettings
+    loads in dtype auto, the config's ``dtype:``, else each checkpoint's own."""
+    auto = settings == "PrecheckSettings"
+    dtypes = ["auto", "float32", "bfloat16", "float16"][0 if auto else 1 :]
 
     def decorate(command):
         for option in reversed(
             [
-                click.option(
-                    "--limit",
-                    type=click.IntRange(min=1),
-                    default=default_limit,
-                    show_default=True,
-                    help="Instances per task or probe set.",
+                setting(
+                    "--limit", settings=settings, type=click.IntRange(min=1), help="Instances per task or probe set."
                 ),
-                click.option(
-                    "--device",
-                    default="auto",
-                    show_default=True,
-                    help="cpu, cuda, cuda:1, mps… (auto: cuda if available).",
+                setting(
+                    "--device", settings=settings, type=str, help="cpu, cuda, cuda:1, mps… (auto: cuda if available)."
                 ),
-                click.option(
+                setting(
                     "--dtype",
+                    settings=settings,
                     type=click.Choice(dtypes),
-                    default=default_dtype,
-                    show_default=True,
                     help="What the models are loaded in"
                     + (
                         " (auto: the config's dtype:, else each checkpoint's own torch_dtype, else float32; statistics stay float32)."
-                        if default_dtype == "auto"
+                        if auto
                         else "."
                     ),
                 ),
-                click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True),
+                setting("--batch-size", settings=settings, type=click.IntRange(min=1)),
                 click.option("--quiet", "-q", is_flag=True, help="No progress bars."),
             ]
         ):
@@ -193,23 +209,30 @@ def model_options(default_limit: int | None, default_dtype: str = "float32"):
     return decorate
 
 
-def _options(limit, device, dtype, batch_size, quiet, **extra) -> dict:
-    from mergekit_mergeability import distributed
-    from mergekit_mergeability.sources import auto_device
+def _settings(kind: str, **given):
+    """A settings object of ``kind`` (a class of ``mergekit_mergeability.settings``) from the
+    command's options (the API resolves device auto)."""
+    from mergekit_mergeability import settings
 
-    device = distributed.device(device) if distributed.active() else auto_device(device)  # --ray: the workers' devices
-    return {"limit": limit, "device": device, "dtype": dtype, "batch_size": batch_size, "quiet": quiet, **extra}
+    return getattr(settings, kind)(**given)
+
+
+def api_default(function: str, parameter: str):
+    """The default of one of ``api.<function>``'s parameters, stated there once (importing api is cheap)."""
+    import inspect
+
+    from mergekit_mergeability import api
+
+    return inspect.signature(getattr(api, function)).parameters[parameter].default
 
 
 def cache_option(command):
-    """--cache-dir and --no-cache, handed to the command as ``cache`` (a sources.cache.Cache)."""
+    """--cache-dir and --no-cache, handed to the command as ``cache`` (the folder, or None: no cache)."""
 
     @functools.wraps(command)
     def wrapper(*args, cache_dir: str, no_cache: bool, **kwargs):
-        from mergekit_mergeability.sources.cache import Cache
-
         # '' must not become Path('') = the working directory
-        return command(*args, cache=Cache(None if no_cache or not cache_dir else Path(cache_dir)), **kwargs)
+        return command(*args, cache=None if no_cache or not cache_dir else Path(cache_dir), **kwargs)
 
     wrapper = click.option("--no-cache", is_flag=True, help="Neither read nor write cached scores.")(wrapper)
     return click.option(
@@ -273,11 +296,11 @@ def default_cache_dir() -> Path:
     metavar="MODEL=SPEC",
     help="Probe data for a model (path as written in the config, or its folder name): a .jsonl file, an lm-eval task YAML or task name. Repeatable; overrides the config's probe: key.",
 )
-@click.option(
+@setting(
     "--fewshot",
+    settings="PrecheckSettings",
     type=click.IntRange(min=0),
-    default=None,
-    help="Solved examples before each multiple-choice probe question (default: 3, chosen by measurement). lm-eval tasks keep their own num_fewshot.",
+    help="Solved examples before each multiple-choice probe question (the default chosen by measurement). lm-eval tasks keep their own num_fewshot.",
 )
 @click.option(
     "--calibration",
@@ -289,52 +312,47 @@ def default_cache_dir() -> Path:
     "--layers",
     help="Only compare these representation layers, e.g. 0-12,20 (0 = embedding output, i = output of block i-1).",
 )
-@click.option(
+@setting(
     "--cka-threshold",
+    settings="PrecheckSettings",
     type=click.FloatRange(0, 1),
-    default=None,
-    help="Unbiased CKA below this, from some layer on, marks where representations stop being shared (default 0.8).",
+    help="Unbiased CKA below this, from some layer on, marks where representations stop being shared.",
 )
-@click.option(
+@setting(
     "--cka-batch-size",
+    settings="PrecheckSettings",
     type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
     help="Rows per minibatch of the unbiased CKA (0: one batch of all rows; each batch needs ≥ 4).",
 )
-@click.option(
+@setting(
     "--selectivity-span",
+    settings="PrecheckSettings",
     type=click.Choice(["answer", "prompt"]),
-    default="answer",
-    show_default=True,
     help="Neuron selectivity counts MLP activations over these tokens of each probe line: its gold answer or its prompt.",
 )
-@click.option(
+@setting(
     "--lape-entropy-quantile",
+    settings="PrecheckSettings",
     type=click.FloatRange(0, 1, min_open=True),
-    default=0.10,
-    show_default=True,
     help="Share of all MLP neurons kept as group-specific: those whose activation spreads least evenly over the probe groups (paper 3's value).",
 )
-@click.option(
+@setting(
     "--lape-activation-quantile",
+    settings="PrecheckSettings",
     type=click.FloatRange(0, 1, max_open=True),
-    default=0.80,
-    show_default=True,
     help="A group owns a specific neuron when the neuron's activation probability on it is above this quantile of all activation probabilities (paper 3's value).",
 )
-@click.option(
+@setting(
     "--cutoff-signal",
+    settings="PrecheckSettings",
     type=click.Choice(["cka", "selectivity", "both"]),
-    default="cka",
-    show_default=True,
     help="What sets the layer cut-off: unbiased CKA, the fine-tunes' overlap of group-specific neurons, or the lower of the two. The report says which decided.",
 )
-@click.option(
+@setting(
     "--overlap-threshold",
+    settings="PrecheckSettings",
     type=click.FloatRange(0, 1),
-    default=None,
-    help="Specific-neuron overlap (Jaccard) below this, from some block on, marks where the fine-tunes' neurons part (default 0.5; read with --cutoff-signal selectivity or both).",
+    help="Specific-neuron overlap (Jaccard) below this, from some block on, marks where the fine-tunes' neurons part (read with --cutoff-signal selectivity or both).",
 )
 @click.option(
     "--skip",
@@ -347,7 +365,7 @@ def default_cache_dir() -> Path:
     type=click.Path(file_okay=False, path_type=Path),
     help="Keep each model's pass results here: a killed precheck (or a lost Ray worker) restarts where it stopped. Off unless given.",
 )
-@model_options(default_limit=64, default_dtype="auto")
+@model_options("PrecheckSettings")
 @user_errors
 @ray_option
 def precheck(
@@ -400,34 +418,31 @@ def precheck(
     a plugin asks to stop; 2 a usage error; 3 the precheck could not measure
     (a built-in diagnostic failed).
     """
-    from mergekit_mergeability.precheck import config as merge_config, run
-    from mergekit_mergeability.summary import print_precheck
+    from mergekit_mergeability import api
+    from mergekit_mergeability.output.terminal import print_precheck
 
-    extra = {
-        "layers": _layer_set(layers),
-        "cka_batch_size": cka_batch_size,
-        "skip": list(skip),
-        "selectivity_span": selectivity_span,
-    }
-    extra.update(
+    chosen = _layer_set(layers)
+    settings = _settings(
+        "PrecheckSettings",
+        **model,
+        fewshot=fewshot,
+        calibration=calibration and str(calibration),
+        layers=frozenset(chosen) if chosen is not None else None,
+        cka_threshold=cka_threshold,
+        cka_batch_size=cka_batch_size,
+        selectivity_span=selectivity_span,
         lape_entropy_quantile=lape_entropy_quantile,
         lape_activation_quantile=lape_activation_quantile,
         cutoff_signal=cutoff_signal,
+        overlap_threshold=overlap_threshold,
+        skip=tuple(skip),
+        cache_dir=cache_dir and str(cache_dir),
     )
-    chosen = {
-        "fewshot": fewshot,
-        "calibration": calibration and str(calibration),
-        "cka_threshold": cka_threshold,
-        "overlap_threshold": overlap_threshold,
-        "cache_dir": cache_dir and str(cache_dir),
-    }
-    extra.update({k: v for k, v in chosen.items() if v is not None})
     if (config_file is None) == (pool is None):
         raise UserError("precheck: name a CONFIG_FILE or a --pool folder of adapters (one of the two)")
-    spec = merge_config.read(config_file) if config_file else merge_config.from_pool(pool)
-    report = run(spec, _probe_pairs(probes), _options(**model, **extra), out)
-    print_precheck(report, out)
-    if report["stop"]:
+    result = api.precheck(config_file or pool, probes=_probe_pairs(probes), settings=settings, out=out)
+    print_precheck(result, out)
+    if result.stop:
         raise SystemExit(STOP)
 
 
@@ -457,25 +472,30 @@ def precheck(
     help="New folder (or an earlier plan's, replaced) for plan.json, models/*.yml, precheck.json and report.html.",
 )
 @click.option(
-    "--models", "-K", type=click.IntRange(min=1), default=1, show_default=True, help="Merged models the plan may use."
+    "--models",
+    "-K",
+    type=click.IntRange(min=1),
+    default=api_default("plan", "models"),
+    show_default=True,
+    help="Merged models the plan may use.",
 )
 @click.option(
     "--methods",
-    default="task_arithmetic,ties,knowledge_weighted,layer_selective",
+    default=",".join(api_default("plan", "methods")),
     show_default=True,
     help="Merge methods a planned model may use (layer_selective only where the precheck measured a cut-off).",
 )
 @click.option(
     "--knobs",
     type=click.Choice(["defaults", "grid"]),
-    default="defaults",
+    default=api_default("plan", "knobs"),
     show_default=True,
     help="The methods' default settings (the measured ones), or also a grid of densities and temperatures (predictions there extrapolate).",
 )
 @click.option(
     "--budget-evals",
     type=click.IntRange(min=0),
-    default=0,
+    default=api_default("plan", "budget_evals"),
     show_default=True,
     help="Merged models to build and score in memory (each on its members' probes) to check the best candidate plans before choosing.",
 )
@@ -501,9 +521,9 @@ def precheck(
 @click.option(
     "--probe", "probes", multiple=True, metavar="MODEL=SPEC", help="Probe data for a model, as in precheck. Repeatable."
 )
-@click.option("--fewshot", type=click.IntRange(min=0), default=None, help="As in precheck (default 3).")
+@setting("--fewshot", settings="PrecheckSettings", type=click.IntRange(min=0), help="As in precheck.")
 @cache_option
-@model_options(default_limit=64, default_dtype="auto")
+@model_options("PrecheckSettings")
 @user_errors
 def plan(
     pool_file: Optional[Path],
@@ -545,21 +565,20 @@ def plan(
     Predictions come from merges measured by the project (docs/plan.md); a
     method never measured is predicted by the nearest measured one and marked.
     """
-    from mergekit_mergeability.plan.report import print_plan
-    from mergekit_mergeability.plan.run import pool_spec, run
-    from mergekit_mergeability.precheck import config as merge_config
+    from mergekit_mergeability import api
+    from mergekit_mergeability.planner.report import print_plan
 
     if (pool_file is None) == (pool_folder is None):
         raise UserError("plan: name a POOL_FILE or a --pool folder (one of the two)")
     if pool_file is not None and (base or probe_folder):
         raise UserError("plan: --base and --probes go with --pool; a POOL_FILE names its base and probes itself")
-    spec = merge_config.read(pool_file) if pool_file else pool_spec(pool_folder, base, probe_folder)
-    extra = {} if fewshot is None else {"fewshot": fewshot}
-    document, _ = run(
-        spec,
+    result = api.plan(
+        pool_file or pool_folder,
         out,
-        overrides=_probe_pairs(probes),
-        options=_options(**model, **extra),
+        base=base,
+        probe_folder=probe_folder,
+        probes=_probe_pairs(probes),
+        settings=_settings("PrecheckSettings", **model, fewshot=fewshot),
         precheck=precheck_json,
         calibration=calibration,
         methods=[m.strip() for m in methods.split(",") if m.strip()],
@@ -568,9 +587,9 @@ def plan(
         budget_evals=budget_evals,
         measured=measured,
         representations=representations,
-        cache=cache,
+        cache_dir=cache,
     )
-    print_plan(document, out)
+    print_plan(result.to_json(), out)
 
 
 @main.command()
@@ -581,7 +600,7 @@ def plan(
 @click.option("--tasks", help="Comma-separated task specs for every model, instead of each model's probe: key.")
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("eval"), show_default=True)
 @cache_option
-@model_options(default_limit=None)
+@model_options("RunSettings")
 @user_errors
 def evaluate(config_file: Path, merged: Path, tasks, out: Path, cache, **model):
     """Score the base, the merged model and each expert on that expert's task.
@@ -596,35 +615,46 @@ def evaluate(config_file: Path, merged: Path, tasks, out: Path, cache, **model):
         mergekit-mergeability evaluate config.yml --merged ./merged --out eval/
     Writes OUT/evaluation.json and OUT/evaluation.png.
     """
-    from mergekit_mergeability.evaluation import evaluate as evaluation
-    from mergekit_mergeability.precheck import config as merge_config
-    from mergekit_mergeability.summary import print_evaluation
+    from mergekit_mergeability import api
+    from mergekit_mergeability.output.terminal import print_evaluation
 
-    spec = merge_config.read(config_file)
     task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
-    report = evaluation.evaluate(spec, merged, task_list, _options(**model), cache)
-    evaluation.write(report, out)
-    print_evaluation(report, out)
+    result = api.evaluate(
+        config_file, merged, tasks=task_list, settings=_settings("RunSettings", **model), out=out, cache_dir=cache
+    )
+    print_evaluation(result, out)
 
 
 @main.command()
 @click.argument("pool_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option(
-    "--partners", "-M", type=click.IntRange(min=1), default=8, show_default=True, help="Partners drawn for each merge."
+    "--partners",
+    "-M",
+    type=click.IntRange(min=1),
+    default=api_default("mergeability", "partners"),
+    show_default=True,
+    help="Partners drawn for each merge.",
 )
-@click.option("--trials", "-N", type=click.IntRange(min=1), default=5, show_default=True, help="Draws per model.")
+@click.option(
+    "--trials",
+    "-N",
+    type=click.IntRange(min=1),
+    default=api_default("mergeability", "trials"),
+    show_default=True,
+    help="Draws per model.",
+)
 @click.option(
     "--method",
-    default="task_arithmetic",
+    default=api_default("mergeability", "method"),
     show_default=True,
     help="Any registered mergekit method (see `methods`); parameters come from the pool file.",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=api_default("mergeability", "seed"), show_default=True)
 @click.option(
     "--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("mergeability"), show_default=True
 )
 @cache_option
-@model_options(default_limit=None)
+@model_options("RunSettings")
 @user_errors
 @ray_option
 def mergeability(pool_file: Path, partners, trials, method, seed, out: Path, cache, **model):
@@ -641,14 +671,20 @@ def mergeability(pool_file: Path, partners, trials, method, seed, out: Path, cac
     changed. Finished trials go to OUT/trials.jsonl: an interrupted run resumes.
     Writes OUT/mergeability.json.
     """
-    from mergekit_mergeability.evaluation import mergeability as protocol
-    from mergekit_mergeability.precheck import config as merge_config
-    from mergekit_mergeability.summary import print_mergeability
+    from mergekit_mergeability import api
+    from mergekit_mergeability.output.terminal import print_mergeability
 
-    spec = merge_config.read(pool_file)
-    report = protocol.measure(spec, method, partners, trials, seed, _options(**model), cache, out)
-    protocol.write(report, out)
-    print_mergeability(report, out)
+    result = api.mergeability(
+        pool_file,
+        method=method,
+        partners=partners,
+        trials=trials,
+        seed=seed,
+        settings=_settings("RunSettings", **model),
+        out=out,
+        cache_dir=cache,
+    )
+    print_mergeability(result, out)
 
 
 @main.command()
@@ -657,11 +693,13 @@ def mergeability(pool_file: Path, partners, trials, method, seed, out: Path, cac
 @click.option(
     "--target",
     type=click.Choice(["mergeability", "normalised"]),
-    default="mergeability",
+    default=api_default("validate", "target"),
     show_default=True,
     help="Raw own-task score after merging, or the share of the fine-tune's gain kept.",
 )
-@click.option("--permutations", type=click.IntRange(min=100), default=10_000, show_default=True)
+@click.option(
+    "--permutations", type=click.IntRange(min=100), default=api_default("validate", "permutations"), show_default=True
+)
 @click.option(
     "--out",
     "-o",
@@ -681,13 +719,11 @@ def validate(precheck_json: Path, mergeability_json: Path, target, permutations,
     difference):
         mergekit-mergeability validate precheck/precheck.json mg/mergeability.json
     """
-    from mergekit_mergeability.evaluation.validate import validate as run_validation, write
-    from mergekit_mergeability.summary import print_validation
+    from mergekit_mergeability import api
+    from mergekit_mergeability.output.terminal import print_validation
 
-    report = run_validation(precheck_json, mergeability_json, target, permutations)
-    if out:
-        write(report, out)
-    print_validation(report)
+    result = api.validate(precheck_json, mergeability_json, target=target, permutations=permutations, out=out)
+    print_validation(result)
 
 
 @main.command()
@@ -703,21 +739,21 @@ def validate(precheck_json: Path, mergeability_json: Path, target, permutations,
 @click.option(
     "--target",
     type=click.Choice(["mergeability", "normalised"]),
-    default="mergeability",
+    default=api_default("calibrate", "target"),
     show_default=True,
     help="Raw own-task score after merging, or the share of the fine-tune's gain kept.",
 )
 @click.option(
     "--permutations",
     type=click.IntRange(min=20),
-    default=500,
+    default=api_default("calibrate", "permutations"),
     show_default=True,
     help="Shuffles of the targets for the null of the whole fitting procedure.",
 )
 @click.option(
     "--alpha",
     type=click.FloatRange(0, 1, min_open=True),
-    default=0.05,
+    default=api_default("calibrate", "alpha"),
     show_default=True,
     help="Refuse a fit whose held-out Spearman has a permutation p-value at or above this.",
 )
@@ -737,28 +773,18 @@ def calibrate(measured, out: Path, target, permutations, alpha):
             fit/mergeability.json --out calibration.json
         mergekit-mergeability precheck config.yml --calibration calibration.json
     """
-    from mergekit_mergeability.decide.calibration import calibrate as fit, write
-    from mergekit_mergeability.summary import print_calibration
+    from mergekit_mergeability import api
+    from mergekit_mergeability.output.terminal import print_calibration
 
     if len(measured) % 2:
         raise UserError(f"calibrate takes pairs of files (precheck.json mergeability.json); got {len(measured)} files")
-    pairs = list(zip(measured[::2], measured[1::2]))
-    report = fit(pairs, target, permutations)
-    refusals = [
-        f"{how}: p = {r['p_permutation']:.3f} is not below --alpha {alpha}"
-        for how, r in report["out_of_sample"].items()
-        if r["p_permutation"] >= alpha
-    ]
-    refusals += [
-        f"{how}: Spearman {r['spearman']:+.2f} loses to {r['best_single_feature']} alone ({r['best_single_spearman']:+.2f})"
-        for how, r in report["out_of_sample"].items()
-        if not r["beats_best_single_feature"]
-    ]
-    print_calibration(report)
-    if refusals:
-        click.echo(f"not written: {'; '.join(refusals)}", err=True)
+    result = api.calibrate(
+        list(zip(measured[::2], measured[1::2])), target=target, permutations=permutations, alpha=alpha, out=out
+    )
+    print_calibration(result)
+    if result.refusals:
+        click.echo(f"not written: {'; '.join(result.refusals)}", err=True)
         raise SystemExit(STOP)
-    write(report, out, [str(p) for p in measured])
     click.echo(f"wrote {out}")
 
 
@@ -773,18 +799,17 @@ def calibrate(measured, out: Path, target, permutations, alpha):
 )
 @click.option(
     "--lambdas",
-    default="0:1:0.1",
-    show_default=True,
-    help="START:STOP:STEP (both ends included) or a list like 0,0.5,1.",
+    help="START:STOP:STEP (both ends included) or a list like 0,0.5,1 (default: 0 to 1 by 0.1).",
 )
-@click.option(
+@setting(
     "--marker",
-    default="</think>",
-    show_default=True,
+    settings="SweepSettings",
+    type=str,
     help="A regex: answers containing it count towards the marker rate.",
 )
-@click.option(
+@setting(
     "--budget",
+    settings="SweepSettings",
     type=click.FloatRange(min=0, min_open=True),
     help="Tokens per answer: the sweet spot is then the best accuracy within it.",
 )
@@ -798,41 +823,36 @@ def calibrate(measured, out: Path, target, permutations, alpha):
     type=click.Choice(["mlp", "attention"]),
     help="Interpolate only MLP or only attention tensors (everything else is A's).",
 )
-@click.option(
+@setting(
     "--samples",
     "-k",
+    settings="SweepSettings",
     type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
     help="Answers per problem: 1 is greedy; more are sampled, for Pass@k and Vote@k.",
 )
-@click.option(
+@setting(
     "--temperature",
+    settings="SweepSettings",
     type=click.FloatRange(min=0, min_open=True),
-    default=0.7,
-    show_default=True,
     help="Sampling temperature when --samples > 1.",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option(
+@setting("--seed", settings="SweepSettings", type=int)
+@setting(
     "--refine",
+    settings="SweepSettings",
     type=click.IntRange(min=0),
-    default=8,
-    show_default=True,
     help="At most this many λ added where the curves change fastest (0: the grid only).",
 )
-@click.option(
+@setting(
     "--resolution",
+    settings="SweepSettings",
     type=click.FloatRange(min=0, min_open=True),
-    default=0.025,
-    show_default=True,
     help="Refine until the transition is located to ± this.",
 )
-@click.option(
+@setting(
     "--tolerance",
+    settings="SweepSettings",
     type=click.FloatRange(min=0),
-    default=0.05,
-    show_default=True,
     help="Without --budget, accuracy within this of the best counts as matching it.",
 )
 @click.option(
@@ -842,7 +862,7 @@ def calibrate(measured, out: Path, target, permutations, alpha):
 )
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("sweep"), show_default=True)
 @cache_option
-@model_options(default_limit=None)
+@model_options("SweepSettings")
 @user_errors
 @ray_option
 def sweep(
@@ -884,28 +904,30 @@ def sweep(
     finished point. Writes OUT/sweep.json, sweep.png, report.html and chosen.yml
     (the sweet spot as a config for mergekit-yaml).
     """
-    from mergekit_mergeability.sweep import report as outputs, run as sweeping
-    from mergekit_mergeability.sweep.models import Selection
+    from mergekit_mergeability import api
+    from mergekit_mergeability.interpolation import run as sweeping
+    from mergekit_mergeability.output.terminal import print_sweep
 
-    selection = Selection(frozenset(_layer_set(layers)) if layers else None, modules)
-    settings = sweeping.Settings(
-        task,
-        sweeping.grid(lambdas),
-        marker,
-        budget,
-        selection,
-        samples,
-        temperature,
-        seed,
-        refine,
-        resolution,
-        tolerance,
+    chosen = _layer_set(layers)
+    settings = _settings(
+        "SweepSettings",
+        **model,
+        **({"lambdas": sweeping.grid(lambdas)} if lambdas is not None else {}),
+        marker=marker,
+        budget=budget,
+        layers=frozenset(chosen) if chosen else None,
+        modules=modules,
+        samples=samples,
+        temperature=temperature,
+        seed=seed,
+        refine=refine,
+        resolution=resolution,
+        tolerance=tolerance,
     )
-    report, run = sweeping.run(
-        model_a, model_b, base, settings, _options(**model), cache, out / "chosen" if save_chosen else None
+    result = api.sweep(
+        model_a, model_b, task, base=base, settings=settings, out=out, save_chosen=save_chosen, cache_dir=cache
     )
-    outputs.write(report, run, out)
-    outputs.print_sweep(report, out)
+    print_sweep(result, out)
 
 
 @main.command()

@@ -143,9 +143,9 @@ def device(device: str) -> str:
     return "cuda" if require_ray().cluster_resources().get("GPU", 0) else "cpu"
 
 
-def gpus(options) -> int:
+def gpus(settings) -> int:
     """GPUs a task running models asks for: one on a CUDA device (Ray then shows it the one it was given)."""
-    return 1 if str(options.get("device", "cpu")).startswith("cuda") else 0
+    return 1 if str(settings.device).startswith("cuda") else 0
 
 
 def workers() -> int:

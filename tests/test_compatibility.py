@@ -75,7 +75,7 @@ def test_different_vocabularies_with_equal_shapes_are_an_error_unless_mergekit_a
         and "first: id 5 is" in error
         and "tokenizer_source" in error
     )
-    aligned = DiagnosticInputs(inputs.base, inputs.models, {"tokenizer_source": "union"})
+    aligned = DiagnosticInputs(inputs.base, inputs.models, tokenizer_source="union")
     findings = Compatibility().run(aligned).findings
     assert [f.severity for f in findings] == ["info"] and "tokenizer_source: union aligns them" in findings[0].message
 

@@ -70,7 +70,7 @@ def test_auto_loads_each_checkpoint_in_its_own_dtype_unless_told(bf16, tmp_path,
     config = _config(tmp_path, bf16)
     loaded, report = _loads(config, tmp_path / "auto", monkeypatch)
     assert len(loaded) >= 3 and set(loaded) == {torch.bfloat16}  # knowledge, representations, selectivity: all of them
-    assert report["options"]["dtype"] == "auto" and {m["dtype"] for m in report["models"]} == {"bfloat16"}
+    assert report["settings"]["dtype"] == "auto" and {m["dtype"] for m in report["models"]} == {"bfloat16"}
     loaded, report = _loads(config, tmp_path / "fp32", monkeypatch, "--dtype", "float32")
     assert len(loaded) >= 3 and set(loaded) == {torch.float32}
     assert {m["dtype"] for m in report["models"]} == {"float32"}

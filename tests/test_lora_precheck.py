@@ -8,7 +8,9 @@ import yaml
 
 from mergekit_mergeability.sources import resolve
 from mergekit_mergeability.diagnostics import weights
-from mergekit_mergeability.precheck import config as merge_config, run
+from mergekit_mergeability import config as merge_config
+from mergekit_mergeability.api import precheck
+from mergekit_mergeability.settings import PrecheckSettings
 from mergekit_mergeability.sources.adapter import materialise
 from mergekit_mergeability.tiny import make_adapter
 
@@ -53,7 +55,7 @@ def _precheck(llama, root, members, label):
     }
     path = root / f"{label}.yml"
     path.write_text(yaml.safe_dump(document))
-    run(merge_config.read(path), options={"quiet": True}, out=root / label)
+    precheck(merge_config.read(path), settings=PrecheckSettings(quiet=True), out=root / label)
     return json.loads((root / label / "precheck.json").read_text())
 
 
@@ -156,7 +158,7 @@ def test_an_adapter_among_model_folders_is_streamed_as_base_plus_update(llama, p
 
 
 def test_probe_option_names_an_adapter_by_its_folder(llama, pools):
-    from mergekit_mergeability.precheck import probe_specs
+    from mergekit_mergeability.measure import probe_specs
 
     root, adapters, _ = pools
     document = {

@@ -16,9 +16,9 @@ import yaml
 from click.testing import CliRunner
 
 from mergekit_mergeability.cli import main as cli
-from mergekit_mergeability.plan import conditional as cond, decide, search
-from mergekit_mergeability.plan.fit import load
-from mergekit_mergeability.plan.report import SCHEMA
+from mergekit_mergeability.planner import conditional as cond, decide, search
+from mergekit_mergeability.planner.fit import load
+from mergekit_mergeability.planner.report import SCHEMA
 from mergekit_mergeability.tiny import derive, make_adapter, state_dict
 
 from conftest import noise, ranked_probes
@@ -434,8 +434,8 @@ def test_a_layer_selective_model_runs_with_mergekit_and_keeps_its_upper_models_t
     a planned layer_selective model's config runs with the stock mergekit-yaml: blocks below the
     cut-off merged, above it the upper model's own."""
     from mergekit_mergeability.sources.architecture import tensor_position
-    from mergekit_mergeability.plan import report as reports, run as planning
-    from mergekit_mergeability.precheck import config as merge_config
+    from mergekit_mergeability.planner import report as reports, run as planning
+    from mergekit_mergeability import config as merge_config
 
     root, config, out, (a, b, c) = cancelling
     report = json.loads((out / "precheck.json").read_text())

@@ -10,7 +10,7 @@ from mergekit import merge_methods
 from mergekit.merge_methods import TensorBatch
 
 from mergekit_mergeability.errors import UserError
-from mergekit_mergeability.hookspecs import PROJECT
+from mergekit_mergeability.plugins.hookspecs import PROJECT
 from mergekit_mergeability.plugins import contributions, hookimpl, load_plugins, plugin_methods, register_merge_methods
 
 
@@ -21,7 +21,7 @@ def _entry(name, value):
 def test_a_plugin_that_fails_to_import_warns_once_and_the_others_load():
     with pytest.warns(RuntimeWarning, match="plugin 'broken'.*failed to load") as caught:
         manager = load_plugins(
-            [_entry("broken", "no_such_module_anywhere"), _entry("builtin", "mergekit_mergeability.builtin")]
+            [_entry("broken", "no_such_module_anywhere"), _entry("builtin", "mergekit_mergeability.plugins.builtin")]
         )
     assert len(caught) == 1
     names = [method.spec.name for _, method in contributions("mergeability_merge_methods", manager)]
@@ -34,7 +34,7 @@ def test_a_plugin_whose_hook_raises_is_skipped_with_a_warning():
         def mergeability_merge_methods(self):
             raise RuntimeError("boom")
 
-    manager = load_plugins([_entry("builtin", "mergekit_mergeability.builtin")])
+    manager = load_plugins([_entry("builtin", "mergekit_mergeability.plugins.builtin")])
     manager.register(Faulty(), name="faulty")
     with pytest.warns(RuntimeWarning, match="plugin 'faulty' failed in mergeability_merge_methods"):
         found = contributions("mergeability_merge_methods", manager)
@@ -112,10 +112,10 @@ def test_stock_mergekit_yaml_refuses_a_clash_in_one_line_at_import():
 
 
 def test_two_packages_registering_one_plugin_name_are_refused():
-    same = _entry("builtin", "mergekit_mergeability.builtin")
+    same = _entry("builtin", "mergekit_mergeability.plugins.builtin")
     assert load_plugins([same, same]).has_plugin("builtin")  # one package seen twice on sys.path: loaded once
     with pytest.raises(
         UserError,
-        match="two packages register the plugin 'builtin': mergekit_mergeability.builtin and test_plugins; uninstall one of them",
+        match="two packages register the plugin 'builtin': mergekit_mergeability.plugins.builtin and test_plugins; uninstall one of them",
     ):
         load_plugins([same, _entry("builtin", "test_plugins")])

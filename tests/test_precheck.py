@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from mergekit_mergeability.cli import main
 from mergekit_mergeability.plugins import contributions, hookimpl, plugin_manager
 from mergekit_mergeability.decide.calibration import Calibration
-from mergekit_mergeability.precheck.report import SCHEMA
+from mergekit_mergeability.output.precheck import SCHEMA
 from mergekit_mergeability.tiny import CORPUS, derive
 
 from conftest import noise, ranked_probes
@@ -268,7 +268,10 @@ class _Plugin:
         def run(self, inputs):
             from mergekit_mergeability.diagnostics import DiagnosticResult
 
-            return DiagnosticResult(per_model={m.name: {"answer": 42.0} for m in inputs.models})
+            # the settings arrive typed: a plugin reads the fields it knows
+            return DiagnosticResult(
+                per_model={m.name: {"answer": 42.0, "limit": float(inputs.settings.limit)} for m in inputs.models}
+            )
 
     @hookimpl
     def mergeability_diagnostics(self):
@@ -289,7 +292,7 @@ def test_third_party_diagnostics_and_report_hooks(tmp_path, pool):
         result = _precheck(_config(tmp_path, pool, ["known", "unknown"], [None, None]), tmp_path / "out")
     assert result.exit_code == 1 and "policy: merge_as_configured needs a review" in result.output
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
-    assert report["diagnostics"]["mean_weight"]["per_model"][str(pool["known"])] == {"answer": 42.0}
+    assert report["diagnostics"]["mean_weight"]["per_model"][str(pool["known"])] == {"answer": 42.0, "limit": 64.0}
     assert report["stop"] == ["policy: merge_as_configured needs a review"]
 
 
@@ -559,12 +562,14 @@ def test_models_with_the_same_folder_name_stay_apart_at_80_columns(tmp_path, poo
 def test_the_gate_setting_reads_a_switch_or_a_folder(tmp_path, pool, monkeypatch, value, report_to):
     from mergekit.config import MergeConfiguration
 
-    import mergekit_mergeability.precheck as precheck
-    from mergekit_mergeability.precheck import gate
+    from types import SimpleNamespace
+
+    from mergekit_mergeability import api, gate
 
     runs = []
-    monkeypatch.setattr(precheck, "run", lambda spec, options, out: runs.append(out) or {"stop": []})
-    monkeypatch.setattr("mergekit_mergeability.summary.print_precheck", lambda report, out: None)
+    nothing = SimpleNamespace(stop=[], to_json=dict)
+    monkeypatch.setattr(api, "precheck", lambda spec, settings, out: runs.append(out) or nothing)
+    monkeypatch.setattr("mergekit_mergeability.output.terminal.print_precheck", lambda report, out: None)
     monkeypatch.setenv(gate.ENVIRONMENT, value)
     config = _config(tmp_path, pool, ["known", "unknown"], [None, None])
     gate.check(MergeConfiguration.model_validate(yaml.safe_load(config.read_text())))

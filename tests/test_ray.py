@@ -103,12 +103,13 @@ def test_weight_pass_splits_into_shards_and_reduces_exactly(cluster, pool):
     from mergekit_mergeability import distributed
     from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
     from mergekit_mergeability.diagnostics.weights import WeightStatistics
+    from mergekit_mergeability.settings import PrecheckSettings
 
     spec = yaml.safe_load(pool["config"].read_text())
     inputs = DiagnosticInputs(
         ModelInput("base", spec["base_model"]),
         tuple(ModelInput(m["model"], m["model"]) for m in spec["models"]),
-        {"quiet": True},
+        PrecheckSettings(quiet=True),
     )
     here = WeightStatistics().run(inputs)
     with distributed.cluster(None):
@@ -154,15 +155,16 @@ def test_mergeability_on_ray_scores_every_trial_as_in_process_and_resumes(cluste
 
 def test_inside_a_cluster_auto_is_the_cluster_device_and_model_tasks_ask_for_it(cluster):
     from mergekit_mergeability import distributed
+    from mergekit_mergeability.settings import RunSettings
 
     with distributed.cluster(None):
         assert (
             distributed.device("auto") == "cpu" and distributed.device("cuda") == "cuda"
         )  # the local cluster has no GPU
     assert (
-        distributed.gpus({"device": "cuda:0"}) == 1
-        and distributed.gpus({"device": "cpu"}) == 0
-        and distributed.gpus({}) == 0
+        distributed.gpus(RunSettings(device="cuda:0")) == 1
+        and distributed.gpus(RunSettings(device="cpu")) == 0
+        and distributed.gpus(RunSettings()) == 0  # auto, unresolved: no GPU asked for
     )
 
 

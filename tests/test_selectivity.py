@@ -22,7 +22,8 @@ from mergekit_mergeability.diagnostics.selectivity import (
 )
 from mergekit_mergeability.maths import selectivity as lape
 from mergekit_mergeability.decide.verdict import cutoff_from_curve, decide_cutoff, divergence_curve
-from mergekit_mergeability.precheck.report import SCHEMA
+from mergekit_mergeability.output.precheck import SCHEMA
+from mergekit_mergeability.settings import PrecheckSettings
 from mergekit_mergeability.tasks import load
 from mergekit_mergeability.tiny import ARCHITECTURES, derive, train_tokenizer
 
@@ -176,9 +177,11 @@ def test_answer_tokens_are_the_keyed_bytes(keyed):
     assert tok.convert_ids_to_tokens(encode(tok, prompt, answer)[1]) == list(answer)
 
 
-def _inputs(keyed, probes, **options):
+def _inputs(keyed, probes, **settings):
     experts = [ModelInput(str(keyed[n]), keyed[n], load(str(keyed["root"] / spec))) for n, spec in probes]
-    return DiagnosticInputs(ModelInput(str(keyed["base"]), keyed["base"]), tuple(experts), {"quiet": True, **options})
+    return DiagnosticInputs(
+        ModelInput(str(keyed["base"]), keyed["base"]), tuple(experts), PrecheckSettings(quiet=True, **settings)
+    )
 
 
 def test_finds_exactly_the_keyed_neurons(keyed):

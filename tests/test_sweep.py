@@ -18,9 +18,9 @@ from mergekit_mergeability.sources import load_causal_lm
 from mergekit_mergeability.cli import main
 from mergekit_mergeability.tasks import lmeval
 from mergekit_mergeability.sources.cache import Cache
-from mergekit_mergeability.sweep import models as sweep_models
-from mergekit_mergeability.sweep.answers import GenerationTask
-from mergekit_mergeability.sweep.report import SCHEMA
+from mergekit_mergeability.interpolation import models as sweep_models
+from mergekit_mergeability.interpolation.answers import GenerationTask
+from mergekit_mergeability.interpolation.report import SCHEMA
 from mergekit_mergeability.tiny import state_dict
 
 from conftest import widened
@@ -286,14 +286,13 @@ def test_bad_input_is_one_line_before_any_work(world, tmp_path, monkeypatch, cha
 
 
 def test_the_cache_key_covers_what_changes_a_score(world):
-    from mergekit_mergeability.sweep.run import Settings, Sweep, grid
+    from mergekit_mergeability.settings import SweepSettings
+    from mergekit_mergeability.interpolation.run import Sweep, grid
 
     def key(**changes):
-        settings = Settings(str(world["task"]), grid("0,1"), **changes)
-        return Sweep(
-            str(world["a"]), str(world["b"]), None, settings, {"limit": None, "dtype": "float32"}, Cache(None)
-        ).key(0.5)
+        settings = SweepSettings(lambdas=grid("0,1"), **changes)
+        return Sweep(str(world["a"]), str(world["b"]), None, str(world["task"]), settings, Cache(None)).key(0.5)
 
     plain = key()
     assert key(marker="x") == plain and key(budget=3) == plain  # applied to cached answers
-    assert len({plain, key(samples=2), key(seed=1), key(selection=sweep_models.Selection(frozenset({1})))}) == 4
+    assert len({plain, key(samples=2), key(seed=1), key(layers=frozenset({1}))}) == 4

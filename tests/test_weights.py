@@ -6,12 +6,15 @@ import torch
 
 from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
 from mergekit_mergeability.diagnostics.weights import WeightStatistics
+from mergekit_mergeability.settings import PrecheckSettings
 from mergekit_mergeability.tiny import derive, state_dict
 
 
 def _run(base, experts):
     inputs = DiagnosticInputs(
-        ModelInput("base", base), tuple(ModelInput(name, path) for name, path in experts.items()), {"quiet": True}
+        ModelInput("base", base),
+        tuple(ModelInput(name, path) for name, path in experts.items()),
+        PrecheckSettings(quiet=True),
     )
     return WeightStatistics().run(inputs)
 

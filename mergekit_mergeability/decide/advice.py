@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from mergekit_mergeability.methods.knowledge_weighted import DEFAULT_DENSITY, DEFAULT_TEMPERATURE, DEFAULT_TIES
-from mergekit_mergeability.precheck.config import model_entries
+from mergekit_mergeability.config import model_entries
 from mergekit_mergeability.decide.verdict import (
     DO_NOT_MERGE,
     KNOWLEDGE_WEIGHTED,

@@ -44,7 +44,7 @@ def thinking_model(demo) -> Path:
     from mergekit_mergeability.demo.checkpoints import save_expert
     from mergekit_mergeability.demo.experts import train_low_rank, updated
     from mergekit_mergeability.tasks.lmeval import resolve
-    from mergekit_mergeability.sweep.answers import GenerationTask
+    from mergekit_mergeability.interpolation.answers import GenerationTask
 
     folder = demo.cache / "sweep" / "thinking"
     if not folder.is_dir():
@@ -71,16 +71,21 @@ def thinking_model(demo) -> Path:
 
 def sweep(demo) -> Dict[str, Any]:
     """Step 6: sweep λ from the instruct model (0) to the thinking model (1) on held-out problems."""
+    from dataclasses import replace
+
+    from mergekit_mergeability.settings import SweepSettings
     from mergekit_mergeability.sources.cache import Cache
-    from mergekit_mergeability.sweep import report as outputs, run
+    from mergekit_mergeability.interpolation import report as outputs, run
+    from mergekit_mergeability.output.terminal import print_sweep
 
     demo.console.rule("6. interpolation sweep: instruct → thinking (paper 2)")
     thinking = thinking_model(demo)
-    settings = run.Settings(TASK, run.grid(LAMBDAS))
-    options = {**demo.options(), "limit": demo.s.sweep_limit}
+    # what demo.run_settings() runs with, at the sweep's limit
+    run_settings = replace(demo.run_settings(), limit=demo.s.sweep_limit)
+    settings = SweepSettings(**vars(run_settings), lambdas=run.grid(LAMBDAS))
     report, done = run.run(
-        str(demo.base()), str(thinking), None, settings, options, Cache(demo.cache / "sweep" / "scores")
+        str(demo.base()), str(thinking), None, TASK, settings, Cache(demo.cache / "sweep" / "scores")
     )
     outputs.write(report, done, demo.out / "sweep")
-    outputs.print_sweep(report, demo.out / "sweep")
+    print_sweep(report, demo.out / "sweep")
     return report

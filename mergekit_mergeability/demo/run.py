@@ -160,16 +160,19 @@ class Demo:
         return made
 
     def precheck(self, name: str, config: Path) -> Dict[str, Any]:
-        from mergekit_mergeability.precheck import config as merge_config, run
+        from mergekit_mergeability import api
+        from mergekit_mergeability.settings import PrecheckSettings
 
-        options = {"limit": 64, "device": "cpu", "dtype": "float32", "batch_size": 16, "quiet": self.quiet}
-        if name == "facts":  # one or two lines per fact: no group has enough tokens for LAPE to find its neurons
-            options["skip"] = ["selectivity"]
-        return run(merge_config.read(config), {}, options, self.out / "precheck" / name)
+        # facts: one or two lines per fact: no group has enough tokens for LAPE to find its neurons
+        skip = ("selectivity",) if name == "facts" else ()
+        settings = PrecheckSettings(device="cpu", dtype="float32", quiet=self.quiet, skip=skip)
+        return api.precheck(config, settings=settings, out=self.out / "precheck" / name).to_json()
 
     # 4. merge and measure -------------------------------------------------------------------
-    def options(self) -> Dict[str, Any]:
-        return {"limit": None, "device": "cpu", "dtype": "float32", "batch_size": 16, "quiet": self.quiet}
+    def run_settings(self):
+        from mergekit_mergeability.settings import RunSettings
+
+        return RunSettings(device="cpu", quiet=self.quiet)
 
     def mergeability(self, facts_config: Path, knowledge: Dict[str, float]) -> Dict[str, Dict[str, Any]]:
         from mergekit_mergeability.methods.knowledge_weighted import DEFAULT_DENSITY, DEFAULT_TEMPERATURE, DEFAULT_TIES
@@ -196,7 +199,7 @@ class Demo:
     ) -> Dict[str, Any]:
         """The mergeability protocol on the fact pool with one method and its parameters."""
         from mergekit_mergeability.evaluation import mergeability as protocol
-        from mergekit_mergeability.precheck import config as merge_config
+        from mergekit_mergeability import config as merge_config
         from mergekit_mergeability.sources.cache import Cache
 
         document = yaml.safe_load(facts_config.read_text())
@@ -214,7 +217,7 @@ class Demo:
             self.s.partners,
             self.s.trials,
             0,
-            self.options(),
+            self.run_settings(),
             Cache(self.cache / "scores"),
             out,
         )
@@ -247,7 +250,7 @@ def knowledge_of(precheck: Dict[str, Any]) -> Dict[str, float]:
     values a knowledge_weighted recommendation carries)."""
     from mergekit_mergeability.decide.calibration import Calibration
 
-    feature = Calibration.load(precheck["options"].get("calibration")).knowledge_feature
+    feature = Calibration.load(precheck["settings"]["calibration"]).knowledge_feature
     return {m["path"]: m["features"][feature] for m in precheck["models"] if m["role"] == "expert"}
 
 
@@ -280,7 +283,7 @@ def run(
 ) -> Dict[str, Any]:
     from mergekit_mergeability.demo import reasoning
     from mergekit_mergeability.evaluation.validate import validate
-    from mergekit_mergeability.summary import print_precheck, print_validation
+    from mergekit_mergeability.output.terminal import print_precheck, print_validation
 
     console = console or Console()
     demo = Demo(settings, cache, out, console, quiet)
@@ -339,7 +342,7 @@ def run(
 
 
 def _expert_rows(precheck: Dict[str, Any], reports: Dict[str, Dict[str, Any]]) -> List[Dict[str, Any]]:
-    from mergekit_mergeability.summary import known
+    from mergekit_mergeability.output.terminal import known
 
     measured = {method: {m["path"]: m for m in r["models"]} for method, r in reports.items()}
     rows = []
@@ -358,7 +361,7 @@ def _expert_rows(precheck: Dict[str, Any], reports: Dict[str, Dict[str, Any]]) -
 
 
 def _print_results(console: Console, summary: Dict[str, Any]) -> None:
-    from mergekit_mergeability.summary import wrapping_table
+    from mergekit_mergeability.output.terminal import wrapping_table
 
     short = {"task_arithmetic": "mean", "ties": "ties", "knowledge_weighted": "kw"}
     table = wrapping_table(

@@ -139,12 +139,12 @@ def score(demo, name: str, label: str, path: Path, expert: Optional[str] = None)
     ``expert``'s when given): per expert chrF, BLEU, kept (merged chrF ÷ alone), and the
     expert's and the base's own scores."""
     from mergekit_mergeability.evaluation import evaluate as evaluation
-    from mergekit_mergeability.precheck import config as merge_config
+    from mergekit_mergeability import config as merge_config
     from mergekit_mergeability.sources.cache import Cache
 
     spec = merge_config.read(path)
     cutoff = (spec.document.get("parameters") or {}).get("cutoff")
-    report = evaluation.evaluate(spec, demo.merge(path), None, demo.options(), Cache(demo.cache / "scores"))
+    report = evaluation.evaluate(spec, demo.merge(path), None, demo.run_settings(), Cache(demo.cache / "scores"))
     evaluation.write(
         report, demo.out / "evaluation" / name / f"{label.replace(' ', '_')}_{Path(expert).name if expert else 'both'}"
     )
@@ -287,7 +287,7 @@ def plot(
 ) -> bytes:
     """CKA and LAPE overlap between each pair's experts, per block, with the precheck's CKA
     threshold and cut-offs and paper 3's patch."""
-    from mergekit_mergeability.plots import png
+    from mergekit_mergeability.output.plots import png
 
     def draw(fig, ax):
         for (name, s), colour in zip(signals.items(), ("tab:red", "tab:blue")):
@@ -353,7 +353,7 @@ def section(
 def print_section(console, summary: Dict[str, Any], smoke_test: bool = False) -> None:
     """The translation tables and paper 3's findings; ``smoke_test`` (tiny random models) says
     that the numbers mean nothing there."""
-    from mergekit_mergeability.summary import wrapping_table
+    from mergekit_mergeability.output.terminal import wrapping_table
 
     pairs = summary["pairs"]
     table = wrapping_table(

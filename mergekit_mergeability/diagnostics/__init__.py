@@ -17,7 +17,6 @@ from typing import (
     Dict,
     FrozenSet,
     List,
-    Mapping,
     Optional,
     Protocol,
     Tuple,
@@ -26,6 +25,7 @@ from typing import (
 )
 
 if TYPE_CHECKING:
+    from mergekit_mergeability.settings import PrecheckSettings
     from mergekit_mergeability.sources import Source
 
 
@@ -46,18 +46,26 @@ class ModelInput:
     probes: Optional[Any] = None  # the model's probe set, when PROBES is needed
     shots: Optional[Any] = None  # solved examples for few-shot prompts (its fewshot: file, else a neutral set)
     dtype: Optional[str] = (
-        None  # what a pass loads it in (the precheck resolves --dtype auto per model); None: options' dtype
+        None  # what a pass loads it in (the precheck resolves dtype auto per model); None: the settings'
     )
 
-    def load_dtype(self, options: Mapping[str, Any]) -> str:
-        return self.dtype or options.get("dtype", "float32")
+    def load_dtype(self, settings: "PrecheckSettings") -> str:
+        return self.dtype or settings.dtype
+
+
+def _default_settings() -> "PrecheckSettings":
+    from mergekit_mergeability.settings import PrecheckSettings
+
+    return PrecheckSettings()
 
 
 @dataclass(frozen=True)
 class DiagnosticInputs:
     base: Optional[ModelInput]
     models: Tuple[ModelInput, ...]  # the non-base models, in config order
-    options: Mapping[str, Any] = field(default_factory=dict)  # device, dtype, limit, layers, tokenizer_source
+    # the precheck's settings, typed (device, dtype, limit, layers, the LAPE quantiles, ...)
+    settings: "PrecheckSettings" = field(default_factory=_default_settings)
+    tokenizer_source: Optional[str] = None  # the config's tokenizer_source: (or tokenizer.source), as written
 
 
 @dataclass

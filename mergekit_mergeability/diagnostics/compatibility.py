@@ -5,8 +5,8 @@ so a mismatch in architecture, depth, width or any tensor's shape, or vocabulari
 whose token ids mean different words, is reported in well under a second. Each
 problem is one line naming both models, with a count and the first example.
 
-Reads ``options["tokenizer_source"]``: what the config's ``tokenizer_source:`` (or
-``tokenizer:``) key says, if anything (``precheck.config.tokenizer_source``). When
+Reads ``inputs.tokenizer_source``: what the config's ``tokenizer_source:`` (or
+``tokenizer:``) key says, if anything (``config.tokenizer_source``). When
 set, mergekit builds one vocabulary and differing ones are fine.
 """
 
@@ -48,7 +48,7 @@ class Compatibility:
 
     def run(self, inputs: DiagnosticInputs) -> DiagnosticResult:
         result = DiagnosticResult()
-        source = inputs.options.get("tokenizer_source")
+        source = inputs.tokenizer_source
         reference, *others = [m for m in (inputs.base, *inputs.models) if m is not None]
         ref = _Facts(reference)
         result.per_model[reference.name] = ref.summary()

@@ -28,10 +28,6 @@ from mergekit_mergeability.progress import task
 from mergekit_mergeability.sources import load_causal_lm
 from mergekit_mergeability.tasks import probes
 
-# Solved examples before each question; chosen by measurement on the project's fit pool
-# (benchmarks/pools.py, README "How the prediction was fitted"), never on the held-out pool.
-DEFAULT_FEWSHOT = 3
-
 
 class Knowledge:
     name = "knowledge"
@@ -39,26 +35,26 @@ class Knowledge:
 
     def run(self, inputs: DiagnosticInputs) -> DiagnosticResult:
         (result,) = distributed.each(
-            base_knowledge, [inputs], gpus=distributed.gpus(inputs.options)
+            base_knowledge, [inputs], gpus=distributed.gpus(inputs.settings)
         )  # on Ray: one task, the base model alone
         return result
 
 
 def base_knowledge(inputs: DiagnosticInputs) -> DiagnosticResult:
     """The base model's scores on every model's probe set, asked both ways."""
-    options = inputs.options
-    shots = options.get("fewshot", DEFAULT_FEWSHOT)
+    settings = inputs.settings
+    shots = settings.fewshot
     result = DiagnosticResult()
     scored = {m.name: list(m.probes) for m in inputs.models if m.probes}
     if not scored:
         return result
     lettered = {m.name: probes.with_shots(m.probes, shots, m.shots or ()) for m in inputs.models if m.probes}
-    model, tokenizer = load_causal_lm(inputs.base.path, options.get("device", "cpu"), inputs.base.load_dtype(options))
+    model, tokenizer = load_causal_lm(inputs.base.path, settings.device, inputs.base.load_dtype(settings))
     sequences = sum(len(i.continuations) + len(i.letters) for instances in lettered.values() for i in instances)
     sequences += sum(
         len(i.continuations) for name in scored for i, a in zip(scored[name], lettered[name]) if not _same_request(i, a)
     )
-    with task("knowledge: base model on probes", sequences, options.get("quiet", False)) as advance:
+    with task("knowledge: base model on probes", sequences, settings.quiet) as advance:
         for name, asked in lettered.items():
             paper = _scores(model, tokenizer, asked, advance)
             # the probe as its task scores it, where that is another request than the one just asked

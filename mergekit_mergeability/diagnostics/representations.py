@@ -46,14 +46,14 @@ class Representations:
             pooled = dict(
                 zip(
                     (m.name for m in members),
-                    distributed.each(pooled_states, members, rows, inputs, gpus=distributed.gpus(inputs.options)),
+                    distributed.each(pooled_states, members, rows, inputs, gpus=distributed.gpus(inputs.settings)),
                 )
             )
         else:
             loaded = _Loaded(inputs, {str(update_of(m.path)) for m in members if update_of(m.path) is not None})
             pooled = {m.name: pooled_states(m, rows, inputs, loaded) for m in members}
-        selected: Optional[Set[int]] = inputs.options.get("layers")
-        batch = inputs.options.get("cka_batch_size", 0)
+        selected: Optional[Set[int]] = inputs.settings.layers
+        batch = inputs.settings.cka_batch_size
         for a, b in itertools.combinations(pooled, 2):
             (answer_a, prompt_a), (answer_b, prompt_b) = pooled[a], pooled[b]
             curves = {
@@ -77,22 +77,20 @@ class Representations:
 def pooled_states(member: ModelInput, rows, inputs: DiagnosticInputs, loaded: Optional["_Loaded"] = None):
     """``member``'s hidden states over ``rows``, mean-pooled over the answer and over the prompt:
     two (layers, rows, hidden) tensors. ``loaded`` keeps bases loaded between models."""
-    options = inputs.options
+    settings = inputs.settings
 
     def compute():
         answers: List[torch.Tensor] = []
         prompts: List[torch.Tensor] = []
-        with (loaded or _Loaded(inputs, set())).model(member.path, member.load_dtype(options)) as (model, tokenizer):
-            with task(f"representations: {member.name}", len(rows), options.get("quiet", False)) as advance:
-                for scored in score(
-                    model, tokenizer, rows, options.get("batch_size", 16), hidden_states=True, progress=advance
-                ):
+        with (loaded or _Loaded(inputs, set())).model(member.path, member.load_dtype(settings)) as (model, tokenizer):
+            with task(f"representations: {member.name}", len(rows), settings.quiet) as advance:
+                for scored in score(model, tokenizer, rows, settings.batch_size, hidden_states=True, progress=advance):
                     answers.append(scored.continuation_pool)
                     prompts.append(scored.prompt_pool)
         return {"answers": torch.stack(answers, dim=1), "prompts": torch.stack(prompts, dim=1)}
 
-    settings = (rows, member.load_dtype(options), options.get("batch_size", 16))
-    pooled = stored.kept(options.get("cache_dir"), "representations", member.path, settings, compute)
+    computed_from = (rows, member.load_dtype(settings), settings.batch_size)
+    pooled = stored.kept(settings.cache_dir, "representations", member.path, computed_from, compute)
     return pooled["answers"], pooled["prompts"]
 
 
@@ -101,13 +99,13 @@ class _Loaded:
     base with the update patched in (``sources.patched``), no reload per adapter."""
 
     def __init__(self, inputs: DiagnosticInputs, shared: Set[str]):
-        self.options = inputs.options
+        self.settings = inputs.settings
         self.tokenizer_from = inputs.base.path if inputs.base else None
         self.shared = shared  # str() of the sources to keep loaded
         self.kept: Dict[str, tuple] = {}
 
     def _load(self, source, dtype: str):
-        return load_causal_lm(source, self.options.get("device", "cpu"), dtype, self.tokenizer_from)
+        return load_causal_lm(source, self.settings.device, dtype, self.tokenizer_from)
 
     def _kept(self, source, dtype: str):
         if (str(source), dtype) not in self.kept:

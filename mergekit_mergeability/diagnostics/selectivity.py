@@ -36,9 +36,9 @@ from mergekit_mergeability.diagnostics.activations import encode, pad
 from mergekit_mergeability.maths import selectivity as lape
 from mergekit_mergeability.names import short_names
 from mergekit_mergeability.progress import task
+from mergekit_mergeability.settings import SELECTIVITY_SPANS as SPANS
 from mergekit_mergeability.sources import load_causal_lm
 
-SPANS = ("answer", "prompt")
 SPECIFIC = "specific_"  # per-model metric prefix: specific_<group>
 COLLISION_SHARE = 0.1
 _ACTIVATION = re.compile(r"\.(\d+)\.mlp\.(act_fn|act)$")  # transformers' names: Llama-likes, GPT-2
@@ -49,7 +49,7 @@ class Selectivity:
     needs = frozenset({Need.PROBES})
 
     def run(self, inputs: DiagnosticInputs) -> DiagnosticResult:
-        options = inputs.options
+        settings = inputs.settings
         result = DiagnosticResult()
         rows, labels, groups = probe_groups(inputs.models)
         if len(groups) < 2:
@@ -60,16 +60,13 @@ class Selectivity:
                 )
             )
             return result
-        quantiles = (
-            options.get("lape_entropy_quantile", lape.ENTROPY_QUANTILE),
-            options.get("lape_activation_quantile", lape.ACTIVATION_QUANTILE),
-        )
+        quantiles = (settings.lape_entropy_quantile, settings.lape_activation_quantile)
         members = [m for m in (inputs.base, *inputs.models) if m is not None]
         probabilities: Dict[str, np.ndarray] = {}
         for member, p in zip(
             members,
             distributed.each(
-                member_probabilities, members, rows, labels, len(groups), inputs, gpus=distributed.gpus(options)
+                member_probabilities, members, rows, labels, len(groups), inputs, gpus=distributed.gpus(settings)
             ),
         ):  # Ray: one task per model
             if p is None:
@@ -114,22 +111,18 @@ def member_probabilities(
     member: ModelInput, rows, labels, groups: int, inputs: DiagnosticInputs
 ) -> Optional[np.ndarray]:
     """``member``'s activation probabilities (``activation_probabilities``), the model loaded for this pass alone."""
-    options = inputs.options
+    settings = inputs.settings
     base_path = inputs.base.path if inputs.base else None
-    span = options.get("selectivity_span", "answer")
+    span = settings.selectivity_span
 
     def compute():
-        model, tokenizer = load_causal_lm(
-            member.path, options.get("device", "cpu"), member.load_dtype(options), base_path
-        )
-        with task(f"selectivity: {member.name}", len(rows), options.get("quiet", False)) as advance:
-            p = activation_probabilities(
-                model, tokenizer, rows, labels, groups, span, options.get("batch_size", 16), advance
-            )
+        model, tokenizer = load_causal_lm(member.path, settings.device, member.load_dtype(settings), base_path)
+        with task(f"selectivity: {member.name}", len(rows), settings.quiet) as advance:
+            p = activation_probabilities(model, tokenizer, rows, labels, groups, span, settings.batch_size, advance)
         return {} if p is None else {"probabilities": torch.from_numpy(p)}
 
-    settings = (rows, list(labels), groups, span, member.load_dtype(options), options.get("batch_size", 16))
-    found = stored.kept(options.get("cache_dir"), "selectivity", member.path, settings, compute)
+    computed_from = (rows, list(labels), groups, span, member.load_dtype(settings), settings.batch_size)
+    found = stored.kept(settings.cache_dir, "selectivity", member.path, computed_from, compute)
     return found["probabilities"].numpy() if "probabilities" in found else None
 
 

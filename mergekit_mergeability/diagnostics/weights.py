@@ -162,7 +162,7 @@ class WeightStatistics:
         sources = {m.name: m.path for m in inputs.models}
         sums = _Sums(sources)
         description = "weights: low-rank updates" if low_rank else "weights: task vectors"
-        with task(description, len(names), inputs.options.get("quiet", False)) as advance:
+        with task(description, len(names), inputs.settings.quiet) as advance:
             if distributed.active():  # one task per shard of tensors; partial sums added in tensor order, as below
                 runs = distributed.shards([math.prod(index[n].shape) for n in names], distributed.workers())
                 shards = [[names[i] for i in run] for run in runs]

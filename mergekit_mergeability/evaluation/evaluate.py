@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Optional
 
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.evaluation.scorer import Scorer
 from mergekit_mergeability.files import SCHEMA_VERSION, write_atomic
 from mergekit_mergeability.maths.retention import normalised_gain, retention
-from mergekit_mergeability.precheck.config import MergeSpec
+from mergekit_mergeability.config import MergeSpec
 from mergekit_mergeability.progress import task as progress
+from mergekit_mergeability.settings import RunSettings
 from mergekit_mergeability.sources import check_model
 from mergekit_mergeability.sources.cache import Cache
 from mergekit_mergeability.tasks import lmeval
@@ -32,7 +33,7 @@ def owned_tasks(spec: MergeSpec, overrides: Optional[List[str]]) -> Dict[str, Op
 
 
 def evaluate(
-    spec: MergeSpec, merged: Path, overrides: Optional[List[str]], options: Mapping[str, Any], cache: Cache
+    spec: MergeSpec, merged: Path, overrides: Optional[List[str]], settings: RunSettings, cache: Cache
 ) -> Dict[str, Any]:
     if not spec.base_model:
         raise UserError(f"{spec.source}: evaluate needs a base_model to compare against")
@@ -44,7 +45,7 @@ def evaluate(
         check_model(folder)  # a damaged or empty folder fails here, before any scoring
     owners = owned_tasks(spec, overrides)
     resolved = lmeval.resolve_all(owners, spec.folder)  # a bad task fails here, before work
-    scorer = Scorer(folders[spec.base_model], options, cache)
+    scorer = Scorer(folders[spec.base_model], settings, cache)
     # each task on the base, the merge, and its own expert (every expert for --tasks)
     plan = [
         (name, s)
@@ -52,7 +53,7 @@ def evaluate(
         for name in (spec.base_model, "merged", *([owners[s]] if owners[s] else spec.models))
     ]
     scores: Dict[str, Dict[str, Any]] = {}
-    with progress("evaluate", len(plan), options.get("quiet", False)) as advance:
+    with progress("evaluate", len(plan), settings.quiet) as advance:
         for name, spec_text in plan:
             scores.setdefault(name, {})[spec_text] = scorer.folder(folders[name], resolved[spec_text])
             advance(1)
@@ -94,7 +95,7 @@ def write(report: Dict[str, Any], out: Path) -> List[Path]:
 
 
 def plot(report: Dict[str, Any]) -> bytes:
-    from mergekit_mergeability.plots import png
+    from mergekit_mergeability.output.plots import png
 
     rows = report["tasks"]
 

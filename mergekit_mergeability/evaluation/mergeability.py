@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List
 
 from mergekit_mergeability import distributed
 from mergekit_mergeability.diagnostics import ModelInput
@@ -21,8 +21,9 @@ from mergekit_mergeability.evaluation.protocol import TrialLog, partners, summar
 from mergekit_mergeability.evaluation.scorer import Scorer
 from mergekit_mergeability.files import SCHEMA_VERSION, write_atomic
 from mergekit_mergeability.maths.retention import normalised_gain
-from mergekit_mergeability.precheck.config import MergeSpec, model_entries
+from mergekit_mergeability.config import MergeSpec, model_entries
 from mergekit_mergeability.progress import task as progress
+from mergekit_mergeability.settings import RunSettings
 from mergekit_mergeability.sources import TensorReader
 from mergekit_mergeability.sources.cache import Cache, fingerprint
 from mergekit_mergeability.tasks import lmeval
@@ -50,7 +51,7 @@ def measure(
     partner_count: int,
     trials: int,
     seed: int,
-    options: Mapping[str, Any],
+    settings: RunSettings,
     cache: Cache,
     out: Path,
 ) -> Dict[str, Any]:
@@ -64,10 +65,10 @@ def measure(
     shared = dict(spec.document.get("parameters") or {})
     per_model = {str(e["model"]): dict(e.get("parameters") or {}) for e in model_entries(spec.document)}
     fingerprints = {name: fingerprint(folder) for name, folder in folders.items()}
-    trials_of = Trials(folders, spec.base_model, method, shared, per_model, fingerprints, own_task, options, cache)
+    trials_of = Trials(folders, spec.base_model, method, shared, per_model, fingerprints, own_task, settings, cache)
     scorer = trials_of.scorer()
     # a resumed run reuses a trial only if nothing that changes its score has changed
-    settings = {
+    resumed_by = {
         "method": method,
         "partners": partner_count,
         "seed": seed,
@@ -75,7 +76,7 @@ def measure(
         "per_model": per_model,
         "fingerprints": fingerprints,
     }
-    log = TrialLog(Path(out) / "trials.jsonl", settings, {m: scorer.settings(own_task[m]) for m in spec.models})
+    log = TrialLog(Path(out) / "trials.jsonl", resumed_by, {m: scorer.settings(own_task[m]) for m in spec.models})
     to_run = [
         (m, t, partners(spec.models, m, partner_count, t, seed))
         for m in spec.models
@@ -87,7 +88,7 @@ def measure(
     with progress(
         f"mergeability ({method}, {partner_count} partners × {trials} trials)",
         len(spec.models) * (trials + 2),
-        options.get("quiet", False),
+        settings.quiet,
     ) as advance:
         advance(len(spec.models) * trials - len(to_run))
 
@@ -96,7 +97,7 @@ def measure(
             log.add({"model": model, "trial": trial, "partners": drawn, "score": score})
             advance(1)
 
-        gpus = distributed.gpus(options)
+        gpus = distributed.gpus(settings)
         try:
             distributed.each(run_trial, to_run, trials_of, done=finished, gpus=gpus)  # on Ray: one task per trial
             ends = distributed.each(run_ends, spec.models, trials_of, done=lambda i, r: advance(2), gpus=gpus)
@@ -136,11 +137,11 @@ class Trials:
     the models' updates from trial to trial; sent to a Ray worker, it leaves them behind and
     the worker loads its own, once per worker process (``_kept``)."""
 
-    def __init__(self, folders, base, method, shared, per_model, fingerprints, own_task, options, cache):
+    def __init__(self, folders, base, method, shared, per_model, fingerprints, own_task, settings, cache):
         self.folders, self.base, self.method = folders, base, method
         self.shared, self.per_model, self.fingerprints = shared, per_model, fingerprints
-        self.own_task, self.options, self.cache = own_task, options, cache
-        self.key = Cache.key(fingerprints, method, shared, per_model, options)
+        self.own_task, self.settings, self.cache = own_task, settings, cache
+        self.key = Cache.key(fingerprints, method, shared, per_model, settings.to_json())
         self._scorer, self._reader, self._updates = None, None, {}
 
     def __getstate__(self):
@@ -148,7 +149,7 @@ class Trials:
 
     def scorer(self) -> Scorer:
         if self._scorer is None:
-            self._scorer = Scorer(self.folders[self.base], self.options, self.cache)
+            self._scorer = Scorer(self.folders[self.base], self.settings, self.cache)
         return self._scorer
 
     def reader(self) -> TensorReader:

@@ -7,33 +7,34 @@ from typing import Any, Callable, Dict, Mapping
 
 import torch
 
-from mergekit_mergeability.sources import Source, load_causal_lm, merged, patched, same_model, update_of
+from mergekit_mergeability.settings import RunSettings
+from mergekit_mergeability.sources import Source, auto_device, load_causal_lm, merged, patched, same_model, update_of
 from mergekit_mergeability.sources.cache import Cache, fingerprint
 from mergekit_mergeability.tasks import harness
 from mergekit_mergeability.tasks.lmeval import Task
 
 
 class Scorer:
-    def __init__(self, base: Path, options: Mapping[str, Any], cache: Cache):
+    def __init__(self, base: Path, settings: RunSettings, cache: Cache):
         self.base = Path(base)
         self.base_fingerprint = fingerprint(self.base)
-        self.options = options
+        self.run_settings = settings
         self.cache = cache
         self._module = None
         self._tokenizer = None
 
     def settings(self, task: Task):
         """Everything besides the model that changes a score on ``task`` (cache and resume keys)."""
-        return task.fingerprint, self.options.get("limit"), self.options.get("dtype", "float32")
+        return task.fingerprint, self.run_settings.limit, self.run_settings.dtype
 
     def _run(self, module, tokenizer, task: Task) -> Dict[str, Any]:
         return harness.score(
             module,
             tokenizer,
             task,
-            self.options.get("limit"),
-            self.options.get("batch_size", 16),
-            self.options.get("device", "cpu"),
+            self.run_settings.limit,
+            self.run_settings.batch_size,
+            auto_device(self.run_settings.device),
         )
 
     def folder(self, path: Source, task: Task) -> Dict[str, Any]:
@@ -49,9 +50,7 @@ class Scorer:
         if same_model(path, self.base):
             module, tokenizer = self.base_module()
         else:
-            module, tokenizer = load_causal_lm(
-                path, self.options.get("device", "cpu"), self.options.get("dtype", "float32"), self.base
-            )
+            module, tokenizer = load_causal_lm(path, self.run_settings.device, self.run_settings.dtype, self.base)
         return self.cache.put(key, self._run(module, tokenizer, task))
 
     def patch(self, recipe: Any, task: Task, make: Callable[[], Mapping[str, torch.Tensor]]) -> Dict[str, Any]:
@@ -67,7 +66,5 @@ class Scorer:
 
     def base_module(self):
         if self._module is None:
-            self._module, self._tokenizer = load_causal_lm(
-                self.base, self.options.get("device", "cpu"), self.options.get("dtype", "float32")
-            )
+            self._module, self._tokenizer = load_causal_lm(self.base, self.run_settings.device, self.run_settings.dtype)
         return self._module, self._tokenizer

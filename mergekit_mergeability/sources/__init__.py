@@ -188,8 +188,8 @@ def load_dtype(requested: str, model: Source, configured: Optional[str] = None) 
     def candidates():
         yield configured
         config = source_of(base_of(model)).config_json()[1]
-        yield config.get("dtype")
-        yield config.get("torch_dtype")
+        for key in ("dtype", "torch_dtype"):  # torch_dtype before transformers 5
+            yield config.get(key)
 
     for candidate in candidates():
         name = candidate.removeprefix("torch.") if isinstance(candidate, str) else None
@@ -203,8 +203,9 @@ def load_causal_lm(
 ):
     """(model, tokenizer) in eval mode, in ``dtype`` (``auto``: see ``load_dtype``); the tokenizer
     falls back to ``tokenizer_from`` (mergekit output folders written with --no-copy-tokenizer have
-    none). An adapter is loaded as its base with the update added in place."""
-    return source_of(folder).load(device, load_dtype(dtype, folder), tokenizer_from)
+    none). An adapter is loaded as its base with the update added in place. ``device`` may be
+    ``auto`` (``auto_device``)."""
+    return source_of(folder).load(auto_device(device), load_dtype(dtype, folder), tokenizer_from)
 
 
 @contextlib.contextmanager

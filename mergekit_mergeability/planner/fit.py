@@ -30,8 +30,8 @@ import numpy as np
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.files import SCHEMA_VERSION, read_report, write_atomic
 from mergekit_mergeability.maths import calibration as fitting
-from mergekit_mergeability.plan import conditional as cond
-from mergekit_mergeability.plan.decide import merge_of
+from mergekit_mergeability.planner import conditional as cond
+from mergekit_mergeability.planner.decide import merge_of
 
 DEFAULT = Path(__file__).with_name("conditional.json")
 PRECHECK_FIELDS = ("path", "role", "knowledge", "weights")

@@ -1,5 +1,6 @@
-"""``report.html``: one self-contained page (plots embedded as PNG, a few lines of script to
-sort the table) from ``precheck.json``. Models appear by short name, the full path on hover."""
+"""The HTML pages, each one self-contained file (plots embedded as PNG, a few lines of script to
+sort a table) in one style (``PAGE_STYLE``): the precheck's ``report.html`` (``render``, from
+precheck.json; models by short name, the full path on hover) and the sweep's (``sweep_page``)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,18 @@ import warnings
 from typing import Any, Dict, List, Optional
 
 from mergekit_mergeability.names import shorten
-from mergekit_mergeability.summary import known, legend, number
+from mergekit_mergeability.output.terminal import (
+    STAGE_NAMES,
+    known,
+    labels,
+    lambda_span,
+    legend,
+    number,
+    sentences,
+    value_range,
+)
 
+PAGE_STYLE = "body{font-family:system-ui,sans-serif;max-width:1220px;margin:1.5em auto;padding:0 1em;color:#222}"
 MAX_LINES = 8  # pairs drawn one line each; more are drawn as a band
 ANNOTATED = 12  # heatmaps print their values up to this many models
 VERDICT_COLOURS = {
@@ -89,7 +100,7 @@ def render(report: Dict[str, Any]) -> str:
     stop = "".join(f"<li>{esc(r)}</li>" for r in report["stop"])
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>mergeability precheck: {esc(report["config"])}</title>
-<style>body{{font-family:system-ui,sans-serif;max-width:1220px;margin:1.5em auto;padding:0 1em;color:#222}}
+<style>{PAGE_STYLE}
 table{{border-collapse:collapse;font-size:13px;width:100%}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}}
 th{{background:#f3f3f3;cursor:pointer;white-space:nowrap}}th[data-order=up]::after{{content:" ▲"}}th[data-order=down]::after{{content:" ▼"}}
 td.num{{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}}td.name{{white-space:nowrap;max-width:13em;overflow:hidden;text-overflow:ellipsis}}td.why{{min-width:15em}}span.ood{{color:#a60;font-size:small}}li.info{{color:#777}}li.error b{{color:#b00}}li.warning b{{color:#a60}}
@@ -157,7 +168,7 @@ def _layer_axis(ax, label: str) -> None:
 
 
 def _figure(draw, title: str, width: float = 8, height: float = 4) -> str:
-    from mergekit_mergeability.plots import png
+    from mergekit_mergeability.output.plots import png
 
     encoded = base64.b64encode(png(draw, title, width, height)).decode("ascii")
     return f'<h2>{html.escape(title)}</h2><img alt="{html.escape(title)}" src="data:image/png;base64,{encoded}">'
@@ -310,3 +321,84 @@ def _cosine_plot(report, names) -> Optional[str]:
 
 def _fontsize(count: int) -> float:
     return 9 if count <= 20 else max(5, 9 - (count - 20) / 10)
+
+
+def sweep_page(report: Dict[str, Any], figure: bytes, config_text: Optional[str]) -> str:
+    """A sweep's ``report.html``: one self-contained page (``figure`` embedded), in the precheck report's style."""
+    esc = html.escape
+    settings, models, names = report["settings"], report["models"], labels(report)
+    image = base64.b64encode(figure).decode("ascii")
+    k = settings["samples"]
+    heads = [
+        "λ",
+        "stage",
+        f"Mean@{k}",
+        *([f"Pass@{k}", f"Vote@{k}"] if k > 1 else []),
+        "tokens",
+        "marker rate",
+        "accuracy per token",
+        "refined",
+    ]
+    body = ""
+    for r in report["points"]:
+        cells = [
+            r["lambda"],
+            r["stage"],
+            r["accuracy"],
+            *([(r["pass_at"] or {}).get(str(k)), r["vote"]] if k > 1 else []),
+            r["tokens"],
+            r["marker_rate"],
+            r["accuracy_per_token"],
+        ]
+        body += (
+            "<tr>"
+            + "".join(
+                f'<td class="num" data-value="{"" if v is None else v}">{"–" if v is None else f"{v:.4g}"}</td>'
+                for v in cells
+            )
+            + f"<td>{'yes' if r['refined'] else ''}</td></tr>"
+        )
+    stage_rows = "".join(
+        f"<tr><td>{s['stage']} {STAGE_NAMES[s['stage']]}</td><td>{lambda_span(s['from'], s['to'])}</td><td>{value_range(s['accuracy_range'])}</td>"
+        f"<td>{value_range(s['tokens_range'], 1)}</td><td>{value_range(s['marker_rate_range'])}</td></tr>"
+        for s in report["stages"]["table"]
+    )
+    chosen = (
+        f"<pre>{esc(config_text)}</pre>"
+        if config_text
+        else "<p>No <code>chosen.yml</code>: "
+        + (
+            "no sweet spot."
+            if report["sweet_spot"]["lambda"] is None
+            else "mergekit builds models from models, not from task vectors (<code>--save-chosen</code> writes the model)."
+        )
+        + "</p>"
+    )
+    restricted = (
+        ", ".join(f"{k} {v}" for k, v in (("layers", settings["layers"]), ("modules", settings["modules"])) if v)
+        or "every tensor"
+    )
+    sampled = f" at temperature {settings['temperature']:g}" if k > 1 else " (greedy)"
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>mergeability sweep: {esc(names["a"])} → {esc(names["b"])}</title>
+<style>{PAGE_STYLE}
+table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}
+th{{background:#f3f3f3;cursor:pointer;white-space:nowrap}}td.num{{text-align:right;font-variant-numeric:tabular-nums}}
+img{{max-width:100%}}code{{word-break:break-all}}pre{{background:#f7f7f7;padding:.6em;overflow:auto;max-height:20em}}</style></head><body>
+<h1>Interpolation sweep</h1>
+<p>θ(λ) = λ·B + (1 − λ)·A with A <code title="{esc(models["a"]["path"])}">{esc(names["a"])}</code> and B
+<code title="{esc(models["b"]["path"])}">{esc(names["b"])}</code>{' (task vectors of <code title="' + esc(models["base"]["path"]) + '">' + esc(names["base"]) + "</code>)" if report["task_vectors"] else ""},
+built in memory with mergekit's <code>linear</code> on {report["tensors"]["interpolated"]} of the {report["tensors"]["differing"]} tensors where they differ ({esc(restricted)}).
+Task <code>{esc(report["task"])}</code> (lm-eval <code>{esc(report["lm_eval_task"])}</code>, {esc(str(report["metric"]))}),
+{k} answer{"s" if k > 1 else ""} per problem{sampled}; marker <code>{esc(settings["marker"])}</code>.</p>
+<ul>{"".join(f"<li>{esc(line)}</li>" for line in sentences(report))}</ul>
+<h2>Stages</h2>
+<table><thead><tr><th>stage</th><th>λ</th><th>accuracy</th><th>tokens per answer</th><th>marker rate</th></tr></thead><tbody>{stage_rows or '<tr><td colspan="5">no transition</td></tr>'}</tbody></table>
+<h2>Curves</h2><img alt="accuracy, tokens and marker rate against λ" src="data:image/png;base64,{image}">
+<h2>Every λ</h2><p><small>Click a column to sort.</small></p>
+<table class="sortable"><thead><tr>{"".join(f"<th>{esc(h)}</th>" for h in heads)}</tr></thead><tbody>{body}</tbody></table>
+<h2>The chosen model</h2>{chosen}
+<p><small>{esc(report["tool"]["name"])} {esc(report["tool"]["version"])}, schema {esc(report["schema_version"])}</small></p>
+<script>{SORT_SCRIPT}</script>
+</body></html>
+"""

@@ -9,6 +9,7 @@ compare values across models or against the model depth, before anything is writ
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
@@ -81,11 +82,27 @@ def fill_num_layers(planner) -> None:
 
 
 def check_before_planning(planner) -> None:
-    from mergekit_mergeability.plugins import plugin_methods
-    from mergekit_mergeability.precheck import gate
+    from mergekit_mergeability.plugins.manager import plugin_methods
 
     _check_plugin_method(planner, plugin_methods())
-    gate.check(planner.config)
+
+
+_dry_runs = [0]  # the precheck's own plans of the merge in progress (``dry_run``)
+
+
+def dry_running() -> bool:
+    """Whether the planner at work is the precheck's dry run (the gate then stays out: it would
+    precheck the precheck)."""
+    return _dry_runs[0] > 0
+
+
+@contextlib.contextmanager
+def _dry_run():
+    _dry_runs[0] += 1
+    try:
+        yield
+    finally:
+        _dry_runs[0] -= 1
 
 
 def _check_plugin_method(planner, plugin_methods) -> None:
@@ -111,13 +128,11 @@ def dry_run(document: Dict[str, Any], source) -> None:
     from mergekit.options import MergeOptions
     from mergekit.plan import MergePlanner
 
-    from mergekit_mergeability.precheck import gate
-
     options = MergeOptions()
     try:
         config = MergeConfiguration.model_validate(document)
         architecture = get_architecture_info(config, options)
-        with gate.paused():  # the plan's own check, not a precheck inside the precheck
+        with _dry_run():  # the plan's own check, not a precheck inside the precheck
             planner = MergePlanner(config, architecture, options, _model_out_config(config, architecture))
             planner.plan_to_disk(out_path="never-written")  # tasks only: nothing runs until an executor does
     except UserError as error:

@@ -1,8 +1,9 @@
-"""``precheck``: will the models of a mergekit config merge well? Answered before merging.
+"""The precheck's measurements: the config's models with their probes, every plugin's diagnostic
+run on them, and the decision taken on what they measured.
 
-load (config, models, probes) → measure (every diagnostic from the plugins) →
-decide (``decision``: predict per model, recommend per merge, in ``decide``) →
-report (``report.build`` writes the decision down, ``report.write``).
+load (``load_inputs``) → measure (``measure``: every diagnostic from the plugins) → decide
+(``decision``: predict per model, recommend per merge, in ``decide``). ``api.precheck`` wires these
+to the report (``output.precheck``: ``build`` writes the decision down, ``write`` the files).
 """
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ from __future__ import annotations
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Tuple
 
 from mergekit_mergeability import tasks
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
 from mergekit_mergeability.errors import MeasurementError, UserError
-from mergekit_mergeability.precheck.config import MergeSpec
+from mergekit_mergeability.config import MergeSpec
+from mergekit_mergeability.settings import PrecheckSettings
 from mergekit_mergeability.tasks import probes
 
 if TYPE_CHECKING:
@@ -67,7 +69,7 @@ def load_inputs(
 
     folder = spec.folder
     sources = spec.sources()
-    dtypes = {name: load_dtype(dtype, source, spec.document.get("dtype")) for name, source in sources.items()}
+    dtypes = {name: load_dtype(dtype, source, spec.dtype) for name, source in sources.items()}
     base = (
         ModelInput(spec.base_model, sources[spec.base_model], dtype=dtypes[spec.base_model])
         if spec.base_model
@@ -89,7 +91,9 @@ def load_inputs(
     return base, tuple(models)
 
 
-def measure(spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping[str, Any] = {}) -> Measurements:
+def measure(
+    spec: MergeSpec, overrides: Mapping[str, str] = {}, settings: PrecheckSettings = PrecheckSettings()
+) -> Measurements:
     """Run every plugin's diagnostic in plugin order; stop at the first error finding.
 
     Fails closed: when the built-in plugin or one of its diagnostics cannot run, raise
@@ -101,13 +105,13 @@ def measure(spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping
         raise MeasurementError(
             "the built-in diagnostics did not load (see the warning above); reinstall mergekit-mergeability"
         )
-    from mergekit_mergeability.precheck.config import tokenizer_source
+    from mergekit_mergeability.config import tokenizer_source
 
     specs = probe_specs(spec, overrides)
-    base, models = load_inputs(spec, specs, options.get("limit"), options.get("dtype", "auto"))
+    base, models = load_inputs(spec, specs, settings.limit, settings.dtype)
     measured = Measurements(spec, base, models, specs)
-    inputs = DiagnosticInputs(base, models, {"tokenizer_source": tokenizer_source(spec.document), **options})
-    skip = set(options.get("skip") or ())
+    inputs = DiagnosticInputs(base, models, settings, tokenizer_source(spec.document))
+    skip = set(settings.skip)
     diagnostics = plugin_diagnostics(strict=(BUILTIN,))
     unknown = skip - {d.name for _, d in diagnostics}
     if unknown:
@@ -155,8 +159,8 @@ def plan(measured: Measurements) -> None:
     """Plan the merge as mergekit would (``planning.dry_run``), before the heavy passes: a config
     the merge would refuse is one line now, not a recommendation that fails later. Only for local
     folders: hub models would need their configs fetched, plain adapter folders are ours alone."""
-    from mergekit_mergeability.planning import dry_run
-    from mergekit_mergeability.precheck.report import absolute
+    from mergekit_mergeability.plugins.planning import dry_run
+    from mergekit_mergeability.config import absolute
 
     sources = {m.name: m.path for m in ([measured.base] if measured.base else []) + list(measured.models)}
     if all(isinstance(path, Path) for path in sources.values()):
@@ -179,13 +183,12 @@ def per_layer(results: Mapping[str, DiagnosticResult], diagnostic: str, pairs: b
     return {k: v for k, v in results[diagnostic].per_layer.items() if isinstance(k, tuple) == pairs}
 
 
-def decision(measured: Measurements, options: Mapping[str, Any] = {}) -> "Decision":
-    """The decision on the measurements (``decide.decide``), with the calibration of ``--calibration``
-    (else the shipped one) and the cut-off's thresholds and signal of ``options``."""
+def decision(measured: Measurements, settings: PrecheckSettings = PrecheckSettings()) -> "Decision":
+    """The decision on the measurements (``decide.decide``), with the calibration of ``settings``
+    (None: the shipped one) and the cut-off's thresholds and signal."""
     from mergekit_mergeability.decide import decide
     from mergekit_mergeability.decide.advice import configured_weights
     from mergekit_mergeability.decide.calibration import Calibration
-    from mergekit_mergeability.decide.verdict import DEFAULT_OVERLAP_THRESHOLD, DEFAULT_THRESHOLD
     from mergekit_mergeability.names import short_names
 
     spec, results = measured.spec, measured.results
@@ -202,7 +205,7 @@ def decision(measured: Measurements, options: Mapping[str, Any] = {}) -> "Decisi
     weights = results["weights"].per_pair if "weights" in results else {}
     return decide(
         experts,
-        Calibration.load(options.get("calibration")),
+        Calibration.load(settings.calibration),
         configured_weights(spec.document),
         {pair: values["cosine"] for pair, values in weights.items()},
         {pair: layers["cka_unbiased"] for pair, layers in per_layer(results, "representations").items()},
@@ -210,41 +213,8 @@ def decision(measured: Measurements, options: Mapping[str, Any] = {}) -> "Decisi
         base=spec.base_model,
         method=spec.merge_method,
         errors=measured.errors(),
-        threshold=options.get("cka_threshold", DEFAULT_THRESHOLD),
-        overlap_threshold=options.get("overlap_threshold", DEFAULT_OVERLAP_THRESHOLD),
-        signal=options.get("cutoff_signal", "cka"),
+        threshold=settings.cka_threshold,
+        overlap_threshold=settings.overlap_threshold,
+        signal=settings.cutoff_signal,
         label=names.get,
     )
-
-
-def run(
-    spec: MergeSpec, overrides: Mapping[str, str] = {}, options: Mapping[str, Any] = {}, out: Optional[Path] = None
-) -> Dict[str, Any]:
-    """The whole precheck: measure, predict, recommend, ask plugins whether to stop, write ``out``."""
-    from types import MappingProxyType
-
-    from mergekit_mergeability.plugins import results
-    from mergekit_mergeability.precheck import report as reports
-    from mergekit_mergeability.decide.verdict import DO_NOT_MERGE
-
-    try:
-        measured = measure(spec, overrides, options)
-    except MeasurementError:
-        if out is not None:  # an earlier run's advice must not outlive a failed measurement
-            reports.remove_recommended(Path(out))
-        raise
-    report = reports.build(measured, dict(options), decision(measured, options))
-    failures: List[str] = []  # a plugin's bug must not cost the user the report: a warning, the others still answer
-    answers = results(
-        REPORT_HOOK, failed=failures.append, report=MappingProxyType(report), config_path=str(spec.source)
-    )
-    report["findings"] += [
-        {"diagnostic": REPORT_HOOK, "severity": "warning", "message": message} for message in failures
-    ]
-    reasons = [reason for _, reason in answers]
-    if report["recommendation"]["verdict"] == DO_NOT_MERGE:
-        reasons = ["; ".join(report["recommendation"]["reasons"]), *reasons]
-    report["stop"] = [r for r in reasons if r]
-    if out is not None:
-        reports.write(report, measured, Path(out))
-    return report

@@ -24,8 +24,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from mergekit_mergeability.errors import UserError
-from mergekit_mergeability.plan import conditional as cond
-from mergekit_mergeability.plan.search import Result, search
+from mergekit_mergeability.planner import conditional as cond
+from mergekit_mergeability.planner.search import Result, search
 
 DEFAULT_METHODS = (cond.TASK_ARITHMETIC, cond.TIES, cond.KNOWLEDGE_WEIGHTED, cond.LAYER_SELECTIVE)
 TIES_DENSITY = 0.5  # the density the project measured TIES at (README, knowledge_weighted's defaults)
@@ -258,7 +258,7 @@ def decide(
 def steps(n: int, merges: Sequence[cond.Merge]) -> int:
     """How many times ``decide`` calls ``progress``: the search's starts and kicks, then one
     search per method."""
-    from mergekit_mergeability.plan.search import kicks_for
+    from mergekit_mergeability.planner.search import kicks_for
 
     methods = len({m.method for m in merges})
     return 2 + kicks_for(n) + (methods if methods > 1 else 0)

@@ -11,7 +11,6 @@ no evaluation, and a rerun or a refinement reuses every finished point.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import fmean
 from typing import Any, Dict, List, Mapping, Optional, Pattern, Tuple
@@ -20,8 +19,9 @@ from mergekit_mergeability import distributed
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.files import SCHEMA_VERSION, atomic_folder
 from mergekit_mergeability.maths import sampling, stages
+from mergekit_mergeability.settings import SweepSettings
 from mergekit_mergeability.sources.cache import Cache
-from mergekit_mergeability.sweep.models import Endpoints, Selection, endpoints, interpolate, plan
+from mergekit_mergeability.interpolation.models import Endpoints, Selection, endpoints, interpolate, plan
 from mergekit_mergeability.tasks import lmeval
 
 
@@ -46,21 +46,6 @@ def grid(text: str) -> Tuple[float, ...]:
     return lambdas
 
 
-@dataclass(frozen=True)
-class Settings:
-    task: str
-    lambdas: Tuple[float, ...] = field(default_factory=lambda: grid("0:1:0.1"))
-    marker: str = "</think>"
-    budget: Optional[float] = None
-    selection: Selection = Selection()
-    samples: int = 1  # answers per problem: 1 is greedy, more are sampled at ``temperature``
-    temperature: float = 0.7
-    seed: int = 0
-    refine: int = 8  # at most this many λ added
-    resolution: float = 0.025
-    tolerance: float = 0.05
-
-
 def marker_pattern(marker: str) -> Pattern[str]:
     try:
         return re.compile(marker)
@@ -69,23 +54,22 @@ def marker_pattern(marker: str) -> Pattern[str]:
 
 
 class Sweep:
-    def __init__(
-        self, a: str, b: str, base: Optional[str], settings: Settings, options: Mapping[str, Any], cache: Cache
-    ):
-        from mergekit_mergeability.sweep.answers import GenerationTask
+    def __init__(self, a: str, b: str, base: Optional[str], task: str, settings: SweepSettings, cache: Cache):
+        from mergekit_mergeability.interpolation.answers import GenerationTask
 
-        self.s, self.options, self.cache = settings, options, cache
+        self.s, self.task_spec, self.cache = settings, task, cache
         self.marker = marker_pattern(settings.marker)
-        if "," in settings.task:
-            raise UserError(f"--tasks {settings.task}: the sweep scores one task; name one")
+        if "," in task:
+            raise UserError(f"--tasks {task}: the sweep scores one task; name one")
         self.ends: Endpoints = endpoints(a, b, base)
-        self.task = lmeval.resolve(settings.task)
+        self.task = lmeval.resolve(task)
         self.task.check()
         self.generation = GenerationTask(self.task, settings.samples, settings.temperature)
-        self.interpolated, self.differing = plan(self.ends, settings.selection)
+        self.selection = Selection(frozenset(settings.layers) if settings.layers else None, settings.modules)
+        self.interpolated, self.differing = plan(self.ends, self.selection)
         self.metric: Optional[str] = None  # the task's metric, as the first answers name it
         self._lm = None
-        self.spec = (a, b, base, settings, dict(options))  # what a Ray worker rebuilds it from
+        self.spec = (a, b, base, task, settings)  # what a Ray worker rebuilds it from
         self._answered: Dict[float, Dict[str, Any]] = {}  # records that Ray workers returned
 
     def lm(self):
@@ -93,17 +77,15 @@ class Sweep:
         if self._lm is None:
             from lm_eval.models.huggingface import HFLM
 
-            from mergekit_mergeability.sources import load_causal_lm
+            from mergekit_mergeability.sources import auto_device, load_causal_lm
 
-            module, tokenizer = load_causal_lm(
-                self.ends.origin, self.options.get("device", "cpu"), self.options.get("dtype", "float32")
-            )
+            module, tokenizer = load_causal_lm(self.ends.origin, self.s.device, self.s.dtype)
             with lmeval.quiet_harness():
                 self._lm = HFLM(
                     pretrained=module,
                     tokenizer=tokenizer,
-                    device=self.options.get("device", "cpu"),
-                    batch_size=self.options.get("batch_size", 16),
+                    device=auto_device(self.s.device),
+                    batch_size=self.s.batch_size,
                 )
         return self._lm
 
@@ -116,8 +98,8 @@ class Sweep:
             self.interpolated,
             self.task.fingerprint,
             decoding,
-            self.options.get("limit"),
-            self.options.get("dtype", "float32"),
+            self.s.limit,
+            self.s.dtype,
         )
 
     def record(self, lam: float) -> Dict[str, Any]:
@@ -130,7 +112,7 @@ class Sweep:
             return cached
         lm = self.lm()
         with patched(lm.model, interpolate(self.ends, self.interpolated, lam)):
-            result = self.generation.answer(lm, self.options.get("limit"), self.s.seed)
+            result = self.generation.answer(lm, self.s.limit, self.s.seed)
         for problem in result["problems"]:
             problem["tokens"] = [len(lm.tokenizer.encode(r, add_special_tokens=False)) for r in problem["responses"]]
         return self.cache.put(key, {"lambda": lam, **result})
@@ -143,7 +125,7 @@ class Sweep:
     def run(self) -> Dict[str, Any]:
         from mergekit_mergeability.progress import task as progress
 
-        quiet = self.options.get("quiet", False)
+        quiet = self.s.quiet
         points: Dict[float, Dict[str, Any]] = {}
         with progress(f"sweep: {len(self.s.lambdas)} λ points", len(self.s.lambdas), quiet) as advance:
             self.answer_on_ray(self.s.lambdas, advance)
@@ -170,7 +152,7 @@ class Sweep:
         missing = [lam for lam in lambdas if lam not in self._answered and self.cache.get(self.key(lam)) is None]
         advance(len(lambdas) - len(missing))
         records = distributed.each(
-            _answer, missing, *self.spec, done=lambda i, r: advance(1), gpus=distributed.gpus(self.options)
+            _answer, missing, *self.spec, done=lambda i, r: advance(1), gpus=distributed.gpus(self.s)
         )
         for lam, record in zip(missing, records):
             self._answered[lam] = self.cache.put(self.key(lam), record)
@@ -185,12 +167,19 @@ class Sweep:
             lambdas, curves["accuracy"], [points[lam]["tokens"] for lam in lambdas], self.s.tolerance, self.s.budget
         )
         rows = [{"lambda": lam, "stage": found.stage(lam), "refined": lam in added, **points[lam]} for lam in lambdas]
-        settings = {k: v for k, v in asdict(self.s).items() if k != "selection"}
-        layers = self.s.selection.layers
-        settings.update(
-            lambdas=list(self.s.lambdas), layers=sorted(layers) if layers else None, modules=self.s.selection.modules
-        )
-        settings.update({k: self.options.get(k) for k in ("limit", "dtype")})
+        s, layers = self.s, self.selection.layers
+        settings = {
+            "task": self.task_spec,
+            "lambdas": list(s.lambdas),
+            **{
+                k: getattr(s, k) for k in ("marker", "budget", "samples", "temperature", "seed", "refine", "resolution")
+            },
+            "tolerance": s.tolerance,
+            "layers": sorted(layers) if layers else None,
+            "modules": self.selection.modules,
+            "limit": s.limit,
+            "dtype": s.dtype,
+        }
         return {
             "schema_version": SCHEMA_VERSION,
             "tool": {"name": "mergekit-mergeability", "version": version("mergekit-mergeability")},
@@ -198,7 +187,7 @@ class Sweep:
                 role: {"name": self.ends.names[role], "path": str(source)} for role, source in self.ends.sources.items()
             },
             "task_vectors": self.ends.vectors,
-            "task": self.s.task,
+            "task": self.task_spec,
             "lm_eval_task": self.generation.name,
             "metric": self.metric,
             "settings": settings,
@@ -232,13 +221,11 @@ class Sweep:
 _sweeps: Dict[str, Sweep] = {}  # in a Ray worker process: the sweeps it has served, A loaded once each
 
 
-def _answer(
-    lam: float, a: str, b: str, base: Optional[str], settings: Settings, options: Dict[str, Any]
-) -> Dict[str, Any]:
+def _answer(lam: float, a: str, b: str, base: Optional[str], task: str, settings: SweepSettings) -> Dict[str, Any]:
     """One λ point's answers, in a Ray worker (``distributed.each``); the driver caches them."""
-    key = repr((a, b, base, settings, sorted(options.items())))
+    key = repr((a, b, base, task, settings))
     if key not in _sweeps:
-        _sweeps[key] = Sweep(a, b, base, settings, options, Cache(None))
+        _sweeps[key] = Sweep(a, b, base, task, settings, Cache(None))
     return _sweeps[key].record(lam)
 
 
@@ -312,12 +299,12 @@ def run(
     a: str,
     b: str,
     base: Optional[str],
-    settings: Settings,
-    options: Mapping[str, Any],
+    task: str,
+    settings: SweepSettings,
     cache: Cache,
     save_chosen: Optional[Path] = None,
 ) -> Tuple[Dict[str, Any], Sweep]:
-    sweep = Sweep(a, b, base, settings, options, cache)
+    sweep = Sweep(a, b, base, task, settings, cache)
     report = sweep.run()
     lam = report["sweet_spot"]["lambda"]
     report["chosen_model"] = str(sweep.save_model(lam, save_chosen)) if save_chosen and lam is not None else None

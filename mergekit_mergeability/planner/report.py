@@ -24,8 +24,8 @@ import numpy as np
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.files import SCHEMA_VERSION, atomic_folder, write_atomic
 from mergekit_mergeability.names import short_names
-from mergekit_mergeability.plan import conditional as cond
-from mergekit_mergeability.plan.decide import Decision, mergekit_parameters
+from mergekit_mergeability.planner import conditional as cond
+from mergekit_mergeability.planner.decide import Decision, mergekit_parameters
 
 SCHEMA = Path(__file__).with_name("schema.json")
 MODELS = "models"
@@ -224,7 +224,7 @@ def configs(decision: Decision, spec, document: Mapping[str, Any]) -> Dict[str, 
     """file → YAML text: one mergekit config per planned model."""
     import yaml
 
-    from mergekit_mergeability.precheck.report import absolute
+    from mergekit_mergeability.config import absolute
 
     resolved = spec.sources()
     written = {}
@@ -234,8 +234,8 @@ def configs(decision: Decision, spec, document: Mapping[str, Any]) -> Dict[str, 
         config["models"] = [{"model": name, "parameters": per_model[name]} for name in entry["members"]]
         if shared:
             config["parameters"] = shared
-        if spec.document.get("dtype"):
-            config["dtype"] = spec.document["dtype"]
+        if spec.dtype:
+            config["dtype"] = spec.dtype
         header = [
             f"Written by mergekit-mergeability plan from {spec.source}: planned model {k + 1} of {len(decision.planned)}",
             f"method: {entry['method']}; experts: {len(entry['members'])}; predicted tasks kept here: {entry['expected_tasks']:.2f}",
@@ -389,7 +389,7 @@ def _graph(document: Mapping[str, Any]):
     """The pool on a circle, grouped by planned model (left-out experts last), each group in the
     order classical MDS on 1 − pairwise compatibility gives it; edges are each expert's strongest
     pairs, names outside the circle."""
-    from mergekit_mergeability.plots import png
+    from mergekit_mergeability.output.plots import png
 
     experts = document["experts"]
     n = len(experts)
@@ -457,7 +457,7 @@ def _graph(document: Mapping[str, Any]):
 
 
 def _objective_plot(document: Mapping[str, Any]):
-    from mergekit_mergeability.plots import png
+    from mergekit_mergeability.output.plots import png
 
     objective = document["objective"]
     bars = [("planned", objective["planned"])] + [

@@ -1,15 +1,14 @@
-"""The precheck report: ``precheck.json`` (schema: ``schema.json`` beside this file),
+"""The precheck's files: ``precheck.json`` (schema: ``precheck.schema.json`` beside this file),
 the recommended configs (``recommended.yml``, and ``recommended/<expert>.yml`` for
 layer_selective; each runs as is with the stock ``mergekit-yaml``) and ``report.html``."""
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import shutil
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from mergekit_mergeability.decide import Decision
 from mergekit_mergeability.decide.advice import MAIN, PER_EXPERT, Advice, advise, configured_update
@@ -18,16 +17,16 @@ from mergekit_mergeability.decide.features import FEATURES as FEATURE_NAMES
 from mergekit_mergeability.decide.verdict import RELATIVE_DROP
 from mergekit_mergeability.diagnostics.selectivity import COLLISION_SHARE, SPECIFIC, colliding_layers
 from mergekit_mergeability.files import SCHEMA_VERSION, write_atomic
-from mergekit_mergeability.maths.selectivity import ACTIVATION_QUANTILE, ENTROPY_QUANTILE
 from mergekit_mergeability.names import short_names
-from mergekit_mergeability.precheck import Measurements, metrics, per_layer
-from mergekit_mergeability.precheck.config import model_entries
+from mergekit_mergeability.measure import Measurements, metrics, per_layer
+from mergekit_mergeability.config import absolute
+from mergekit_mergeability.settings import PrecheckSettings
 
-SCHEMA = Path(__file__).with_name("schema.json")
+SCHEMA = Path(__file__).with_name("precheck.schema.json")
 
 
-def build(measured: Measurements, options: Dict[str, Any], decision: Decision) -> Dict[str, Any]:
-    """precheck.json: the measurements, and the decision taken on them (``precheck.decision``)."""
+def build(measured: Measurements, settings: PrecheckSettings, decision: Decision) -> Dict[str, Any]:
+    """precheck.json: the measurements, and the decision taken on them (``measure.decision``)."""
     from importlib.metadata import version
 
     spec, results = measured.spec, measured.results
@@ -84,7 +83,7 @@ def build(measured: Measurements, options: Dict[str, Any], decision: Decision) -
         "config": str(spec.source),
         "merge_method": spec.merge_method,
         "base_model": spec.base_model,
-        "options": {k: sorted(v) if isinstance(v, set) else v for k, v in options.items() if k != "quiet"},
+        "settings": settings.to_json(),
         "models": models,
         "pairs": _pairs(results),
         "layers": {
@@ -97,7 +96,7 @@ def build(measured: Measurements, options: Dict[str, Any], decision: Decision) -
             "cutoff_signal": decision.signal,
             "decided_by": decision.decided_by,
             "selectivity": _selectivity(
-                results, options, specific, decision.overlap, decision.overlap_threshold, decision.selectivity_cutoff
+                results, settings, specific, decision.overlap, decision.overlap_threshold, decision.selectivity_cutoff
             ),
         },
         "calibration": _calibration_summary(decision.calibration),
@@ -151,7 +150,12 @@ def _model(path, names, role, probe=None, knowledge=None, weights=None, layer_no
 
 
 def _selectivity(
-    results, options: Dict[str, Any], specific: Dict[str, Dict[str, List[float]]], overlap, threshold: float, cutoff
+    results,
+    settings: PrecheckSettings,
+    specific: Dict[str, Dict[str, List[float]]],
+    overlap,
+    threshold: float,
+    cutoff,
 ) -> Optional[Dict[str, Any]]:
     """The LAPE settings, the groups, per pair of experts the blocks where their specific neurons
     collide, and the cut-off the overlap would set."""
@@ -163,9 +167,9 @@ def _selectivity(
         if "specific_collisions" in layers
     ]
     return {
-        "span": options.get("selectivity_span", "answer"),
-        "entropy_quantile": options.get("lape_entropy_quantile", ENTROPY_QUANTILE),
-        "activation_quantile": options.get("lape_activation_quantile", ACTIVATION_QUANTILE),
+        "span": settings.selectivity_span,
+        "entropy_quantile": settings.lape_entropy_quantile,
+        "activation_quantile": settings.lape_activation_quantile,
         "collision_share": COLLISION_SHARE,
         "groups": list(next(iter(specific.values()))),
         "collisions": collisions,
@@ -231,50 +235,48 @@ def _json_safe(value):
     return value
 
 
-def absolute(config: Dict[str, Any], resolved: Dict[str, Path]) -> Dict[str, Any]:
-    """A config with every model reference written as a string replaced by its absolute folder;
-    a model whose config.json names no architecture is written in mergekit's mapping form with
-    the class transformers loads it as (``override_architecture``), which mergekit needs."""
-    config = copy.deepcopy(config)
-    for entry in model_entries(config):
-        entry["model"] = _written(entry["model"], resolved)
-    if "base_model" in config:
-        config["base_model"] = _written(config["base_model"], resolved)
-    return config
-
-
-def _written(value: Any, resolved: Dict[str, Any]) -> Any:
-    from mergekit_mergeability.sources import inferred_architecture
-
-    if not isinstance(value, str) or value not in resolved:  # the mapping form: the user's, as written
-        return value
-    source = resolved[value]
-    architecture = inferred_architecture(source)  # None for an adapter: mergekit reads its base's
-    return {"model": str(source), "override_architecture": architecture} if architecture else str(source)
-
-
 def remove_recommended(out: Path) -> None:
     (out / MAIN).unlink(missing_ok=True)
     shutil.rmtree(out / PER_EXPERT, ignore_errors=True)
 
 
-def write(report: Dict[str, Any], measured: Measurements, out: Path) -> List[Path]:
-    """Write the report and the recommended configs into ``out`` (each file atomically).
+def recommended(report: Dict[str, Any], measured: Measurements) -> List[Tuple[Advice, Dict[str, Any]]]:
+    """Each recommended config (none on ``do_not_merge``) with its model paths absolute, as written."""
+    resolved = {m.name: m.path for m in ([measured.base] if measured.base else []) + list(measured.models)}
+    names = {m["path"]: m["name"] for m in report["models"]}
+    predicted = {m["path"]: m["predicted_mergeability"] for m in report["models"]}
+    return [
+        (advice, absolute(advice.config, resolved))
+        for advice in advise(report["recommendation"], measured.spec.document, names, predicted)
+    ]
+
+
+def parsed(configs: List[Tuple[Advice, Dict[str, Any]]]) -> Dict[str, Any]:
+    """file -> the config as mergekit parses it (a ``MergeConfiguration``)."""
+    from mergekit.config import MergeConfiguration
+
+    return {advice.file: MergeConfiguration.model_validate(config) for advice, config in configs}
+
+
+def write(
+    report: Dict[str, Any],
+    measured: Measurements,
+    out: Path,
+    configs: Optional[List[Tuple[Advice, Dict[str, Any]]]] = None,
+) -> List[Path]:
+    """Write the report and the recommended configs (``recommended``) into ``out`` (each file atomically).
 
     Recommended configs of an earlier run are removed first: a ``do_not_merge`` leaves
     nothing runnable behind."""
     import yaml
 
-    from mergekit_mergeability.precheck.html import render
+    from mergekit_mergeability.output.html import render
 
     out = Path(out)
     remove_recommended(out)
-    resolved = {m.name: m.path for m in ([measured.base] if measured.base else []) + list(measured.models)}
-    names = {m["path"]: m["name"] for m in report["models"]}
-    predicted = {m["path"]: m["predicted_mergeability"] for m in report["models"]}
     rec = report["recommendation"]
     written = [write_atomic(out / "precheck.json", json.dumps(report, indent=2) + "\n")]
-    for advice in advise(rec, measured.spec.document, names, predicted):
+    for advice, config in recommended(report, measured) if configs is None else configs:
         header = [
             f"Written by mergekit-mergeability precheck from {measured.spec.source}",
             f"verdict: {rec['verdict']}. " + " ".join(rec["reasons"]),
@@ -282,9 +284,7 @@ def write(report: Dict[str, Any], measured: Measurements, out: Path) -> List[Pat
             f"drops: {advice.drops}",
             *advice.notes,
         ]
-        text = "".join(f"# {line}\n" for line in header) + yaml.safe_dump(
-            absolute(advice.config, resolved), sort_keys=False
-        )
+        text = "".join(f"# {line}\n" for line in header) + yaml.safe_dump(config, sort_keys=False)
         written.append(write_atomic(out / advice.file, text))
     written.append(write_atomic(out / "report.html", render(report)))
     return written

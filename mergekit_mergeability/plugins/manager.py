@@ -1,4 +1,6 @@
-"""Plugin discovery (pluggy + entry points) and registration into mergekit."""
+"""Plugin discovery (pluggy + entry points), each hook called with its failure policy, and the
+registration of plugins' merge methods into mergekit (``register_merge_methods``; ``hook`` calls
+it when mergekit is imported)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ from typing import Any, Callable, Collection, Dict, Iterable, List, Tuple
 
 import pluggy
 
-from mergekit_mergeability import hookspecs
-from mergekit_mergeability.hookspecs import PROJECT
+from mergekit_mergeability.plugins import hookspecs
+from mergekit_mergeability.plugins.hookspecs import PROJECT
 
 hookimpl = pluggy.HookimplMarker(PROJECT)
 

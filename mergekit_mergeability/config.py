@@ -1,4 +1,4 @@
-"""The user's mergekit config, as the precheck reads it.
+"""The user's mergekit config, as every command reads it.
 
 mergekit ignores keys it does not know, so a model entry may carry ``probe:``
 (a probe spec, see ``mergekit_mergeability.probes``) next to ``model:``; the same
@@ -7,6 +7,7 @@ file still runs with the stock ``mergekit-yaml``.
 
 from __future__ import annotations
 
+import copy
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from mergekit_mergeability.errors import UserError
 
 PROBE_KEY = "probe"
+DTYPE_KEY = "dtype"
 FEWSHOT_KEY = "fewshot"  # solved examples for the knowledge prompts (a JSONL file like a probe)
 
 
@@ -35,6 +37,11 @@ class MergeSpec:
     @property
     def folder(self) -> Path:
         return self.source.parent if self.source.is_file() else self.source
+
+    @property
+    def dtype(self) -> Optional[str]:
+        """The config's ``dtype:``, what mergekit computes the merge in; None if it names none."""
+        return self.document.get(DTYPE_KEY)
 
     def sources(self) -> Dict[str, Any]:
         """Each model as written -> its folder, hub model or adapter (``sources.resolve``), the
@@ -231,3 +238,25 @@ def _first_line(error: Exception) -> str:
         problem = error.errors()[0]
         return f"{'.'.join(map(str, problem['loc']))}: {problem['msg']}"
     return str(error).splitlines()[0]
+
+
+def absolute(config: Dict[str, Any], resolved: Dict[str, Path]) -> Dict[str, Any]:
+    """A config with every model reference written as a string replaced by its absolute folder;
+    a model whose config.json names no architecture is written in mergekit's mapping form with
+    the class transformers loads it as (``override_architecture``), which mergekit needs."""
+    config = copy.deepcopy(config)
+    for entry in model_entries(config):
+        entry["model"] = _written(entry["model"], resolved)
+    if "base_model" in config:
+        config["base_model"] = _written(config["base_model"], resolved)
+    return config
+
+
+def _written(value: Any, resolved: Dict[str, Any]) -> Any:
+    from mergekit_mergeability.sources import inferred_architecture
+
+    if not isinstance(value, str) or value not in resolved:  # the mapping form: the user's, as written
+        return value
+    source = resolved[value]
+    architecture = inferred_architecture(source)  # None for an adapter: mergekit reads its base's
+    return {"model": str(source), "override_architecture": architecture} if architecture else str(source)

@@ -3,6 +3,8 @@
 
 ``models`` builds each λ-model in memory with mergekit's ``linear``; ``answers`` scores
 it answer by answer through lm-eval; ``run`` caches, refines and reports;
-``report`` writes the outputs. The maths is in ``maths/sampling.py`` (Mean@k, Pass@k,
+``report`` writes the files (their plot, page and terminal tables are drawn in ``output/``).
+The API's ``sweep`` runs it (this folder was ``sweep/``; ``mergekit_mergeability.sweep`` is that
+function). The maths is in ``maths/sampling.py`` (Mean@k, Pass@k,
 Vote@k) and ``maths/stages.py`` (stages, refinement, sweet spot).
 """

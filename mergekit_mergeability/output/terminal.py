@@ -1,11 +1,17 @@
-"""Terminal summaries (rich tables) of the JSON reports."""
+"""Terminal summaries (rich tables) of every command's result: a result object
+(``mergekit_mergeability.results``) or the document it is."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 from mergekit_mergeability.names import short_names, shorten
+
+if TYPE_CHECKING:
+    from mergekit_mergeability.results import Report
+
+Printable = Union["Report", Dict[str, Any]]  # a result object, or its JSON document
 
 
 def number(value: Optional[float], digits: int = 2) -> str:
@@ -17,7 +23,8 @@ def p_value(p: float) -> str:
     return "< 0.001" if p < 0.001 else f"{p:.3f}"
 
 
-def print_precheck(report: Dict[str, Any], out: Optional[Path] = None) -> None:
+def print_precheck(report: Printable, out: Optional[Path] = None) -> None:
+    report = _document(report)
     from rich.console import Console
 
     console = Console()
@@ -99,7 +106,8 @@ def wrapping_table(title: str, *columns: str, **options):
     return Table(*(Column(c, overflow="fold") for c in columns), title=title, **options)
 
 
-def print_evaluation(report: Dict[str, Any], out: Optional[Path] = None) -> None:
+def print_evaluation(report: Printable, out: Optional[Path] = None) -> None:
+    report = _document(report)
     from rich.console import Console
 
     table = wrapping_table(
@@ -116,7 +124,8 @@ def print_evaluation(report: Dict[str, Any], out: Optional[Path] = None) -> None
         Console().print(f"wrote {out}/evaluation.json, {out}/evaluation.png")
 
 
-def print_mergeability(report: Dict[str, Any], out: Optional[Path] = None) -> None:
+def print_mergeability(report: Printable, out: Optional[Path] = None) -> None:
+    report = _document(report)
     from rich.console import Console
 
     title = f"Mergeability: {report['method']}, {report['partners']} partners × {report['trials']} trials"
@@ -141,7 +150,8 @@ def print_mergeability(report: Dict[str, Any], out: Optional[Path] = None) -> No
         console.print(f"wrote {out}/mergeability.json")
 
 
-def print_validation(report: Dict[str, Any]) -> None:
+def print_validation(report: Printable) -> None:
+    report = _document(report)
     from rich.console import Console
 
     table = wrapping_table(
@@ -167,7 +177,8 @@ def print_validation(report: Dict[str, Any]) -> None:
         )
 
 
-def print_calibration(report: Dict[str, Any]) -> None:
+def print_calibration(report: Printable) -> None:
+    report = _document(report)
     from rich.console import Console
 
     console = Console()
@@ -196,3 +207,125 @@ def print_calibration(report: Dict[str, Any]) -> None:
             f"{r['best_single_feature']} ({r['best_single_spearman']:+.2f})",
         )
     console.print(held)
+
+
+# the sweep's: the same words in the terminal and on its page (``html.sweep_page``)
+STAGE_NAMES = {1: "A-like", 2: "transition", 3: "B-like"}
+
+
+def labels(report: Dict[str, Any]) -> Dict[str, str]:
+    """Role -> the model's short name for titles (the full path is in sweep.json)."""
+    from mergekit_mergeability.names import short_names
+
+    models = report["models"]
+    short = short_names(m["name"] for m in models.values())
+    return {role: short[m["name"]] for role, m in models.items()}
+
+
+def sentences(report: Dict[str, Any]) -> List[str]:
+    """What the sweep found, in a few lines (the terminal and the HTML page say the same)."""
+    st, ref, spot = report["stages"], report["refinement"], report["sweet_spot"]
+    lines = []
+    if st["found"]:
+        low, high = st["transition"]
+        lines.append(
+            f"Transition: the {st['leading'].replace('_', ' ')} changes most between λ = {low:g} and {high:g} "
+            f"(λ ≈ {(low + high) / 2:g} ± {ref['transition_half_width']:g}); stage 2 from λ = {st['stage2_from']:g}, stage 3 from λ = {st['stage3_from']:g}."
+        )
+    else:
+        lines.append(
+            "No transition: neither the marker rate nor accuracy moves by 0.2 or more between the ends of the sweep."
+        )
+    added = f"added λ = {', '.join(f'{lam:g}' for lam in ref['added'])}" if ref["added"] else "added no λ"
+    if not st["found"]:
+        lines.append("Refinement: nothing to locate without a transition.")
+    elif ref["located"]:
+        saved = f"{ref['saved']} fewer than" if ref["saved"] > 0 else "no fewer than"
+        lines.append(
+            f"Refinement {added}: {ref['evaluated']} evaluations locate the transition to ± {ref['resolution']:g}, {saved} the {ref['uniform_grid']} of a uniform grid."
+        )
+    else:
+        lines.append(
+            f"Refinement {added}, then stopped at --refine {report['settings']['refine']}: the transition is located to ± {ref['transition_half_width']:g} only."
+        )
+    if spot["lambda"] is None:
+        lines.append(f"Sweet spot: none ({spot['reason']}).")
+    else:
+        lines.append(
+            f"Sweet spot: λ = {spot['lambda']:g}, accuracy {spot['accuracy']:.2f} at {spot['tokens']:.1f} tokens per answer ({spot['reason']})."
+        )
+    return lines
+
+
+def print_sweep(report: Printable, out: Optional[Path] = None) -> None:
+    report = _document(report)
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=min(Console().width, 80))
+    rows, settings = report["points"], report["settings"]
+    sampled = settings["samples"] > 1
+    k = settings["samples"]
+    columns = [
+        "λ",
+        "stage",
+        f"Mean@{k}",
+        *([f"Pass@{k}", f"Vote@{k}"] if sampled else []),
+        "tokens",
+        "marker",
+        "acc/tok",
+    ]
+    names = labels(report)
+    title = f"{names['a']} → {names['b']}: {report['lm_eval_task']}"
+    table = Table(*columns, title=title, caption="* refined   ◀ sweet spot")
+    spot = report["sweet_spot"]["lambda"]
+    for r in rows:
+        mark = ("*" if r["refined"] else "") + (" ◀" if r["lambda"] == spot else "")
+        sampled_cells = [number((r["pass_at"] or {}).get(str(k))), number(r["vote"])] if sampled else []
+        stage = "–" if r["stage"] is None else str(r["stage"])
+        table.add_row(
+            f"{r['lambda']:g}{mark}",
+            stage,
+            number(r["accuracy"]),
+            *sampled_cells,
+            f"{r['tokens']:.1f}",
+            number(r["marker_rate"]),
+            number(r["accuracy_per_token"], 3),
+        )
+    console.print(table)
+    if report["stages"]["table"]:
+        stages = Table("stage", "λ", "accuracy", "tokens", "marker rate", title="Stages")
+        for s in report["stages"]["table"]:
+            stages.add_row(
+                f"{s['stage']} {STAGE_NAMES[s['stage']]}",
+                lambda_span(s["from"], s["to"]),
+                value_range(s["accuracy_range"]),
+                value_range(s["tokens_range"], 1),
+                value_range(s["marker_rate_range"]),
+            )
+        console.print(stages)
+    for line in sentences(report):
+        console.print(line)
+    if out is not None:
+        files = ["sweep.json", "sweep.png", *(["chosen.yml"] if report.get("chosen_config") else []), "report.html"]
+        console.print(
+            f"wrote {', '.join(f'{out}/{f}' for f in files)}"
+            + (f"; the chosen model: {report['chosen_model']}" if report.get("chosen_model") else "")
+        )
+
+
+def lambda_span(low: float, high: float) -> str:
+    return f"{low:g}" if low == high else f"{low:g}–{high:g}"
+
+
+def value_range(values, digits: int = 2) -> str:
+    low, high = values
+    return (
+        number(low, digits)
+        if round(low, digits) == round(high, digits)
+        else f"{number(low, digits)}–{number(high, digits)}"
+    )
+
+
+def _document(report: Printable) -> Dict[str, Any]:
+    return report.to_json() if hasattr(report, "to_json") else report

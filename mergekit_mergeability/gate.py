@@ -12,7 +12,6 @@ directory, as mergekit's do.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 from types import ModuleType
@@ -21,21 +20,13 @@ from typing import Any, Dict, Optional
 ENVIRONMENT = "MERGEKIT_MERGEABILITY_PRECHECK"
 OFF, SUMMARY_ONLY = ("", "0", "false", "no"), ("1", "true", "yes")  # compared lower-cased
 _documents: Dict[int, Any] = {}  # id(parsed MergeConfiguration) -> the raw document
-_paused = [False]
 
 
 def enabled() -> bool:
-    return not _paused[0] and os.environ.get(ENVIRONMENT, "").strip().lower() not in OFF
+    """Set in the environment, and not the precheck's own dry run of the merge (``planning.dry_run``)."""
+    from mergekit_mergeability.plugins.planning import dry_running
 
-
-@contextlib.contextmanager
-def paused():
-    """No gate while the precheck plans a merge it is checking (it would precheck itself)."""
-    before, _paused[0] = _paused[0], True
-    try:
-        yield
-    finally:
-        _paused[0] = before
+    return not dry_running() and os.environ.get(ENVIRONMENT, "").strip().lower() not in OFF
 
 
 def report_folder() -> Optional[Path]:
@@ -65,20 +56,20 @@ def check(merge_config) -> None:
     """Run the precheck on the config being planned; raise UserError to stop the merge."""
     if not enabled():
         return
+    from mergekit_mergeability import api, config
     from mergekit_mergeability.errors import MeasurementError, UserError
-    from mergekit_mergeability.precheck import config, run
-    from mergekit_mergeability.summary import print_precheck
+    from mergekit_mergeability.output.terminal import print_precheck
 
     document = _documents.get(id(merge_config)) or merge_config.model_dump(mode="json", exclude_none=True)
     out = report_folder()
+    from mergekit_mergeability.settings import PrecheckSettings
     from mergekit_mergeability.sources import auto_device
 
     spec = config.from_document(document, Path.cwd())
-    options = {"limit": 64, "device": auto_device(), "quiet": True}
     try:
-        report = run(spec, options=options, out=out)
+        result = api.precheck(spec, settings=PrecheckSettings(device=auto_device(), quiet=True), out=out)
     except MeasurementError as error:  # fail closed: no verdict is not a go-ahead
         raise UserError(f"{ENVIRONMENT} is set and the precheck could not measure: {error}") from None
-    print_precheck(report, out)
-    if report["stop"]:
-        raise UserError(f"{ENVIRONMENT} is set and the precheck says stop: {report['stop'][0]}")
+    print_precheck(result, out)
+    if result.stop:
+        raise UserError(f"{ENVIRONMENT} is set and the precheck says stop: {result.stop[0]}")

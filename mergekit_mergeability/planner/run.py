@@ -1,23 +1,25 @@
 """``plan``: which fine-tunes of a pool should share a merged model, with which merge.
 
 load (a pool config, or a folder of adapters/models with a probe each) → measure (the precheck's
-weights and knowledge diagnostics, or a precheck.json already written) → decide (``decide``) →
-optionally check the best candidates with real evaluations (``--budget-evals``) → write
-(``report``). The imports of the rest of the package sit here and in ``Measurer``.
+weights and knowledge diagnostics, or a precheck.json already written: ``api.plan`` runs or reads
+it) → decide (``decide``) → optionally check the best candidates with real evaluations
+(``--budget-evals``) → write (``report``). The imports of the rest of the package sit here and in
+``Measurer``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.files import read_report
-from mergekit_mergeability.plan import conditional as cond
-from mergekit_mergeability.plan.decide import Decision, Planned, decide, mergekit_parameters
-from mergekit_mergeability.precheck import config as merge_config
+from mergekit_mergeability.planner import conditional as cond
+from mergekit_mergeability.planner.decide import Decision, Planned, decide, mergekit_parameters
+from mergekit_mergeability import config as merge_config
+from mergekit_mergeability.settings import PrecheckSettings, RunSettings
 
 PRECHECK_FIELDS = ("path", "role", "knowledge", "weights")
 SKIPPED = ("representations", "selectivity")  # the plan reads weights and knowledge; CKA only sets a cut-off
@@ -93,21 +95,6 @@ def read_precheck(path: Path, spec: merge_config.MergeSpec) -> Dict[str, Any]:
     return report
 
 
-def measure(
-    spec: merge_config.MergeSpec, overrides: Mapping[str, str], options: Mapping[str, Any], representations: bool
-) -> Dict[str, Any]:
-    """The precheck's report on the pool (nothing written), its weights and knowledge diagnostics
-    at least; its verdict on the config is not the plan's business, its errors are."""
-    from mergekit_mergeability.precheck import run
-
-    skip = sorted(set(options.get("skip") or ()) | (set() if representations else set(SKIPPED)))
-    report = run(spec, overrides, {**options, "skip": skip}, None)
-    errors = [f["message"] for f in report["findings"] if f["severity"] == "error"]
-    if errors:
-        raise UserError(f"{spec.source}: the precheck found a problem with the pool: {errors[0]}")
-    return report
-
-
 def expert_scores(path: Optional[Path]) -> Tuple[Dict[str, float], Dict[str, float]]:
     """Measured own-task scores of each expert and of the base from a mergeability.json."""
     if path is None:
@@ -124,9 +111,7 @@ class Measurer:
     the members' updates merged with mergekit's ``merge_tensors``, patched into one loaded base,
     each member scored on its own task; scores cached by content (``--cache-dir``)."""
 
-    def __init__(
-        self, spec: merge_config.MergeSpec, options: Mapping[str, Any], cache, pool: Optional[cond.Pool] = None
-    ):
+    def __init__(self, spec: merge_config.MergeSpec, settings: RunSettings, cache, pool: Optional[cond.Pool] = None):
         from mergekit_mergeability.tasks import lmeval as task_specs
         from mergekit_mergeability.sources.cache import fingerprint
         from mergekit_mergeability.evaluation.mergeability import Trials, check_pool
@@ -138,7 +123,7 @@ class Measurer:
         fingerprints = {name: fingerprint(folder) for name, folder in folders.items()}
         self.spec, self.pool = spec, pool
         self.trials = Trials(
-            folders, spec.base_model, cond.TASK_ARITHMETIC, {}, {}, fingerprints, own_task, options, cache
+            folders, spec.base_model, cond.TASK_ARITHMETIC, {}, {}, fingerprints, own_task, settings, cache
         )
         self.evaluations = 0
 
@@ -209,9 +194,9 @@ def choose(decision: Decision, assignment: Sequence[Tuple[Sequence[int], cond.Me
 def run(
     spec: merge_config.MergeSpec,
     out: Path,
+    measure: Callable[[], Dict[str, Any]],
     *,
-    overrides: Mapping[str, str] = {},
-    options: Mapping[str, Any] = {},
+    settings: PrecheckSettings = PrecheckSettings(),
     precheck: Optional[Path] = None,
     calibration: Optional[Path] = None,
     methods: Optional[Sequence[str]] = None,
@@ -219,21 +204,20 @@ def run(
     models: int = 1,
     budget_evals: int = 0,
     measured: Optional[Path] = None,
-    representations: bool = False,
     cache=None,
 ) -> Tuple[Dict[str, Any], Decision]:
-    """The whole plan: measure (or read), decide, check with real evaluations if asked, write ``out``."""
-    from mergekit_mergeability.plan import fit, report as reports
-    from mergekit_mergeability.plan.decide import candidate_merges, steps
+    """The whole plan: the precheck's report on the pool (``precheck``'s, else ``measure()``'s, a
+    precheck.json document), decide, check with real evaluations if asked, write ``out``."""
+    from mergekit_mergeability.planner import fit, report as reports
+    from mergekit_mergeability.planner.decide import candidate_merges, steps
     from mergekit_mergeability.progress import task
 
     reports.check_out(out)
     conditional = fit.load(calibration)
     experts, bases = expert_scores(measured)
-    report = read_precheck(precheck, spec) if precheck else measure(spec, overrides, options, representations)
+    report = read_precheck(precheck, spec) if precheck else measure()
     merges, notes = candidate_merges(report, methods, knobs)
-    quiet = options.get("quiet", False)
-    with task("plan: searching", steps(len(spec.models), merges), quiet) as advance:
+    with task("plan: searching", steps(len(spec.models), merges), settings.quiet) as advance:
         decision = decide(
             report,
             conditional,
@@ -250,7 +234,7 @@ def run(
     if budget_evals:
         from mergekit_mergeability.sources.cache import Cache
 
-        measurer = Measurer(spec, options, cache or Cache(None), decision.pool)
+        measurer = Measurer(spec, settings, cache or Cache(None), decision.pool)
         checked = verify(decision, measurer, budget_evals)
         if checked["chosen"] is not None:
             choose(decision, checked["chosen"]["assignment"])

@@ -3,8 +3,10 @@
 mergekit 0.1.5 has no plugin discovery, so the package registers its plugins'
 methods the moment ``mergekit.merge_methods`` is imported, wherever that happens:
 in the stock ``mergekit-yaml`` (through the ``.pth`` file the wheel installs), or
-in user code after ``import mergekit_mergeability``. Installing the hook imports
-neither torch nor mergekit.
+in user code after ``import mergekit_mergeability`` (``install``). It also checks
+plugin methods' configs before mergekit plans them (``planning``), then calls what
+``install`` was given (the opt-in pre-merge gate). Installing the hook imports neither
+torch nor mergekit.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import importlib.machinery
 import os
 import sys
 from types import ModuleType
-from typing import Callable, Dict
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 Callback = Callable[[ModuleType], None]
 
@@ -76,7 +78,7 @@ def _stop(error: Exception) -> None:
 
 def _register_methods(_module: ModuleType) -> None:
     from mergekit_mergeability.errors import UserError
-    from mergekit_mergeability.plugins import register_merge_methods
+    from mergekit_mergeability.plugins.manager import register_merge_methods
 
     try:
         register_merge_methods()
@@ -84,9 +86,12 @@ def _register_methods(_module: ModuleType) -> None:
         _stop(error)
 
 
+_before_planning: List[Callable[[Any], None]] = []  # called with each MergeConfiguration about to be planned
+
+
 def _check_configs_before_planning(module: ModuleType) -> None:
     from mergekit_mergeability.errors import UserError
-    from mergekit_mergeability.planning import check_before_planning
+    from mergekit_mergeability.plugins.planning import check_before_planning
 
     planner = module.MergePlanner
     if getattr(planner.normalize_config, "_mergeability_checked", False):
@@ -97,6 +102,8 @@ def _check_configs_before_planning(module: ModuleType) -> None:
         normalize(self)
         try:
             check_before_planning(self)
+            for check in _before_planning:
+                check(self.config)
         except UserError as error:
             _stop(error)
 
@@ -104,13 +111,14 @@ def _check_configs_before_planning(module: ModuleType) -> None:
     planner.normalize_config = normalize_config
 
 
-def _keep_config_documents(module: ModuleType) -> None:
-    from mergekit_mergeability.precheck.gate import keep_documents
-
-    keep_documents(module)
-
-
-def install() -> None:
+def install(before_planning: Sequence[Callable[[Any], None]] = (), config_imported: Optional[Callback] = None) -> None:
+    """Register plugins' methods when ``mergekit.merge_methods`` is imported, and check plugin
+    methods' configs, then call each of ``before_planning`` with the config (raising ``UserError``
+    stops the merge in one line), before mergekit plans a merge; ``config_imported`` gets
+    ``mergekit.config`` once it is imported. (The package's ``__init__`` passes the pre-merge gate's,
+    which runs the precheck: the gate imports the API, which imports this folder.)"""
+    _before_planning.extend(c for c in before_planning if c not in _before_planning)
     after_import("mergekit.merge_methods", _register_methods)
     after_import("mergekit.plan", _check_configs_before_planning)
-    after_import("mergekit.config", _keep_config_documents)
+    if config_imported is not None:
+        after_import("mergekit.config", config_imported)

@@ -3,7 +3,7 @@
 A plugin is any object or module with functions marked ``@hookimpl`` (from
 ``mergekit_mergeability.plugins``), published under the entry-point group
 ``mergekit_mergeability``. The package's own methods and diagnostics are
-contributed the same way (``mergekit_mergeability.builtin``).
+contributed the same way (``mergekit_mergeability.plugins.builtin``).
 
 Each hook's docstring says what happens when a plugin's hook raises ("If it
 raises"). For all of them: a plugin that fails to import is skipped with one
@@ -47,7 +47,7 @@ def mergeability_merge_methods() -> Sequence["MergeMethod"]:
     plans or writes anything, and a bad value stops the merge with a one-line
     error naming the model. A method object may also define
     ``check_config(views)``: it receives a list of
-    ``mergekit_mergeability.planning.SliceView`` (resolved parameters per output
+    ``mergekit_mergeability.plugins.planning.SliceView`` (resolved parameters per output
     slice, the model depth, the base model) and raises
     ``mergekit_mergeability.errors.UserError`` to reject the config.
     """
@@ -62,6 +62,15 @@ def mergeability_diagnostics() -> Sequence["Diagnostic"]:
     ``name``, the inputs it ``needs`` (weights, base model, probe data) and a
     ``run(inputs)`` that returns a ``DiagnosticResult`` with values per model,
     per pair and per layer. All plugins' results are collected, in plugin order.
+
+    ``inputs`` is a ``DiagnosticInputs``: the ``base`` and the other ``models``
+    (``ModelInput``: name as written, source, probes, shots, dtype), the config's
+    ``tokenizer_source`` and ``settings``, the precheck's settings typed: a
+    frozen ``mergekit_mergeability.settings.PrecheckSettings`` (``device``,
+    ``dtype``, ``limit``, ``batch_size``, ``layers``, ...; every default stated
+    there once). Read the fields you need; a field added later leaves your
+    diagnostic working. (Until schema 3.0 this was ``inputs.options``, an untyped
+    mapping with the defaults restated by each reader.)
     A name two plugins contribute (a third party's ``weights``, say) refuses the
     precheck: one line naming both packages, exit 2.
 

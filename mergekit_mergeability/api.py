@@ -1,0 +1,362 @@
+"""The Python API: each command of the CLI as a typed function returning a result object.
+
+    import mergekit_mergeability as mm
+
+    result = mm.precheck("merge.yml")              # measure, predict, recommend; nothing written
+    print(result.verdict, [m.predicted for m in result.experts])
+    result.recommended["recommended.yml"]          # a mergekit MergeConfiguration
+
+Every function takes its settings as one frozen object (``mergekit_mergeability.settings``; None:
+the defaults) and writes its files only when given ``out``. This module is the one place that
+wires load → measure → decide → write; the CLI is a shell over it. Importing it imports nothing
+heavy: each function imports what it runs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, List, Mapping, Optional, Sequence, Tuple, Union
+
+from mergekit_mergeability.results import (
+    Calibration,
+    Evaluation,
+    Mergeability,
+    Plan,
+    PrecheckResult,
+    Sweep,
+    Validation,
+)
+
+if TYPE_CHECKING:
+    from mergekit_mergeability.config import MergeSpec
+    from mergekit_mergeability.describe import MethodRow
+    from mergekit_mergeability.settings import PrecheckSettings, RunSettings, SweepSettings
+
+PathLike = Union[str, "os.PathLike[str]"]
+# a mergekit config file, its document, or (precheck) a folder of peft adapters on one base
+Config = Union[PathLike, Mapping[str, Any], "MergeSpec"]
+
+__all__ = ["precheck", "evaluate", "mergeability", "sweep", "calibrate", "validate", "plan", "methods"]
+
+
+def precheck(
+    config: Config,
+    *,
+    probes: Optional[Mapping[str, str]] = None,
+    settings: Optional["PrecheckSettings"] = None,
+    out: Optional[PathLike] = None,
+) -> PrecheckResult:
+    """Predict, before merging, how well each model of ``config`` will survive the merge.
+
+    ``config`` is a mergekit config (a file, or its document as a dict; models may carry a
+    ``probe:`` key), or a folder of peft adapters checked as their task_arithmetic mean.
+    ``probes`` maps a model (as written, or its folder name) to a probe spec, over the config's
+    ``probe:`` keys. Runs every plugin's diagnostic, predicts each expert's mergeability,
+    recommends what to merge, and asks the plugins' report hooks whether to stop (their reasons
+    and the verdict's are in ``result.stop``). With ``out``, writes precheck.json, the
+    recommended configs and report.html there.
+
+    Raises ``UserError`` for a bad config or setting, ``MeasurementError`` when a built-in
+    diagnostic cannot measure (nothing is judged on no evidence).
+    """
+    from types import MappingProxyType
+
+    from mergekit_mergeability import measure as measuring
+    from mergekit_mergeability.decide.verdict import DO_NOT_MERGE
+    from mergekit_mergeability.errors import MeasurementError
+    from mergekit_mergeability.output import precheck as reports
+    from mergekit_mergeability.plugins import results as answers_of
+    from mergekit_mergeability.settings import PrecheckSettings
+
+    spec = _spec(config, pools=True)
+    settings = _resolved(settings or PrecheckSettings())
+    try:
+        measured = measuring.measure(spec, probes or {}, settings)
+    except MeasurementError:
+        if out is not None:  # an earlier run's advice must not outlive a failed measurement
+            reports.remove_recommended(Path(out))
+        raise
+    report = reports.build(measured, settings, measuring.decision(measured, settings))
+    failures: List[str] = []  # a plugin's bug must not cost the user the report: a warning, the others still answer
+    answers = answers_of(
+        measuring.REPORT_HOOK, failed=failures.append, report=MappingProxyType(report), config_path=str(spec.source)
+    )
+    report["findings"] += [
+        {"diagnostic": measuring.REPORT_HOOK, "severity": "warning", "message": message} for message in failures
+    ]
+    reasons = [reason for _, reason in answers]
+    if report["recommendation"]["verdict"] == DO_NOT_MERGE:
+        reasons = ["; ".join(report["recommendation"]["reasons"]), *reasons]
+    report["stop"] = [r for r in reasons if r]
+    recommended = reports.recommended(report, measured)
+    if out is not None:
+        reports.write(report, measured, Path(out), recommended)
+    return PrecheckResult.from_json(report, recommended=reports.parsed(recommended))
+
+
+_precheck = precheck  # for plan, whose parameter of that name is an earlier precheck.json
+
+
+def evaluate(
+    config: Config,
+    merged: PathLike,
+    *,
+    tasks: Optional[Sequence[str]] = None,
+    settings: Optional["RunSettings"] = None,
+    out: Optional[PathLike] = None,
+    cache_dir: Optional[PathLike] = None,
+) -> Evaluation:
+    """Score the base, the ``merged`` model folder and each expert on that expert's task.
+
+    Tasks are each model's ``probe:`` (or ``tasks``, lm-eval task specs, for every model).
+    Per task: raw scores, retention = merged / expert and normalised gain = (merged − base) /
+    (expert − base). Scores are cached by content under ``cache_dir`` (None: not cached). With
+    ``out``, writes evaluation.json and evaluation.png there.
+    """
+    from mergekit_mergeability.evaluation import evaluate as evaluation
+    from mergekit_mergeability.settings import RunSettings
+
+    report = evaluation.evaluate(
+        _spec(config),
+        Path(merged),
+        list(tasks) if tasks else None,
+        _resolved(settings or RunSettings()),
+        _cache(cache_dir),
+    )
+    if out is not None:
+        evaluation.write(report, Path(out))
+    return Evaluation.from_json(report)
+
+
+def mergeability(
+    pool: Config,
+    *,
+    method: str = "task_arithmetic",
+    partners: int = 8,
+    trials: int = 5,
+    seed: int = 0,
+    settings: Optional["RunSettings"] = None,
+    out: Optional[PathLike] = None,
+    cache_dir: Optional[PathLike] = None,
+) -> Mergeability:
+    """Measure each pool model's mergeability: its own-task score after merging with random partners.
+
+    Will it Merge? (arXiv 2601.06672): S_i = mean over ``trials`` draws of model i's score on its
+    own task (its ``probe:``) after merging it with ``partners`` drawn from the pool by ``method``
+    (any registered mergekit method; parameters from the pool config). Merges run in memory.
+    With ``out``, finished trials go to out/trials.jsonl (an interrupted run resumes) and the
+    report to out/mergeability.json; without it, nothing is kept.
+    """
+    import tempfile
+
+    from mergekit_mergeability.evaluation import mergeability as protocol
+    from mergekit_mergeability.settings import RunSettings
+
+    spec, settings = _spec(pool), _resolved(settings or RunSettings())
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(out) if out is not None else Path(scratch)
+        report = protocol.measure(spec, method, partners, trials, seed, settings, _cache(cache_dir), folder)
+        if out is not None:
+            protocol.write(report, folder)
+    return Mergeability.from_json(report)
+
+
+def sweep(
+    model_a: str,
+    model_b: str,
+    task: str,
+    *,
+    base: Optional[str] = None,
+    settings: Optional["SweepSettings"] = None,
+    out: Optional[PathLike] = None,
+    save_chosen: bool = False,
+    cache_dir: Optional[PathLike] = None,
+) -> Sweep:
+    """Interpolate ``model_a`` and ``model_b`` along λ; find the three stages and the sweet spot.
+
+    Paper 2 (arXiv 2510.10977): θ(λ) = λ·B + (1 − λ)·A, each λ-model built in memory and scored
+    on ``task`` (one lm-eval generation task); λ are added where the curves change fastest
+    (``settings``). With ``base``, A and B are task vectors of it. With ``out``, writes sweep.json,
+    sweep.png, report.html and chosen.yml there, and the sweet spot's model to out/chosen/ if
+    ``save_chosen``.
+    """
+    from mergekit_mergeability.errors import UserError
+    from mergekit_mergeability.settings import SweepSettings
+    from mergekit_mergeability.interpolation import report as outputs, run as sweeping
+
+    if save_chosen and out is None:
+        raise UserError("sweep: save_chosen writes the model into out/chosen/; name out")
+    chosen = Path(out) / "chosen" if save_chosen else None
+    report, done = sweeping.run(
+        model_a, model_b, base, task, _resolved(settings or SweepSettings()), _cache(cache_dir), chosen
+    )
+    if out is not None:
+        outputs.write(report, done, Path(out))
+    return Sweep.from_json(report)
+
+
+def calibrate(
+    pairs: Sequence[Tuple[PathLike, PathLike]],
+    *,
+    target: str = "mergeability",
+    permutations: int = 500,
+    alpha: float = 0.05,
+    out: Optional[PathLike] = None,
+) -> Calibration:
+    """Fit the precheck's prediction on measured pools: ``pairs`` of (precheck.json, mergeability.json).
+
+    Fits a monotone, interpretable model (non-negative weights on standardised features, each in
+    its prior direction) and judges it out of sample (leave one model out; leave one pool out
+    with two pools or more), each against a permutation null of the whole fit. ``target``:
+    mergeability (the raw own-task score after merging) or normalised (the share of the gain
+    kept). A fit that loses to its best single feature, or whose p-value is not below ``alpha``,
+    is refused: ``result.refusals`` says why, and nothing is written. Otherwise, with ``out``,
+    the calibration file is written there (``precheck(settings=PrecheckSettings(calibration=...))``
+    reads it).
+    """
+    from mergekit_mergeability.decide.calibration import calibrate as fit, write
+
+    pairs = [(Path(a), Path(b)) for a, b in pairs]
+    report = fit(pairs, target, permutations)
+    refusals = [
+        f"{how}: p = {r['p_permutation']:.3f} is not below --alpha {alpha}"
+        for how, r in report["out_of_sample"].items()
+        if r["p_permutation"] >= alpha
+    ]
+    refusals += [
+        f"{how}: Spearman {r['spearman']:+.2f} loses to {r['best_single_feature']} alone ({r['best_single_spearman']:+.2f})"
+        for how, r in report["out_of_sample"].items()
+        if not r["beats_best_single_feature"]
+    ]
+    written = None
+    if out is not None and not refusals:
+        written = str(write(report, Path(out), [str(p) for pair in pairs for p in pair]))
+    return Calibration.from_json(report, refusals=refusals, written=written)
+
+
+def validate(
+    precheck_json: PathLike,
+    mergeability_json: PathLike,
+    *,
+    target: str = "mergeability",
+    permutations: int = 10_000,
+    out: Optional[PathLike] = None,
+) -> Validation:
+    """Check a precheck's predictions against measured mergeability.
+
+    Spearman between predicted and measured ``target`` over the models both files share, with a
+    two-sided permutation p-value and a bootstrap 95% interval, next to each of the prediction's
+    inputs alone, and whether the prediction beats the best of them. With ``out``, writes
+    validation.json there.
+    """
+    from mergekit_mergeability.evaluation.validate import validate as run_validation, write
+
+    report = run_validation(Path(precheck_json), Path(mergeability_json), target, permutations)
+    if out is not None:
+        write(report, Path(out))
+    return Validation.from_json(report)
+
+
+def plan(
+    pool: Config,
+    out: PathLike,
+    *,
+    base: Optional[PathLike] = None,
+    probe_folder: Optional[PathLike] = None,
+    models: int = 1,
+    methods: Optional[Sequence[str]] = ("task_arithmetic", "ties", "knowledge_weighted", "layer_selective"),
+    knobs: str = "defaults",
+    budget_evals: int = 0,
+    precheck: Optional[PathLike] = None,
+    measured: Optional[PathLike] = None,
+    calibration: Optional[PathLike] = None,
+    representations: bool = False,
+    probes: Optional[Mapping[str, str]] = None,
+    settings: Optional["PrecheckSettings"] = None,
+    cache_dir: Optional[PathLike] = None,
+) -> Plan:
+    """Plan which fine-tunes of a pool share a merged model, with which method, and which stay apart.
+
+    ``pool`` is a mergekit config whose models carry a ``probe:`` each, or a folder of adapters or
+    model folders (with ``base`` for models, and ``probe_folder``: one probe per member, named
+    after it). From one precheck (its weights and knowledge; ``precheck``: an earlier
+    precheck.json instead) it predicts each expert's own-task score inside any candidate merge
+    and searches for the plan of at most ``models`` merged models that keeps most of the pool's
+    tasks; ``budget_evals`` merged models are built and scored in memory to check the best
+    candidates. Writes plan.json, models/*.yml, precheck.json and report.html into ``out``.
+    """
+    from dataclasses import replace
+
+    from mergekit_mergeability.errors import UserError
+    from mergekit_mergeability.planner import run as planning
+    from mergekit_mergeability.settings import PrecheckSettings
+
+    if isinstance(pool, (str, os.PathLike)) and Path(pool).is_dir():
+        spec = planning.pool_spec(Path(pool), base and Path(base), probe_folder and Path(probe_folder))
+    else:
+        spec = _spec(pool)
+    settings = _resolved(settings or PrecheckSettings())
+
+    def measure():
+        """The precheck's report on the pool (nothing written), its weights and knowledge diagnostics
+        at least; its verdict on the config is not the plan's business, its errors are."""
+        skip = set(settings.skip) | (set() if representations else set(planning.SKIPPED))
+        report = _precheck(spec, probes=probes, settings=replace(settings, skip=tuple(sorted(skip)))).to_json()
+        errors = [f["message"] for f in report["findings"] if f["severity"] == "error"]
+        if errors:
+            raise UserError(f"{spec.source}: the precheck found a problem with the pool: {errors[0]}")
+        return report
+
+    document, _ = planning.run(
+        spec,
+        Path(out),
+        measure,
+        settings=settings,
+        precheck=precheck and Path(precheck),
+        calibration=calibration and Path(calibration),
+        methods=list(methods or []),
+        knobs=knobs,
+        models=models,
+        budget_evals=budget_evals,
+        measured=measured and Path(measured),
+        cache=_cache(cache_dir),
+    )
+    return Plan.from_json(document)
+
+
+def methods() -> List["MethodRow"]:
+    """Every merge method mergekit knows (plugins' included): name, where it comes from, its parameters."""
+    from mergekit_mergeability.describe import describe_methods
+
+    return describe_methods()
+
+
+def _spec(config: Config, pools: bool = False) -> "MergeSpec":
+    """A config as the commands read it: a file, a document, a MergeSpec, or (``pools``) a folder of adapters."""
+    from mergekit_mergeability import config as merge_config
+
+    if isinstance(config, merge_config.MergeSpec):
+        return config
+    if isinstance(config, Mapping):
+        return merge_config.from_document(dict(config), Path.cwd())
+    if pools and Path(config).is_dir():
+        return merge_config.from_pool(Path(config))
+    return merge_config.read(Path(config))
+
+
+def _resolved(settings):
+    """``settings`` with device auto resolved: cuda if available (inside ``distributed.cluster``, if the cluster has GPUs)."""
+    from dataclasses import replace
+
+    from mergekit_mergeability import distributed
+    from mergekit_mergeability.sources import auto_device
+
+    device = distributed.device(settings.device) if distributed.active() else auto_device(settings.device)
+    return replace(settings, device=device)
+
+
+def _cache(folder: Optional[PathLike]):
+    from mergekit_mergeability.sources.cache import Cache
+
+    return Cache(Path(folder) if folder else None)
