@@ -47,6 +47,7 @@ import numpy as np
 
 from mergekit_mergeability.maths import calibration as fitting
 from mergekit_mergeability.decide.features import CALIBRATED, features as expert_features
+from mergekit_mergeability.decide.verdict import KEPT_CAP
 
 # The expert's own features: the calibration's, less the two that depend on who it is merged with
 POOL_LEVEL = ("pool_cosine", "mean_sign_conflict")
@@ -250,6 +251,19 @@ def own_coefficients(pool: Pool, members: Sequence[int], merge: Merge) -> np.nda
     else:
         along = g @ w
     return np.where(own > 0, along / safe, 0.0)
+
+
+def kept_shares(pool: Pool, members: Sequence[int], merge: Merge) -> np.ndarray:
+    """The precheck's kept share of each member, (Σ_j w_j τ_j · τ_i) / (w_i ‖τ_i‖²) over its whole
+    update: 1 untouched by the others, 0 cancelled. layer_selective: 1 (its upper member keeps its
+    own blocks above the cut-off)."""
+    members = np.asarray(members, dtype=int)
+    if merge.method == LAYER_SELECTIVE:
+        return np.ones(len(members))
+    g = pool.gram[np.ix_(members, members)]
+    w = member_weights(pool, members, merge)
+    scale = w * np.diag(g)
+    return np.where(scale > 0, (g @ w) / np.where(scale > 0, scale, 1.0), 1.0)
 
 
 def upper_member(pool: Pool, members: Sequence[int]) -> int:
@@ -467,6 +481,8 @@ class ConditionalCalibration:
             raise LookupError(f"no conditional model fitted for {merge.rule} nor any fallback")
         x = design(pool, members, merge, chosen.model.names)
         values = np.clip(chosen.model.predict(x), 0.0, 1.0)
+        kept = kept_shares(pool, members, merge)  # capped as the precheck caps: a cancelled update keeps nothing
+        values = np.where(kept < KEPT_CAP, np.minimum(values, np.clip(kept, 0.0, None)), values)
         return Prediction(values, chosen.rule, fallback, _outside(chosen, x) if domain else [[] for _ in members])
 
 
