@@ -101,3 +101,17 @@ def test_training_from_the_first_trained_block_gives_the_full_models_loss(llama)
                 _upper_loss(model, first, _hidden_before(model, ids, mask, first), mask, labels), full, atol=1e-5
             )
     assert len(model.model.layers) == model.config.num_hidden_layers  # the blocks are put back
+
+
+def test_knowledge_of_reads_reports_before_and_after_schema_3():
+    from mergekit_mergeability.decide.calibration import Calibration
+    from mergekit_mergeability.demo.run import knowledge_of
+
+    feature = Calibration.load(None).knowledge_feature
+    models = [
+        {"path": "a", "role": "expert", "features": {feature: 0.25}},
+        {"path": "b", "role": "expert", "features": {feature: 0.75}},
+        {"path": "base", "role": "base", "features": {}},
+    ]
+    for report in ({"settings": {"calibration": None}}, {"options": {"limit": 64}}):  # 3.0, and 2.x
+        assert knowledge_of({**report, "models": models}) == {"a": 0.25, "b": 0.75}

@@ -250,7 +250,8 @@ def knowledge_of(precheck: Dict[str, Any]) -> Dict[str, float]:
     values a knowledge_weighted recommendation carries)."""
     from mergekit_mergeability.decide.calibration import Calibration
 
-    feature = Calibration.load(precheck["settings"]["calibration"]).knowledge_feature
+    used = precheck.get("settings") or precheck.get("options", {})  # "options" before schema 3.0
+    feature = Calibration.load(used.get("calibration")).knowledge_feature  # None: the shipped one
     return {m["path"]: m["features"][feature] for m in precheck["models"] if m["role"] == "expert"}
 
 
