@@ -8,6 +8,7 @@ The Python API (``mergekit_mergeability.api``), re-exported here:
     print(result.verdict)
     mm.evaluate, mm.mergeability, mm.sweep, mm.calibrate, mm.validate, mm.plan
     mm.PrecheckSettings, mm.RunSettings, mm.SweepSettings  # their settings
+    mm.UserError, mm.MeasurementError                      # what they raise
 
 Importing the package is cheap: it only arranges for plugin merge methods to be
 registered with mergekit as soon as ``mergekit.merge_methods`` is imported. The API
@@ -23,7 +24,8 @@ install(before_planning=[gate.check], config_imported=gate.keep_documents)
 
 _API = ("precheck", "evaluate", "mergeability", "sweep", "calibrate", "validate", "plan")
 _SETTINGS = ("RunSettings", "PrecheckSettings", "SweepSettings")
-__all__ = [*_API, *_SETTINGS]
+_ERRORS = ("UserError", "MeasurementError")
+__all__ = [*_API, *_SETTINGS, *_ERRORS]
 
 
 def __getattr__(name: str):
@@ -35,6 +37,10 @@ def __getattr__(name: str):
         from mergekit_mergeability import settings
 
         value = getattr(settings, name)
+    elif name in _ERRORS:
+        from mergekit_mergeability import errors
+
+        value = getattr(errors, name)
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value  # looked up once

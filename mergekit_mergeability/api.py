@@ -69,6 +69,7 @@ def precheck(
     from mergekit_mergeability.plugins import results as answers_of
     from mergekit_mergeability.settings import PrecheckSettings
 
+    _folder(out)
     spec = _spec(config, pools=True)
     settings = _resolved(settings or PrecheckSettings())
     try:
@@ -117,6 +118,7 @@ def evaluate(
     from mergekit_mergeability.evaluation import evaluate as evaluation
     from mergekit_mergeability.settings import RunSettings
 
+    _folder(out)
     report = evaluation.evaluate(
         _spec(config),
         Path(merged),
@@ -153,6 +155,7 @@ def mergeability(
     from mergekit_mergeability.evaluation import mergeability as protocol
     from mergekit_mergeability.settings import RunSettings
 
+    _folder(out)
     spec, settings = _spec(pool), _resolved(settings or RunSettings())
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(out) if out is not None else Path(scratch)
@@ -352,8 +355,27 @@ def _resolved(settings):
     from mergekit_mergeability import distributed
     from mergekit_mergeability.sources import auto_device
 
+    import torch
+
+    from mergekit_mergeability.errors import UserError
+
     device = distributed.device(settings.device) if distributed.active() else auto_device(settings.device)
+    try:
+        torch.device(device)
+    except RuntimeError:
+        raise UserError(f"device {settings.device!r}: not a device torch knows; use cpu, cuda, cuda:N or mps") from None
+    limit = getattr(settings, "limit", None)
+    if limit is not None and limit < 1:
+        raise UserError(f"limit {limit}: must be at least 1 (probe instances per model), or None for every instance")
     return replace(settings, device=device)
+
+
+def _folder(out: Optional[PathLike], what: str = "out") -> None:
+    """Refuse, before any work, an ``out`` that exists and is not a folder."""
+    from mergekit_mergeability.errors import UserError
+
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise UserError(f"{what} {out}: is a file; pass a folder (created if missing)")
 
 
 def _cache(folder: Optional[PathLike]):

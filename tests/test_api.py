@@ -76,6 +76,22 @@ def test_a_bad_setting_is_one_line(config):
         mm.precheck(config, settings=mm.PrecheckSettings(quiet=True, skip=("nothing",)))
 
 
+def test_a_bad_device_limit_or_out_is_refused_before_any_work(config, tmp_path, monkeypatch):
+    import mergekit_mergeability as mm
+    from mergekit_mergeability import measure
+
+    monkeypatch.setattr(measure, "measure", lambda *a, **k: pytest.fail("measured despite a bad argument"))
+    with pytest.raises(mm.UserError, match=r"^device 'gpu': not a device torch knows; use cpu, cuda, cuda:N or mps$"):
+        mm.precheck(config, settings=mm.PrecheckSettings(quiet=True, device="gpu"))
+    with pytest.raises(mm.UserError, match=r"^limit 0: must be at least 1"):
+        mm.precheck(config, settings=mm.PrecheckSettings(quiet=True, limit=0))
+    afile = tmp_path / "afile"
+    afile.write_text("kept")
+    with pytest.raises(mm.UserError, match=r"afile: is a file; pass a folder"):
+        mm.precheck(config, settings=mm.PrecheckSettings(quiet=True), out=afile)
+    assert afile.read_text() == "kept"
+
+
 def test_importing_the_package_stays_cheap_and_the_api_is_its_attributes():
     code = (
         "import sys, mergekit_mergeability as mm\n"

@@ -343,11 +343,20 @@ def render(document: Mapping[str, Any]) -> str:
     images = "".join(
         f"<img alt='{esc(t)}' src='data:image/png;base64,{base64.b64encode(p).decode()}'>" for t, p in figures
     )
+    footnote = (
+        "<p><small>(base): in no merged model, the base's own score on its task. "
+        + (
+            "* outside the range the prediction was fitted on."
+            if any(e["outside_domain"] for e in document["experts"])
+            else ""
+        )
+        + "</small></p>"
+    )
     rows = "".join(
         "<tr>"
         f"<td title='{esc(e['path'])}'>{esc(e['name'])}</td>"
         f"<td>{'—' if e['model'] is None else 'model' + str(e['model'])}</td>"
-        f"<td>{e['planned']:.2f}{' *' if e['outside_domain'] else ''}</td>"
+        f"<td>{e['planned']:.2f}{' (base)' if e['model'] is None else ''}{' *' if e['outside_domain'] else ''}</td>"
         f"<td>{e['alone']:.2f}</td><td>{_cell(e['everything_configured'])}</td><td>{_cell(e['everything_ties'])}</td>"
         "</tr>"
         for e in document["experts"]
@@ -379,7 +388,7 @@ td,th{{border:1px solid #ccc;padding:2px 6px}}img{{max-width:100%}}</style></hea
 <h2>Planned models</h2><ul>{models}</ul>{images}
 <h2>Experts</h2><table><thead><tr><th>expert</th><th>planned model</th><th>predicted there</th><th>alone</th>
 <th>everything, as configured</th><th>everything, TIES</th></tr></thead><tbody>{rows}</tbody></table>
-<p><small>* outside the range the prediction was fitted on.</small></p>
+{footnote}
 <h2>How good the prediction is (out of sample, on measured merges)</h2><ul>{"".join(judged) or "<li>no out-of-sample numbers in this calibration</li>"}</ul>
 <h2>Notes</h2><ul>{notes or "<li>none</li>"}</ul></body></html>
 """
