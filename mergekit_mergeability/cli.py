@@ -59,6 +59,12 @@ def main():
     Works on the mergekit configs you already have. Plugin merge methods
     (knowledge_weighted, layer_selective, and any installed plugin's) also work
     in the stock `mergekit-yaml`.
+
+    \b
+    Start here:
+      mergekit-mergeability precheck merge.yml --out precheck/
+      mergekit-yaml precheck/recommended.yml ./merged
+      mergekit-mergeability evaluate merge.yml --merged ./merged
     """
 
 
@@ -987,3 +993,19 @@ def demo(quick: bool, cache_dir: Path, out: Path, quiet: bool, sweep_only: bool)
     from mergekit_mergeability.demo.run import FULL, QUICK, run
 
     run(QUICK if quick else FULL, cache_dir, out, quiet=quiet, sweep_only=sweep_only)
+
+
+# One line each in `--help`'s command list, whole at 80 columns (click cuts the docstrings' first sentence).
+for _name, _summary in {
+    "calibrate": "Fit the prediction on your own measured pools.",
+    "demo": "Run it all offline on SmolLM2-135M: try this first.",
+    "evaluate": "Score base, merged model and experts on each expert's task.",
+    "merge": "Run the stock mergekit-yaml with the plugin methods loaded.",
+    "mergeability": "Measure own-task scores after merging with random partners.",
+    "methods": "List the merge methods mergekit knows, plugins' included.",
+    "plan": "Choose which fine-tunes share a merged model, and how.",
+    "precheck": "Predict, before merging, how well each model survives it.",
+    "sweep": "Interpolate two models along λ and find the three stages.",
+    "validate": "Check a precheck's predictions against measured scores.",
+}.items():
+    main.commands[_name].short_help = _summary

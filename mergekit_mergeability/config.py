@@ -240,13 +240,21 @@ def _first_line(error: Exception) -> str:
     return str(error).splitlines()[0]
 
 
-def absolute(config: Dict[str, Any], resolved: Dict[str, Path]) -> Dict[str, Any]:
+def absolute(config: Dict[str, Any], resolved: Dict[str, Path], folder: Optional[Path] = None) -> Dict[str, Any]:
     """A config with every model reference written as a string replaced by its absolute folder;
     a model whose config.json names no architecture is written in mergekit's mapping form with
-    the class transformers loads it as (``override_architecture``), which mergekit needs."""
+    the class transformers loads it as (``override_architecture``), which mergekit needs. A
+    ``probe:`` that is a file (as written, or against ``folder``, the config's) becomes its
+    absolute path, so the written config is checked from anywhere; a task name stays."""
+    from mergekit_mergeability.tasks.probes import existing_file
+
     config = copy.deepcopy(config)
     for entry in model_entries(config):
         entry["model"] = _written(entry["model"], resolved)
+        probe = entry.get("probe")
+        found = existing_file(probe, folder) if isinstance(probe, str) else None
+        if found is not None:
+            entry["probe"] = str(found)
     if "base_model" in config:
         config["base_model"] = _written(config["base_model"], resolved)
     return config

@@ -4,6 +4,7 @@ import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -128,3 +129,22 @@ def test_the_notebook_style_example_runs_on_the_public_api_alone(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "verdict:" in done.stdout and "mergeability" in done.stdout and "done; files in" in done.stdout
     assert (tmp_path / "out" / "precheck" / "precheck.json").is_file()
+
+
+def test_recommended_configs_name_their_probes_from_anywhere(config, tmp_path, monkeypatch):
+    """A probe written relative to the config is written absolute, so the recommended config is
+    checked again from another folder; the config itself is left as it was."""
+    import mergekit_mergeability as mm
+
+    document = yaml.safe_load(config.read_text())
+    for entry in document["models"]:
+        entry["probe"] = str(Path(entry["probe"]).relative_to(config.parent))
+    relative = config.parent / "relative.yml"
+    relative.write_text(yaml.safe_dump(document, sort_keys=False))
+    before = relative.read_text()
+    monkeypatch.chdir(tmp_path)  # neither the config's folder nor the probes'
+    mm.precheck(relative, settings=mm.PrecheckSettings(quiet=True), out=tmp_path / "out")
+    written = yaml.safe_load((tmp_path / "out" / "recommended.yml").read_text())
+    probes = [m["probe"] for m in written["models"]]
+    assert probes and all(Path(p).is_absolute() and Path(p).is_file() for p in probes)
+    assert relative.read_text() == before

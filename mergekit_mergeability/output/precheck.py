@@ -246,7 +246,7 @@ def recommended(report: Dict[str, Any], measured: Measurements) -> List[Tuple[Ad
     names = {m["path"]: m["name"] for m in report["models"]}
     predicted = {m["path"]: m["predicted_mergeability"] for m in report["models"]}
     return [
-        (advice, absolute(advice.config, resolved))
+        (advice, absolute(advice.config, resolved, measured.spec.folder))
         for advice in advise(report["recommendation"], measured.spec.document, names, predicted)
     ]
 

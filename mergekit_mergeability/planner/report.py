@@ -244,7 +244,7 @@ def configs(decision: Decision, spec, document: Mapping[str, Any]) -> Dict[str, 
             "run: mergekit-yaml THIS_FILE ./merged",
         ]
         written[entry["file"]] = "".join(f"# {line}\n" for line in header) + yaml.safe_dump(
-            absolute(config, resolved), sort_keys=False
+            absolute(config, resolved, spec.folder), sort_keys=False
         )
     return written
 
