@@ -205,7 +205,12 @@ def model_options(settings: str):
                         else "."
                     ),
                 ),
-                setting("--batch-size", settings=settings, type=click.IntRange(min=1)),
+                setting(
+                    "--batch-size",
+                    settings=settings,
+                    type=click.IntRange(min=1),
+                    help="Rows per forward pass (lower it if memory runs out).",
+                ),
                 click.option("--quiet", "-q", is_flag=True, help="No progress bars."),
             ]
         ):
