@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from mergekit_mergeability.errors import UserError
+from mergekit_mergeability.errors import UserError, not_yaml
 
 PROBE_KEY = "probe"
 DTYPE_KEY = "dtype"
@@ -80,7 +80,7 @@ def load(path: Path) -> Dict[str, Any]:
     except FileNotFoundError:
         raise UserError(f"{path}: no such config file") from None
     except (yaml.YAMLError, UnicodeDecodeError) as error:
-        raise UserError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+        raise not_yaml(path, error) from None
     validate(document, Path(path))
     return document
 

@@ -7,3 +7,12 @@ class UserError(ValueError):
 
 class MeasurementError(RuntimeError):
     """A built-in precheck diagnostic could not measure: the precheck fails closed (exit 3)."""
+
+
+def not_yaml(path, error: Exception) -> UserError:
+    """A file that does not parse as YAML, as one line: where the parser stopped and what it met."""
+    mark, problem = getattr(error, "problem_mark", None), getattr(error, "problem", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    what = problem or (str(error).splitlines()[0] if str(error) else type(error).__name__)
+    context = getattr(error, "context", None)
+    return UserError(f"{path}: not valid YAML{where} ({what}{', ' + context if context else ''})")

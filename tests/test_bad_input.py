@@ -130,7 +130,7 @@ def world(llama, tmp_path_factory):
 # command, arguments (``{name}`` = a world path), what the one line must contain
 CASES = {
     "precheck: missing config file": ("precheck", ["{root}/absent.yml"], ["{root}/absent.yml", "does not exist"]),
-    "precheck: config not YAML": ("precheck", ["{not_yaml}"], ["{not_yaml}: not valid YAML"]),
+    "precheck: config not YAML": ("precheck", ["{not_yaml}"], ["{not_yaml}: not valid YAML at line 2, column "]),
     "precheck: YAML not a mapping": ("precheck", ["{list}"], ["{list}: expected a mergekit config (a YAML mapping)"]),
     "precheck: invalid mergekit field": (
         "precheck",

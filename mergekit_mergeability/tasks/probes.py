@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from mergekit_mergeability.errors import UserError
+from mergekit_mergeability.errors import UserError, not_yaml
 
 MULTIPLE_CHOICE, GENERATION = "multiple_choice", "generation"
 CLOZE, OPTIONS, LM_EVAL = "cloze", "options", "lm-eval"  # how an instance is scored
@@ -242,7 +242,7 @@ def task_name(path: Path) -> str:
             (line.split(":", 1)[1].strip() for line in path.read_text().splitlines() if line.startswith("task:")), None
         )
     except yaml.YAMLError as error:
-        raise UserError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+        raise not_yaml(path, error) from None
     if not isinstance(name, str):
         raise UserError(f"{path}: an lm-eval task YAML needs a `task:` name")
     return name
