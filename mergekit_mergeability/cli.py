@@ -345,13 +345,13 @@ def default_cache_dir() -> Path:
     "--lape-entropy-quantile",
     settings="PrecheckSettings",
     type=click.FloatRange(0, 1, min_open=True),
-    help="Share of all MLP neurons kept as group-specific: those whose activation spreads least evenly over the probe groups (paper 3's value).",
+    help="Share of all MLP neurons kept as group-specific: those whose activation spreads least evenly over the probe groups (the value of arXiv 2604.02881, paper 3).",
 )
 @setting(
     "--lape-activation-quantile",
     settings="PrecheckSettings",
     type=click.FloatRange(0, 1, max_open=True),
-    help="A group owns a specific neuron when the neuron's activation probability on it is above this quantile of all activation probabilities (paper 3's value).",
+    help="A group owns a specific neuron when the neuron's activation probability on it is above this quantile of all activation probabilities (the value of arXiv 2604.02881, paper 3).",
 )
 @setting(
     "--cutoff-signal",
@@ -415,8 +415,10 @@ def precheck(
     checks a folder of adapter folders as their task_arithmetic mean. Adapters
     are measured from their low-rank factors, on the base loaded once.
     \b
-    Signals: the base model's knowledge of each probe set (few-shot, options
-    lettered, as Will it Merge? asks it), task-vector statistics streamed from
+    Signals: the base model's knowledge of each probe set, asked in the format
+    its lines say the task is scored in ("format": cloze, the default, or
+    options with "shots"), beside Will it Merge?'s lettered few-shot view
+    (arXiv 2601.06672); task-vector statistics streamed from
     the safetensors files (update size, top singular value, interference),
     layer-wise unbiased CKA between the models' hidden states, and which MLP
     neurons fire for one probe group only (LAPE; groups: the lines' "group",
@@ -428,6 +430,8 @@ def precheck(
     Exit status: 0 merge (as configured or as recommended); 1 do_not_merge or
     a plugin asks to stop; 2 a usage error; 3 the precheck could not measure
     (a built-in diagnostic failed).
+        mergekit-mergeability precheck merge.yml --out precheck/
+        mergekit-yaml precheck/recommended.yml ./merged
     """
     from mergekit_mergeability import api
     from mergekit_mergeability.output.terminal import print_precheck
@@ -524,7 +528,7 @@ def precheck(
 @click.option(
     "--calibration",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="A conditional calibration (benchmarks/plan.py fit; default: the one shipped).",
+    help="A conditional calibration (fitted on measured merges by benchmarks/plan.py fit in a checkout; default: the one shipped).",
 )
 @click.option(
     "--representations", is_flag=True, help="Also measure layer-wise CKA, for layer_selective's cut-off (slower)."
@@ -982,7 +986,7 @@ def demo(quick: bool, cache_dir: Path, out: Path, quiet: bool, sweep_only: bool)
     3. runs precheck on mergekit configs of them;
     4. measures mergeability (8 partners × 4 trials) with task_arithmetic, ties
        and knowledge_weighted; merges each translator pair with task_arithmetic,
-       ties, as the precheck recommends and with paper 3's layer patch, and
+       ties, as the precheck recommends and with the layer patch of arXiv 2604.02881, and
        scores chrF and BLEU (sacrebleu) on 40 held-out sentences each;
     5. prints predicted vs measured mergeability with Spearman, its bootstrap
        interval and permutation p-value, the translators' per-block CKA and
