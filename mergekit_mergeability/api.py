@@ -349,33 +349,35 @@ def _spec(config: Config, pools: bool = False) -> "MergeSpec":
 
 
 def _resolved(settings):
-    """``settings`` with device auto resolved: cuda if available (inside ``distributed.cluster``, if the cluster has GPUs)."""
+    """``settings`` checked and with device auto resolved: cuda if available (inside
+    ``distributed.cluster``, if the cluster has GPUs). A device torch does not know, or a limit
+    under 1, is a ``UserError`` before any work."""
     from dataclasses import replace
-
-    from mergekit_mergeability import distributed
-    from mergekit_mergeability.sources import auto_device
 
     import torch
 
+    from mergekit_mergeability import distributed
     from mergekit_mergeability.errors import UserError
+    from mergekit_mergeability.sources import auto_device
 
     device = distributed.device(settings.device) if distributed.active() else auto_device(settings.device)
     try:
         torch.device(device)
     except RuntimeError:
         raise UserError(f"device {settings.device!r}: not a device torch knows; use cpu, cuda, cuda:N or mps") from None
-    limit = getattr(settings, "limit", None)
-    if limit is not None and limit < 1:
-        raise UserError(f"limit {limit}: must be at least 1 (probe instances per model), or None for every instance")
+    if settings.limit is not None and settings.limit < 1:
+        raise UserError(
+            f"limit {settings.limit}: must be at least 1 (probe instances per model), or None for every instance"
+        )
     return replace(settings, device=device)
 
 
-def _folder(out: Optional[PathLike], what: str = "out") -> None:
+def _folder(out: Optional[PathLike]) -> None:
     """Refuse, before any work, an ``out`` that exists and is not a folder."""
     from mergekit_mergeability.errors import UserError
 
     if out is not None and Path(out).exists() and not Path(out).is_dir():
-        raise UserError(f"{what} {out}: is a file; pass a folder (created if missing)")
+        raise UserError(f"out {out}: is a file; pass a folder (created if missing)")
 
 
 def _cache(folder: Optional[PathLike]):

@@ -68,7 +68,7 @@ def main():
     """
 
 
-@main.command()
+@main.command(short_help="List the merge methods mergekit knows, plugins' included.")
 @click.option("--plugins-only", is_flag=True, help="Only methods contributed by plugins.")
 def methods(plugins_only: bool):
     """List the merge methods mergekit knows, where each comes from, and its parameters.
@@ -93,6 +93,7 @@ def methods(plugins_only: bool):
 
 
 @main.command(
+    short_help="Run the stock mergekit-yaml with the plugin methods loaded.",
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
 @click.argument("config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
@@ -284,7 +285,7 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mergekit-mergeability"
 
 
-@main.command()
+@main.command(short_help="Predict, before merging, how well each model survives it.")
 @click.argument("config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=False)
 @click.option(
     "--pool",
@@ -461,7 +462,7 @@ def precheck(
         raise SystemExit(STOP)
 
 
-@main.command()
+@main.command(short_help="Choose which fine-tunes share a merged model, and how.")
 @click.argument("pool_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=False)
 @click.option(
     "--pool",
@@ -607,7 +608,7 @@ def plan(
     print_plan(result.to_json(), out)
 
 
-@main.command()
+@main.command(short_help="Score base, merged model and experts on each expert's task.")
 @click.argument("config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option(
     "--merged", type=click.Path(path_type=Path), required=True, help="The merged model folder (mergekit-yaml's output)."
@@ -640,7 +641,7 @@ def evaluate(config_file: Path, merged: Path, tasks, out: Path, cache, **model):
     print_evaluation(result, out)
 
 
-@main.command()
+@main.command(short_help="Measure own-task scores after merging with random partners.")
 @click.argument("pool_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option(
     "--partners",
@@ -702,7 +703,7 @@ def mergeability(pool_file: Path, partners, trials, method, seed, out: Path, cac
     print_mergeability(result, out)
 
 
-@main.command()
+@main.command(short_help="Check a precheck's predictions against measured scores.")
 @click.argument("precheck_json", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("mergeability_json", type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
@@ -741,7 +742,7 @@ def validate(precheck_json: Path, mergeability_json: Path, target, permutations,
     print_validation(result)
 
 
-@main.command()
+@main.command(short_help="Fit the prediction on your own measured pools.")
 @click.argument("measured", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
     "--out",
@@ -803,7 +804,7 @@ def calibrate(measured, out: Path, target, permutations, alpha):
     click.echo(f"wrote {out}")
 
 
-@main.command()
+@main.command(short_help="Interpolate two models along λ and find the three stages.")
 @click.argument("model_a")
 @click.argument("model_b")
 @click.option(
@@ -945,7 +946,7 @@ def sweep(
     print_sweep(result, out)
 
 
-@main.command()
+@main.command(short_help="Run it all offline on SmolLM2-135M: try this first.")
 @click.option(
     "--quick",
     is_flag=True,
@@ -1002,19 +1003,3 @@ def demo(quick: bool, cache_dir: Path, out: Path, quiet: bool, sweep_only: bool)
     from mergekit_mergeability.demo.run import FULL, QUICK, run
 
     run(QUICK if quick else FULL, cache_dir, out, quiet=quiet, sweep_only=sweep_only)
-
-
-# One line each in `--help`'s command list, whole at 80 columns (click cuts the docstrings' first sentence).
-for _name, _summary in {
-    "calibrate": "Fit the prediction on your own measured pools.",
-    "demo": "Run it all offline on SmolLM2-135M: try this first.",
-    "evaluate": "Score base, merged model and experts on each expert's task.",
-    "merge": "Run the stock mergekit-yaml with the plugin methods loaded.",
-    "mergeability": "Measure own-task scores after merging with random partners.",
-    "methods": "List the merge methods mergekit knows, plugins' included.",
-    "plan": "Choose which fine-tunes share a merged model, and how.",
-    "precheck": "Predict, before merging, how well each model survives it.",
-    "sweep": "Interpolate two models along λ and find the three stages.",
-    "validate": "Check a precheck's predictions against measured scores.",
-}.items():
-    main.commands[_name].short_help = _summary

@@ -254,9 +254,10 @@ def own_coefficients(pool: Pool, members: Sequence[int], merge: Merge) -> np.nda
 
 
 def kept_shares(pool: Pool, members: Sequence[int], merge: Merge) -> np.ndarray:
-    """The precheck's kept share of each member, (Σ_j w_j τ_j · τ_i) / (w_i ‖τ_i‖²) over its whole
-    update: 1 untouched by the others, 0 cancelled. layer_selective: 1 (its upper member keeps its
-    own blocks above the cut-off)."""
+    """Each member's kept share, (Σ_j w_j τ_j · τ_i) / (w_i ‖τ_i‖²) over its whole update, as
+    ``decide.verdict.kept_shares`` gives the precheck's from norms and cosines, here from the pool's
+    Gram matrix for a whole candidate at once: 1 untouched by the others, 0 cancelled.
+    layer_selective: 1 (its upper member keeps its own blocks above the cut-off)."""
     members = np.asarray(members, dtype=int)
     if merge.method == LAYER_SELECTIVE:
         return np.ones(len(members))
