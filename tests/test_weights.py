@@ -85,3 +85,19 @@ def test_top_singular_value_and_interference_of_known_updates(llama, tmp_path):
     assert result.per_model["lora"]["pool_cosine"] == pytest.approx(-1, abs=1e-5)
     assert result.per_model["undo"]["pool_cosine"] == pytest.approx(-1, abs=1e-5)
     assert result.per_model["lora"]["mean_cosine"] == pytest.approx(0, abs=1e-5)  # (1 + −1) / 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: the pass's products run there")
+def test_the_pass_on_a_cuda_device_gives_the_cpus_numbers(llama, crafted):
+    experts, _ = crafted
+    pool = {k: experts[k] for k in ("a", "opposite", "layer1")}
+    inputs = DiagnosticInputs(
+        ModelInput("base", llama["base"]),
+        tuple(ModelInput(name, path) for name, path in pool.items()),
+        PrecheckSettings(quiet=True, device="cuda"),
+    )
+    on_gpu, on_cpu = WeightStatistics().run(inputs), _run(llama["base"], pool)
+    for model, values in on_cpu.per_model.items():
+        assert on_gpu.per_model[model] == pytest.approx(values, rel=1e-4, abs=1e-6)
+    for pair, values in on_cpu.per_pair.items():
+        assert on_gpu.per_pair[pair] == pytest.approx(values, rel=1e-4, abs=1e-6)

@@ -6,8 +6,8 @@ sketch, ``maths.spectral``), NaN/Inf counts, and its interference with the rest 
 the pool: the cosine between τ_i and Σ_{j≠i} τ_j, and its mean cosine and sign
 conflict with the others. Per pair: cosine between task vectors and the TIES
 sign-conflict rate (share of coordinates, non-zero in both, where signs differ).
-Tensors are read in row blocks of ~64K values (cache-sized: measured fastest), so memory holds a few blocks
-whatever the model's size. Every sum is an entry of a Gram matrix over the stacked block (one BLAS pass each):
+Tensors are read in row blocks of 1M values, so memory holds a few blocks whatever the model's size;
+on a CUDA ``--device`` each block is copied there and its products run there (the sums stay on the CPU). Every sum is an entry of a Gram matrix over the stacked block (one BLAS pass each):
     ‖τ‖² = τ·τ,   agree − disagree = sign(τ_a)·sign(τ_b),   agree + disagree = |sign(τ_a)|·|sign(τ_b)|
 
 A pool of LoRA adapters on the config's base is measured from the factors (``maths.lowrank``):
@@ -43,8 +43,9 @@ BLOCK = 1 << 20
 
 
 class _Sums:
-    def __init__(self, models):
+    def __init__(self, models, device: str = "cpu"):
         self.models = list(models)
+        self.device = device
         self.squares: Dict[str, Dict] = {m: defaultdict(float) for m in models}  # model -> part -> Σ τ²
         self.nonfinite: Dict[str, int] = dict.fromkeys(models, 0)
         k = len(self.models)
@@ -64,17 +65,17 @@ class _Sums:
         """One block of rows of a tensor: the base's and each model's, in their stored dtype.
         Each model's rows are converted to float32 as they are copied into place and the base
         subtracted in place: the block is written once, not once per conversion."""
-        deltas = torch.empty(len(self.models), base.numel())  # (models, n), float32
+        deltas = torch.empty(len(self.models), base.numel(), device=self.device)  # (models, n), float32
         for row, model in zip(deltas, self.models):
             row.copy_(blocks[model].flatten())
-        deltas -= base.flatten()
-        gram = deltas @ deltas.T
+        deltas -= base.flatten().to(self.device)
+        gram = (deltas @ deltas.T).double().cpu()
         if not torch.isfinite(gram).all():  # NaN and Inf propagate: count exactly only then
             bad = (~torch.isfinite(deltas)).sum(dim=1)
             for model, count in zip(self.models, bad.tolist()):
                 self.nonfinite[model] += count
             deltas = torch.nan_to_num(deltas, nan=0.0, posinf=0.0, neginf=0.0)
-            gram = deltas @ deltas.T
+            gram = (deltas @ deltas.T).double().cpu()
         if not gram.diagonal().any():  # no model changed this block (most of a low-rank fine-tune)
             return
         for i, model in enumerate(self.models):
@@ -82,9 +83,9 @@ class _Sums:
         if base.ndim >= 2:  # a matrix: its rows go into every model's sketch at once
             rows = deltas.reshape(len(self.models), base.shape[0], -1)
             if self._sketch is None:
-                self._sketch = TopSingularValue(rows.shape[2], count=len(self.models))
+                self._sketch = TopSingularValue(rows.shape[2], count=len(self.models), device=self.device)
             self._sketch.add(rows)
-        self.dots += gram.double()
+        self.dots += gram
         self.add_signs(deltas)
 
     def add_signs(self, deltas: torch.Tensor, positions: Optional[List[int]] = None) -> None:
@@ -92,12 +93,12 @@ class _Sums:
         those at ``positions`` in the pool. Where no value is 0 (a changed tensor, mostly), every
         coordinate is non-zero in both: one Gram matrix instead of two."""
         signs = deltas.sign_()
-        agree = (signs @ signs.T).double()
+        agree = (signs @ signs.T).double().cpu()
         if bool((agree.diagonal() == signs.shape[1]).all()):  # Σ sign² counts each row's non-zeros
             both = torch.full_like(agree, float(signs.shape[1]))
         else:
             nonzero = signs.abs_()
-            both = (nonzero @ nonzero.T).double()
+            both = (nonzero @ nonzero.T).double().cpu()
         if positions is None:
             self.sign_dots += agree
             self.both_nonzero += both
@@ -161,6 +162,8 @@ class WeightStatistics:
             names = [n for n in index if all(n in other for other in indexes)]
         sources = {m.name: m.path for m in inputs.models}
         sums = _Sums(sources)
+        # the products on the GPU when the precheck runs there (not under Ray: its workers read on their CPUs)
+        device = inputs.settings.device if str(inputs.settings.device).startswith("cuda") else "cpu"
         description = "weights: low-rank updates" if low_rank else "weights: task vectors"
         with task(description, len(names), inputs.settings.quiet) as advance:
             if distributed.active():  # one task per shard of tensors; partial sums added in tensor order, as below
@@ -172,15 +175,18 @@ class WeightStatistics:
                     for partial in partials:
                         sums.merge(partial)
             else:
-                for partial in tensor_sums(names, inputs.base.path, sources, low_rank):
+                for partial in tensor_sums(names, inputs.base.path, sources, low_rank, device):
                     sums.merge(partial)
                     advance(1)
         return _result(sums)
 
 
-def tensor_sums(names: Sequence[str], base: Source, sources: Mapping[str, Source], low_rank: bool) -> Iterator[_Sums]:
+def tensor_sums(
+    names: Sequence[str], base: Source, sources: Mapping[str, Source], low_rank: bool, device: str = "cpu"
+) -> Iterator[_Sums]:
     """One partial ``_Sums`` per tensor of ``names``, each read from the models' files: from the
-    adapters' factors when ``low_rank`` (every source an adapter of ``base``), else streamed."""
+    adapters' factors when ``low_rank`` (every source an adapter of ``base``), else streamed, the
+    blocks' products on ``device``."""
     if low_rank:
         for name in names:
             sums = _Sums(sources)
@@ -190,7 +196,7 @@ def tensor_sums(names: Sequence[str], base: Source, sources: Mapping[str, Source
     reference = TensorReader(base)
     readers = {m: tensors(path) for m, path in sources.items()}
     for name in names:
-        sums, part = _Sums(sources), _part(name)
+        sums, part = _Sums(sources, device), _part(name)
         for start, stop in reference.blocks(name, BLOCK):
             sums.add(
                 part,

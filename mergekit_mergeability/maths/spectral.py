@@ -24,11 +24,12 @@ class TopSingularValue:
     """Accumulates blocks of rows of one matrix, or of ``count`` matrices of the same shape
     read side by side; ``value()`` (``values()``) is the estimated σ_max of each."""
 
-    def __init__(self, columns: int, k: int = SKETCH_SIZE, seed: int = 0, count: int = 1):
-        generator = torch.Generator().manual_seed(seed)
+    def __init__(self, columns: int, k: int = SKETCH_SIZE, seed: int = 0, count: int = 1, device: str = "cpu"):
+        generator = torch.Generator().manual_seed(seed)  # Ω drawn on the CPU: the same on every device
         self.omega = torch.randn(columns, k, generator=generator, dtype=torch.float64)
-        self._omega = self.omega.float()  # products in float32 (BLAS speed), sums in float64
-        self.y_t = torch.zeros(count, k, columns, dtype=torch.float64)  # Yᵀ per matrix: (B Ω)ᵀ B is the fast layout
+        self._omega = self.omega.float().to(device)  # products in float32 (BLAS speed), sums in float64
+        # Yᵀ per matrix ((B Ω)ᵀ B is the fast layout), on the device the rows are on
+        self.y_t = torch.zeros(count, k, columns, dtype=torch.float64, device=device)
 
     def add(self, rows: torch.Tensor) -> None:
         """Rows of the matrix (rows, columns), or of each matrix (count, rows, columns)."""
@@ -38,7 +39,7 @@ class TopSingularValue:
         self.y_t += torch.matmul(self._omega.T, rows.transpose(1, 2)).bmm(rows)
 
     def values(self) -> List[float]:
-        return [top_singular_value(y_t.T, self.omega) for y_t in self.y_t]
+        return [top_singular_value(y_t.T, self.omega) for y_t in self.y_t.cpu()]
 
     def value(self) -> float:
         (only,) = self.values()
