@@ -3,6 +3,7 @@ log-probs against hand-built prompts, a calibration that transfers across format
 domain check, and advice that acts on its own prediction."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -287,7 +288,10 @@ def test_leave_out_advice_is_the_config_without_the_lost_models():
 
 def test_an_expert_whose_upper_blocks_were_rewritten_keeps_them_in_some_recommended_model(tmp_path, llama):
     """Issue 19's two-expert case: ft1's upper blocks rewritten, ft1 predicted to lose its task.
-    Whatever the verdict, some recommended config keeps ft1's upper blocks and none is the base."""
+    Whatever the verdict, some recommended config keeps ft1's upper blocks and none is the base.
+    The prediction is pinned to the calibration fitted on the first three families (under which
+    ft1 is predicted 0.33 against ft0's 0.68): the shipped four-family one predicts ft1 0.66, not
+    lost, and this test is of what the advice does with a prediction of loss."""
     import yaml
     from click.testing import CliRunner
 
@@ -312,7 +316,10 @@ def test_an_expert_whose_upper_blocks_were_rewritten_keeps_them_in_some_recommen
             {"merge_method": "task_arithmetic", "base_model": str(base), "models": models, "dtype": "float32"}
         )
     )
-    result = CliRunner().invoke(main, ["precheck", str(config), "--out", str(tmp_path / "out"), "--quiet"])
+    pinned = Path(__file__).parent / "data" / "calibration_three_families.json"
+    result = CliRunner().invoke(
+        main, ["precheck", str(config), "--out", str(tmp_path / "out"), "--quiet", "--calibration", str(pinned)]
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
     predicted = {m["path"]: m["predicted_mergeability"] for m in report["models"] if m["role"] == "expert"}
