@@ -111,3 +111,41 @@ def test_trim_keeps_the_same_entries_as_mergekit_magnitude_sparsification(densit
     delta = torch.randn(64, 48, generator=g)
     delta[:, :10] = 0  # untouched entries, as a partial update has
     assert torch.equal(trim(delta, density), sparsify(delta, density=density, method=SparsificationMethod.magnitude))
+
+
+@pytest.mark.parametrize("density", [0.0, 0.1, 0.5, 0.9, 1.0])
+@pytest.mark.parametrize("rescale", [None, "l1"])
+def test_in_memory_trials_trim_as_mergekit_does(density, rescale):
+    """The trials' selection replaces mergekit's sort only inside ``selected_magnitudes``, and gives
+    its results, rescaled or not; outside the block mergekit's own function is back."""
+    from mergekit import sparsify as mergekit_sparsify
+    from mergekit.sparsify import RescaleNorm, SparsificationMethod, sparsify
+
+    from mergekit_mergeability.evaluation.inmemory import selected_magnitudes
+
+    g = torch.Generator().manual_seed(4)
+    delta = torch.randn(96, 40, generator=g)
+    delta[:, :7] = 0
+    norm = RescaleNorm(rescale) if rescale else None
+    expected = sparsify(delta, density=density, method=SparsificationMethod.magnitude, rescale_norm=norm)
+    original = mergekit_sparsify.magnitude
+    with selected_magnitudes():
+        assert mergekit_sparsify.magnitude is not original
+        got = sparsify(delta, density=density, method=SparsificationMethod.magnitude, rescale_norm=norm)
+    assert mergekit_sparsify.magnitude is original
+    assert torch.allclose(got, expected, rtol=1e-6, atol=0) and torch.equal(got != 0, expected != 0)
+
+
+def test_a_ties_merge_in_memory_equals_mergekits_own():
+    from mergekit.merge_methods import merge_tensors
+
+    from mergekit_mergeability.evaluation.inmemory import selected_magnitudes
+
+    g = torch.Generator().manual_seed(6)
+    base = torch.randn(32, 24, generator=g)
+    members = [base + 0.1 * torch.randn(32, 24, generator=g) for _ in range(3)]
+    kwargs = dict(ids=["b", "x", "y", "z"], base_index=0, parameters={"weight": 1.0, "density": 0.4}, name="w")
+    expected = merge_tensors([base, *members], "ties", **kwargs)
+    with selected_magnitudes():
+        got = merge_tensors([base, *members], "ties", **kwargs)
+    assert torch.equal(got, expected)

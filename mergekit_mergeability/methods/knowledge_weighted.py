@@ -51,19 +51,24 @@ def knowledge_weights(
     return weights
 
 
-def trim(delta: torch.Tensor, density: float) -> torch.Tensor:
-    """Keep the ``density`` share of entries largest in magnitude (TIES's trim step).
+def largest(delta: torch.Tensor, density: float) -> torch.Tensor:
+    """Where ``delta``'s entries are among the ``density`` share largest in magnitude (at least one).
 
     The same entries as mergekit's magnitude sparsification, found with one selection
     (kthvalue) instead of a full sort: ~50× faster on a 1M-entry matrix. Entries tied
     with the threshold are kept too; for weights that happens only among zeros, which
     neither add nor vote."""
-    if density >= 1 or delta.numel() == 0:
-        return delta
     magnitude = delta.abs().reshape(-1).float()
     keep = max(1, int(density * magnitude.numel()))
     threshold = torch.kthvalue(magnitude, magnitude.numel() - keep + 1).values
-    return delta * (delta.abs() >= threshold)
+    return delta.abs() >= threshold
+
+
+def trim(delta: torch.Tensor, density: float) -> torch.Tensor:
+    """Keep the ``density`` share of entries largest in magnitude (TIES's trim step)."""
+    if density >= 1 or delta.numel() == 0:
+        return delta
+    return delta * largest(delta, density)
 
 
 @merge_method(
