@@ -1,6 +1,7 @@
 """Model references and folders: damaged files, adapters and hub ids, each caught in one line."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import pytest
 
 from mergekit_mergeability import sources
 from mergekit_mergeability.sources import TensorReader, load_causal_lm, resolve, tensor_index
+from mergekit_mergeability.sources import hub as hub_source
 from mergekit_mergeability.sources.folder import read_header, weight_files
 from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
 from mergekit_mergeability.diagnostics.compatibility import Compatibility
@@ -99,6 +101,7 @@ def hub(llama, monkeypatch):
     fake = FakeHub({"org/base": llama["base"], "org/expert": llama["expert0"]})
     for name in ("hf_hub_download", "get_safetensors_metadata", "snapshot_download"):
         monkeypatch.setattr(huggingface_hub, name, getattr(fake, name))
+    monkeypatch.setattr(hub_source, "reachable", lambda: True)  # the fake hub is online
     return fake
 
 
@@ -120,6 +123,26 @@ def test_an_unknown_hub_id_is_one_line(hub):
     missing = resolve("org/missing")
     with pytest.raises(UserError, match="model org/missing: no such folder, and not on the hub"):
         sources.model_config(missing)
+
+
+def test_offline_a_hub_id_is_looked_up_in_the_cache_only_and_fails_at_once(hub, monkeypatch):
+    """No network: huggingface_hub would retry each request for ~30 s; its cache is asked instead."""
+    import huggingface_hub
+
+    asked = []
+
+    def not_cached(*args, **kwargs):
+        asked.append(kwargs)
+        raise huggingface_hub.errors.LocalEntryNotFoundError("not in the cache")
+
+    monkeypatch.setattr(hub_source, "reachable", lambda: False)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", not_cached)
+    unreachable = f"the hub \\({re.escape(hub_source._host())}\\) cannot be reached to look it up"
+    with pytest.raises(UserError, match=f"^model models/nope: no such folder, and {unreachable}"):
+        sources.model_config(resolve("models/nope"))
+    assert asked and all(kwargs.get("local_files_only") for kwargs in asked)
+    with pytest.raises(UserError, match=unreachable):  # safetensors headers come only from the hub
+        tensor_index(resolve("org/expert"))
 
 
 def test_a_bin_only_folder_has_weights_and_a_folder_without_any_is_refused(llama, tmp_path):

@@ -3,7 +3,9 @@ HTTP, its weights downloaded only when something reads a tensor or loads it."""
 
 from __future__ import annotations
 
+import functools
 import os
+import socket
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -81,15 +83,46 @@ class HubModel(ModelSource, os.PathLike):
     def _hub(self, function: str, *args, missing_ok=(), **kwargs):
         import huggingface_hub  # looked up at call time, so tests can stand in for the hub
 
+        offline = not reachable()
+        where = f"the hub ({_host()}) cannot be reached to look it up" if offline else "not on the hub"
+        if offline:  # files already in the hub's cache still serve; nothing else can
+            if function not in ("hf_hub_download", "snapshot_download"):
+                raise UserError(f"model {self.repo_id}: no such folder, and {where}; {RELATIVE}")
+            kwargs["local_files_only"] = True
         try:
             return getattr(huggingface_hub, function)(*args, **kwargs)
         except missing_ok:
             raise
         except Exception as error:  # offline, gated, missing: all the user can act on is the message
-            raise UserError(
-                f"model {self.repo_id}: no such folder, and not on the hub ({type(error).__name__}); "
-                "relative paths resolve against the working directory"
-            ) from None
+            why = where if offline else f"{where} ({type(error).__name__})"
+            raise UserError(f"model {self.repo_id}: no such folder, and {why}; {RELATIVE}") from None
+
+
+RELATIVE = "relative paths resolve against the working directory"
+
+
+def _host() -> str:
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    return urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
+
+
+@functools.lru_cache(maxsize=None)
+def reachable() -> bool:
+    """Whether the hub's host resolves (once per process). Unreachable, huggingface_hub retries
+    each request with back-off for about 30 s before it gives up; with ``HF_HUB_OFFLINE`` set it
+    answers from its cache at once, so that counts as reachable here."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return True
+    try:
+        socket.getaddrinfo(_host(), 443)
+    except OSError:
+        return False
+    return True
 
 
 def is_hub_id(reference: str) -> bool:
