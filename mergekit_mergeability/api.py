@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from mergekit_mergeability.results import (
     Calibration,
@@ -78,7 +78,7 @@ def precheck(
         if out is not None:  # an earlier run's advice must not outlive a failed measurement
             reports.remove_recommended(Path(out))
         raise
-    report = reports.build(measured, settings, measuring.decision(measured, settings))
+    report = reports.build(measured, settings, measuring.decision(measured, settings, _against_ties))
     failures: List[str] = []  # a plugin's bug must not cost the user the report: a warning, the others still answer
     answers = answers_of(
         measuring.REPORT_HOOK, failed=failures.append, report=MappingProxyType(report), config_path=str(spec.source)
@@ -384,3 +384,11 @@ def _cache(folder: Optional[PathLike]):
     from mergekit_mergeability.sources.cache import Cache
 
     return Cache(Path(folder) if folder else None)
+
+
+def _against_ties(report: Dict[str, Any]) -> Optional[Tuple[float, float]]:
+    """knowledge_weighted's and TIES's predicted mean score on the precheck's merge (the plan's
+    shipped conditional prediction): the precheck recommends knowledge_weighted only where it leads."""
+    from mergekit_mergeability.planner import decide, fit
+
+    return decide.knowledge_weighted_against_ties(report, fit.load())

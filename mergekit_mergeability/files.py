@@ -15,7 +15,7 @@ from mergekit_mergeability.errors import UserError
 # Every JSON this package writes (precheck, evaluation, mergeability, validation,
 # calibration) carries it: minor versions only add fields, a major one renames or removes
 # (3.0: precheck.json's options, the options given, became settings, every setting as used).
-SCHEMA_VERSION = "3.0"
+SCHEMA_VERSION = "3.1"
 
 
 def _umask() -> int:

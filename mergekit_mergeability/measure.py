@@ -11,7 +11,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from mergekit_mergeability import tasks
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
@@ -183,9 +183,15 @@ def per_layer(results: Mapping[str, DiagnosticResult], diagnostic: str, pairs: b
     return {k: v for k, v in results[diagnostic].per_layer.items() if isinstance(k, tuple) == pairs}
 
 
-def decision(measured: Measurements, settings: PrecheckSettings = PrecheckSettings()) -> "Decision":
+def decision(
+    measured: Measurements,
+    settings: PrecheckSettings = PrecheckSettings(),
+    against_ties: Optional[Callable[[Dict[str, Any]], Optional[Tuple[float, float]]]] = None,
+) -> "Decision":
     """The decision on the measurements (``decide.decide``), with the calibration of ``settings``
-    (None: the shipped one) and the cut-off's thresholds and signal."""
+    (None: the shipped one) and the cut-off's thresholds and signal. ``against_ties``: given the
+    experts as precheck.json holds them (``models``, ``pairs``), knowledge_weighted's and TIES's
+    predicted mean score (``planner.decide.knowledge_weighted_against_ties``, which api passes)."""
     from mergekit_mergeability.decide import decide
     from mergekit_mergeability.decide.advice import configured_weights
     from mergekit_mergeability.decide.calibration import Calibration
@@ -193,6 +199,7 @@ def decision(measured: Measurements, settings: PrecheckSettings = PrecheckSettin
 
     spec, results = measured.spec, measured.results
     names = short_names([m.name for m in ([measured.base] if measured.base else []) + list(measured.models)])
+    layers = {m: v.get("update_norm") for m, v in per_layer(results, "weights", pairs=False).items()}
     experts = [
         {
             "path": m.name,
@@ -202,7 +209,11 @@ def decision(measured: Measurements, settings: PrecheckSettings = PrecheckSettin
         }
         for m in measured.models
     ]
+    for expert in experts:  # as precheck.json holds them: the plan's prediction reads the layers
+        if expert["weights"] is not None:
+            expert["weights"] = {**expert["weights"], "layer_update_norm": layers.get(expert["path"])}
     weights = results["weights"].per_pair if "weights" in results else {}
+    pairs = [{"a": a, "b": b, **values} for (a, b), values in weights.items()]
     return decide(
         experts,
         Calibration.load(settings.calibration),
@@ -217,4 +228,5 @@ def decision(measured: Measurements, settings: PrecheckSettings = PrecheckSettin
         overlap_threshold=settings.overlap_threshold,
         signal=settings.cutoff_signal,
         label=names.get,
+        against_ties=against_ties({"models": experts, "pairs": pairs}) if against_ties else None,
     )

@@ -90,6 +90,8 @@ class Recommendation(Report):
     pairs: List[List[str]]
     left_out: Optional[List[str]]
     lost: Optional[List[str]]
+    # {knowledge_weighted, ties}: the experts' mean predicted score merged each way (None: not predicted)
+    knowledge_weighted_against_ties: Optional[Json]
     configured_update: Optional[Json]
     models: List[Json]  # {file, expert, keeps, drops, notes} per recommended config
 

@@ -347,3 +347,21 @@ def _merge(config, out):
         MergeOptions(quiet=True, write_model_card=False),
     )
     return out
+
+
+def test_knowledge_weighted_is_recommended_only_where_it_is_predicted_to_beat_ties():
+    predictions = {"a": verdict.Prediction(0.9), "b": verdict.Prediction(0.05)}
+    knowledge = {"a": 0.9, "b": 0.1}  # spreads, and b is weak: knowledge_weighted's case
+
+    def advice(method, against_ties):
+        return verdict.recommend(method, predictions, knowledge, {}, None, [], against_ties=against_ties)
+
+    ahead = advice("task_arithmetic", (0.80, 0.78))
+    assert (
+        ahead.verdict == "knowledge_weighted" and "(predicted to keep 0.80 on average, TIES 0.78)" in ahead.reasons[0]
+    )
+    behind = advice("task_arithmetic", (0.64, 0.71))
+    assert (behind.verdict, behind.method) == ("sign_election", "ties")
+    assert "knowledge_weighted is predicted to keep 0.64 on average and TIES 0.71" in behind.reasons[0]
+    assert advice("ties", (0.64, 0.71)).verdict == "merge_as_configured"  # TIES already
+    assert advice("task_arithmetic", None).verdict == "knowledge_weighted"  # nothing predicted: as before

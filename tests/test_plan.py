@@ -473,3 +473,20 @@ def test_a_layer_selective_model_runs_with_mergekit_and_keeps_its_upper_models_t
     for name in below:
         expected = base[name] + sum(0.5 * (m[name] - base[name]) for m in members_state)
         torch.testing.assert_close(merged[name], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_the_precheck_weighs_knowledge_weighted_against_ties_on_the_same_merge(cancelling):
+    from mergekit_mergeability.planner import fit as fitting
+    from mergekit_mergeability.planner.decide import knowledge_weighted_against_ties as against
+
+    _, _, out, _ = cancelling
+    report, shipped = json.loads((out / "precheck.json").read_text()), fitting.load()
+    kw, ties = against(report, shipped)
+    assert 0 <= kw <= 1 and 0 <= ties <= 1
+    assert report["recommendation"]["knowledge_weighted_against_ties"] == pytest.approx(
+        {"knowledge_weighted": kw, "ties": ties}
+    )
+    experts = [m for m in report["models"] if m["role"] == "expert"]
+    assert against({**report, "models": experts[:1]}, shipped) is None  # one expert: no merge
+    blind = [{**m, "knowledge": None} for m in experts]
+    assert against({**report, "models": blind}, shipped) is None  # no probes: not predicted

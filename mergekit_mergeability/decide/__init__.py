@@ -37,6 +37,7 @@ class Decision:
     decided_by: Optional[str]  # the signal that set the cut-off
     recommendation: Recommendation
     weights: Optional[Dict[str, float]]  # the shares the advice gives (knowledge_weighted), else the configured weights
+    against_ties: Optional[Tuple[float, float]] = None  # mean predicted score: knowledge_weighted, TIES (planner)
 
 
 def decide(
@@ -54,6 +55,7 @@ def decide(
     overlap_threshold: float,
     signal: str,
     label: Callable[[str], str] = str,
+    against_ties: Optional[Tuple[float, float]] = None,
 ) -> Decision:
     """The decision on a pool's measurements.
 
@@ -61,7 +63,8 @@ def decide(
     (as precheck.json's ``models``); ``configured``: each expert's configured weight; ``cosines``:
     the task-vector cosine per pair; ``cka`` and ``overlaps``: per pair, per layer, the unbiased CKA
     and the group-specific neurons' overlap; ``errors``: the error findings (any: do_not_merge);
-    ``label`` names a model in reasons."""
+    ``label`` names a model in reasons; ``against_ties``: the experts' mean predicted score merged
+    with knowledge_weighted's defaults and with TIES (``planner.decide``), None if not predicted."""
     from mergekit_mergeability.decide.calibration import domain_check
     from mergekit_mergeability.decide.features import features
     from mergekit_mergeability.decide.verdict import (
@@ -90,7 +93,15 @@ def decide(
     )
     known = {name: values[calibration.knowledge_feature] for name, values in table.items()}
     recommendation = recommend(
-        method, predictions, known, cosines, cutoff, errors, label=label, decided_by=decided_by or "cka"
+        method,
+        predictions,
+        known,
+        cosines,
+        cutoff,
+        errors,
+        label=label,
+        decided_by=decided_by or "cka",
+        against_ties=against_ties,
     )
     return Decision(
         calibration=calibration,
@@ -109,6 +120,7 @@ def decide(
         decided_by=decided_by,
         recommendation=recommendation,
         weights=_weights(recommendation, configured),
+        against_ties=against_ties,
     )
 
 

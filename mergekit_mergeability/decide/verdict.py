@@ -25,7 +25,9 @@ Verdict, first match wins:
    cut-offs; the reasons name the signal.
 3. ``knowledge_weighted``: some model is predicted below 0.5 and the base's p(gold)
    spreads by ≥ 0.2 across models: weight the weakly-known ones up (on the measured
-   families it lifted the weakest-known third most: README).
+   families it lifted the weakest-known third most: README), if it is predicted to keep more
+   than TIES would (the plan's conditional prediction, every expert merged each way; on the
+   `options` family it kept less, 0.642 vs 0.711); else TIES (``sign_election``).
 4. ``leave_out``: some model is predicted to lose its task, the prediction rests on
    measured knowledge, and nothing above protects it: merge the others, keep it apart
    (one config gives it back as it is). Lost: predicted to keep under LOST (0.3) of its
@@ -211,11 +213,13 @@ def recommend(
     label: Callable[[str], str] = str,
     decided_by: str = "cka",
     grounded: Optional[Set[str]] = None,
+    against_ties: Optional[Tuple[float, float]] = None,
 ) -> Recommendation:
     """``knowledge``: the base's p(gold) per model, as the calibration reads it (None without
     probes); ``label`` names a model in reasons; ``decided_by`` the signal that set the cut-off;
     ``grounded``: the models whose prediction may leave them out (None: those whose knowledge
-    was measured)."""
+    was measured); ``against_ties``: the experts' mean predicted score with knowledge_weighted and
+    with TIES: knowledge_weighted is recommended only where it is predicted to beat TIES."""
     shared = SHARED[decided_by]
     if errors:
         return Recommendation(DO_NOT_MERGE, None, reasons=list(errors))
@@ -236,8 +240,16 @@ def recommend(
     weak = [m for m, p in predictions.items() if p.value is not None and p.value < LOW_PREDICTION]
     spread = max(known.values()) - min(known.values()) if len(known) > 1 else 0.0
     if weak and spread >= KNOWLEDGE_SPREAD and len(known) == len(knowledge):
-        reason = f"{len(weak)} model(s) predicted below {LOW_PREDICTION} and the base's p(gold) spreads by {spread:.2f}: weight the weakly-known ones up"
-        return Recommendation(KNOWLEDGE_WEIGHTED, "knowledge_weighted", knowledge=known, reasons=[reason])
+        why = f"{len(weak)} model(s) predicted below {LOW_PREDICTION} and the base's p(gold) spreads by {spread:.2f}"
+        if against_ties is None or against_ties[0] > against_ties[1]:
+            reason = f"{why}: weight the weakly-known ones up"
+            if against_ties is not None:
+                reason += f" (predicted to keep {against_ties[0]:.2f} on average, TIES {against_ties[1]:.2f})"
+            return Recommendation(KNOWLEDGE_WEIGHTED, "knowledge_weighted", knowledge=known, reasons=[reason])
+        reason = f"{why}, but knowledge_weighted is predicted to keep {against_ties[0]:.2f} on average and TIES {against_ties[1]:.2f}: elect signs (TIES) instead"
+        if method in ("ties", "dare_ties"):
+            return Recommendation(MERGE_AS_CONFIGURED, method, reasons=[reason])
+        return Recommendation(SIGN_ELECTION, "ties", reasons=[reason])
     grounded = set(known) if grounded is None else grounded
     lost = sorted((m for m in grounded if _lost(m, predictions)), key=lambda m: predictions[m].value)
     if lost:

@@ -73,6 +73,9 @@ def build(measured: Measurements, settings: PrecheckSettings, decision: Decision
         "pairs": [list(p) for p in recommendation.pairs],
         "left_out": recommendation.left_out,
         "lost": recommendation.lost,
+        "knowledge_weighted_against_ties": None
+        if decision.against_ties is None
+        else dict(zip(("knowledge_weighted", "ties"), decision.against_ties)),
         "configured_update": configured_update(spec.document),
     }
     predicted = {m["path"]: m["predicted_mergeability"] for m in models}

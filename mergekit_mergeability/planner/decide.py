@@ -79,6 +79,29 @@ def candidate_merges(
     return merges, notes
 
 
+def knowledge_weighted_against_ties(
+    report: Mapping[str, Any], calibration: cond.ConditionalCalibration
+) -> Optional[Tuple[float, float]]:
+    """Every expert of a precheck report merged with knowledge_weighted's defaults and with TIES
+    (density 0.5): the experts' mean predicted own-task score under each, by the conditional
+    ``calibration``. None where it cannot say: fewer than two experts, an expert without measured
+    knowledge or weight statistics, or no fitted rule."""
+    experts = [m for m in report["models"] if m["role"] == "expert"]
+    if len(experts) < 2 or any(not m.get("knowledge") or not m.get("weights") for m in experts):
+        return None
+    pool, members = cond.from_report(report), list(range(len(experts)))
+    temperature, ties, density = knowledge_defaults()
+    weighted = cond.Merge(cond.KNOWLEDGE_WEIGHTED, temperature=temperature, ties=ties, density=density)
+    try:
+        kw = calibration.predict(pool, members, weighted, domain=False).values
+        trimmed = calibration.predict(pool, members, cond.Merge(cond.TIES, density=TIES_DENSITY), domain=False).values
+    except LookupError:
+        return None
+    if not (np.isfinite(kw).all() and np.isfinite(trimmed).all()):
+        return None
+    return float(np.mean(kw)), float(np.mean(trimmed))
+
+
 def merge_of(method: str, shared: Mapping[str, Any], per_model: Mapping[str, Mapping[str, Any]], members) -> cond.Merge:
     """The merge a config (or a measured trial) asks mergekit for, every member's weight as
     mergekit computes it. One source for fitting on trials and for the "as configured" reference."""
