@@ -358,10 +358,10 @@ def test_knowledge_weighted_is_recommended_only_where_it_is_predicted_to_beat_ti
 
     ahead = advice("task_arithmetic", (0.80, 0.78))
     assert (
-        ahead.verdict == "knowledge_weighted" and "(predicted to keep 0.80 on average, TIES 0.78)" in ahead.reasons[0]
+        ahead.verdict == "knowledge_weighted" and "(predicted to keep 0.80 of each task on average, TIES 0.78)" in ahead.reasons[0]
     )
     behind = advice("task_arithmetic", (0.64, 0.71))
     assert (behind.verdict, behind.method) == ("sign_election", "ties")
-    assert "knowledge_weighted is predicted to keep 0.64 on average and TIES 0.71" in behind.reasons[0]
+    assert "knowledge_weighted is predicted to keep 0.64 of each task on average and TIES 0.71" in behind.reasons[0]
     assert advice("ties", (0.64, 0.71)).verdict == "merge_as_configured"  # TIES already
     assert advice("task_arithmetic", None).verdict == "knowledge_weighted"  # nothing predicted: as before
