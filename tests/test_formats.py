@@ -358,7 +358,8 @@ def test_knowledge_weighted_is_recommended_only_where_it_is_predicted_to_beat_ti
 
     ahead = advice("task_arithmetic", (0.80, 0.78))
     assert (
-        ahead.verdict == "knowledge_weighted" and "(predicted to keep 0.80 of each task on average, TIES 0.78)" in ahead.reasons[0]
+        ahead.verdict == "knowledge_weighted"
+        and "(predicted to keep 0.80 of each task on average, TIES 0.78)" in ahead.reasons[0]
     )
     behind = advice("task_arithmetic", (0.64, 0.71))
     assert (behind.verdict, behind.method) == ("sign_election", "ties")

@@ -244,7 +244,9 @@ def recommend(
         if against_ties is None or against_ties[0] > against_ties[1]:
             reason = f"{why}: weight the weakly-known ones up"
             if against_ties is not None:
-                reason += f" (predicted to keep {against_ties[0]:.2f} of each task on average, TIES {against_ties[1]:.2f})"
+                reason += (
+                    f" (predicted to keep {against_ties[0]:.2f} of each task on average, TIES {against_ties[1]:.2f})"
+                )
             return Recommendation(KNOWLEDGE_WEIGHTED, "knowledge_weighted", knowledge=known, reasons=[reason])
         reason = f"{why}, but knowledge_weighted is predicted to keep {against_ties[0]:.2f} of each task on average and TIES {against_ties[1]:.2f}: elect signs (TIES) instead"
         if method in ("ties", "dare_ties"):
