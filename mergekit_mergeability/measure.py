@@ -183,6 +183,12 @@ def per_layer(results: Mapping[str, DiagnosticResult], diagnostic: str, pairs: b
     return {k: v for k, v in results[diagnostic].per_layer.items() if isinstance(k, tuple) == pairs}
 
 
+def layer_norms(results: Mapping[str, DiagnosticResult]) -> Dict[str, Optional[List[float]]]:
+    """Per model: its update's norm per decoder layer (the weights diagnostic's), as precheck.json
+    holds it in ``weights.layer_update_norm``."""
+    return {m: v.get("update_norm") for m, v in per_layer(results, "weights", pairs=False).items()}
+
+
 def decision(
     measured: Measurements,
     settings: PrecheckSettings = PrecheckSettings(),
@@ -199,7 +205,7 @@ def decision(
 
     spec, results = measured.spec, measured.results
     names = short_names([m.name for m in ([measured.base] if measured.base else []) + list(measured.models)])
-    layers = {m: v.get("update_norm") for m, v in per_layer(results, "weights", pairs=False).items()}
+    layers = layer_norms(results)
     experts = [
         {
             "path": m.name,

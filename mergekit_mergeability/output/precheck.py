@@ -18,7 +18,7 @@ from mergekit_mergeability.decide.verdict import RELATIVE_DROP
 from mergekit_mergeability.diagnostics.selectivity import COLLISION_SHARE, SPECIFIC, colliding_layers
 from mergekit_mergeability.files import SCHEMA_VERSION, write_atomic
 from mergekit_mergeability.names import short_names
-from mergekit_mergeability.measure import Measurements, metrics, per_layer
+from mergekit_mergeability.measure import Measurements, layer_norms, metrics, per_layer
 from mergekit_mergeability.config import absolute
 from mergekit_mergeability.settings import PrecheckSettings
 
@@ -31,7 +31,7 @@ def build(measured: Measurements, settings: PrecheckSettings, decision: Decision
 
     spec, results = measured.spec, measured.results
     names = short_names([m.name for m in ([measured.base] if measured.base else []) + list(measured.models)])
-    layer_norms = {m: v.get("update_norm") for m, v in per_layer(results, "weights", pairs=False).items()}
+    norms = layer_norms(results)
     specific = {
         m: {k[len(SPECIFIC) :]: v for k, v in layers.items()}
         for m, layers in per_layer(results, "selectivity", pairs=False).items()
@@ -42,7 +42,7 @@ def build(measured: Measurements, settings: PrecheckSettings, decision: Decision
         knowledge = metrics(results, "knowledge", m.name)
         weights = metrics(results, "weights", m.name)
         record = _model(
-            m.name, names, "expert", measured.probe_specs.get(m.name), knowledge, weights, layer_norms.get(m.name)
+            m.name, names, "expert", measured.probe_specs.get(m.name), knowledge, weights, norms.get(m.name)
         )
         if knowledge is not None:
             record["knowledge"]["per_instance"] = instances.get(m.name, [])

@@ -84,21 +84,25 @@ class HubModel(ModelSource, os.PathLike):
         import huggingface_hub  # looked up at call time, so tests can stand in for the hub
 
         offline = not reachable()
-        where = f"the hub ({_host()}) cannot be reached to look it up" if offline else "not on the hub"
         if offline:  # files already in the hub's cache still serve; nothing else can
             if function not in ("hf_hub_download", "snapshot_download"):
-                raise UserError(f"model {self.repo_id}: no such folder, and {where}; {RELATIVE}")
+                raise self._missing(UNREACHABLE.format(_host()))
             kwargs["local_files_only"] = True
         try:
             return getattr(huggingface_hub, function)(*args, **kwargs)
         except missing_ok:
             raise
         except Exception as error:  # offline, gated, missing: all the user can act on is the message
-            why = where if offline else f"{where} ({type(error).__name__})"
-            raise UserError(f"model {self.repo_id}: no such folder, and {why}; {RELATIVE}") from None
+            why = UNREACHABLE.format(_host()) if offline else f"not on the hub ({type(error).__name__})"
+            raise self._missing(why) from None
+
+    def _missing(self, why: str) -> UserError:
+        return UserError(
+            f"model {self.repo_id}: no such folder, and {why}; relative paths resolve against the working directory"
+        )
 
 
-RELATIVE = "relative paths resolve against the working directory"
+UNREACHABLE = "the hub ({}) cannot be reached to look it up"
 
 
 def _host() -> str:
