@@ -17,7 +17,8 @@ pool's (the family differs in what is updated, not in what is taught). Per pool 
 ``mergeability/<method>/mergeability.json`` (8 partners × 5 trials, paper 1's protocol; ``--partners N``
 measures merges of another size into ``<method>_pN``, for the conditional prediction of ``plan``).
 Methods: ``mean`` (task_arithmetic, weights 1/9), ``ties`` (density 0.5), ``kw:T``
-(knowledge_weighted, temperature T), ``kw-ties:T:D`` (with ties: true, density D).
+(knowledge_weighted, temperature T), ``kw-ties:T:D`` (with ties: true, density D),
+``kw-noties:T`` (ties: false: the paper's weighted mean).
 Everything is cached (experts, scores, finished trials): a rerun only re-reads.
 Needs the demo's base model: ``bash examples/demo.sh`` (or any demo run) first.
 """
@@ -81,7 +82,10 @@ def method(spec: str, partners: int):
             "knowledge_weighted",
             {"temperature": temperature, "ties": True, "density": density},
         )
-    raise SystemExit(f"--methods: unknown method {spec!r}; use mean, ties[:D], kw:T or kw-ties:T:D")
+    if name == "kw-noties":
+        temperature = float(values[0])
+        return f"kw_noties_t{temperature:g}", "knowledge_weighted", {"temperature": temperature, "ties": False}
+    raise SystemExit(f"--methods: unknown method {spec!r}; use mean, ties[:D], kw:T, kw-ties:T:D or kw-noties:T")
 
 
 def precheck(demo: Demo, config: Path, fewshot: int) -> dict:
@@ -103,7 +107,9 @@ def precheck(demo: Demo, config: Path, fewshot: int) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("pool", choices=sorted(POOLS))
-    parser.add_argument("--methods", default="mean,ties", help="comma-separated: mean, ties[:D], kw:T, kw-ties:T:D")
+    parser.add_argument(
+        "--methods", default="mean,ties", help="comma-separated: mean, ties[:D], kw:T, kw-ties:T:D, kw-noties:T"
+    )
     parser.add_argument(
         "--precheck", action="store_true", help="run the precheck (the features) even when no method needs it"
     )

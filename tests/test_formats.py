@@ -286,12 +286,13 @@ def test_leave_out_advice_is_the_config_without_the_lost_models():
     )
 
 
-def test_an_expert_whose_upper_blocks_were_rewritten_keeps_them_in_some_recommended_model(tmp_path, llama):
-    """Issue 19's two-expert case: ft1's upper blocks rewritten, ft1 predicted to lose its task.
-    Whatever the verdict, some recommended config keeps ft1's upper blocks and none is the base.
-    The prediction is pinned to the calibration fitted on the first three families (under which
-    ft1 is predicted 0.33 against ft0's 0.68): the shipped four-family one predicts ft1 0.66, not
-    lost, and this test is of what the advice does with a prediction of loss."""
+@pytest.mark.parametrize("calibration", ["three_families", "shipped"])
+def test_an_expert_whose_upper_blocks_were_rewritten_keeps_them_in_some_recommended_model(tmp_path, llama, calibration):
+    """Issue 19's two-expert case: ft1's upper blocks rewritten. Under either calibration some
+    recommended config keeps ft1's upper blocks (its update there kept to within 20%) and none is
+    the base. Under the calibration fitted on the first three families ft1 is predicted lost (0.33
+    against ft0's 0.68) and the advice acts on it; the shipped four-family one predicts ft1 0.66,
+    not lost, and the merge as configured (task_arithmetic, weight 1 each) keeps its update."""
     import yaml
     from click.testing import CliRunner
 
@@ -316,23 +317,34 @@ def test_an_expert_whose_upper_blocks_were_rewritten_keeps_them_in_some_recommen
             {"merge_method": "task_arithmetic", "base_model": str(base), "models": models, "dtype": "float32"}
         )
     )
-    pinned = Path(__file__).parent / "data" / "calibration_three_families.json"
+    pinned = ["--calibration", str(Path(__file__).parent / "data" / "calibration_three_families.json")]
     result = CliRunner().invoke(
-        main, ["precheck", str(config), "--out", str(tmp_path / "out"), "--quiet", "--calibration", str(pinned)]
+        main,
+        [
+            "precheck",
+            str(config),
+            "--out",
+            str(tmp_path / "out"),
+            "--quiet",
+            *(pinned if calibration != "shipped" else []),
+        ],
     )
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
-    predicted = {m["path"]: m["predicted_mergeability"] for m in report["models"] if m["role"] == "expert"}
-    lost, partner = predicted[str(ft1)], predicted[str(ft0)]
-    assert lost < verdict.LOST or (lost < verdict.LOW_PREDICTION and lost < verdict.RELATIVE_LOST * partner)
-    assert report["recommendation"]["verdict"] != "merge_as_configured"
+    if calibration != "shipped":
+        predicted = {m["path"]: m["predicted_mergeability"] for m in report["models"] if m["role"] == "expert"}
+        lost, partner = predicted[str(ft1)], predicted[str(ft0)]
+        assert lost < verdict.LOST or (lost < verdict.LOW_PREDICTION and lost < verdict.RELATIVE_LOST * partner)
+        assert report["recommendation"]["verdict"] != "merge_as_configured"
     base_weights, own = state_dict(base), state_dict(ft1)
     upper = [n for n in own if ".layers.2." in n or ".layers.3." in n]
+    update = torch.cat([(own[n] - base_weights[n]).flatten() for n in upper])
     kept_upper = []
     for advice in report["recommendation"]["models"]:
         merged = state_dict(_merge(tmp_path / "out" / advice["file"], tmp_path / "merged" / advice["file"]))
         assert not all(torch.equal(t, base_weights[n]) for n, t in merged.items()), advice["file"]
-        kept_upper.append(all(torch.allclose(merged[n], own[n], atol=1e-6) for n in upper))
+        missed = torch.cat([(merged[n] - own[n]).flatten() for n in upper])
+        kept_upper.append(float(missed.norm() / update.norm()) < 0.2)
     assert any(kept_upper)
 
 
