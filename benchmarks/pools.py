@@ -38,6 +38,7 @@ from mergekit_mergeability.demo.run import Demo, Settings, knowledge_of
 
 HERE = Path(__file__).resolve().parent
 FIT, HELDOUT = str(HERE / "pools" / "fit_facts.jsonl"), str(HERE / "pools" / "heldout_facts.jsonl")
+PLAN = str(HERE / "pools" / "plan_facts.jsonl")  # facts of their own, for plan's check pools
 ATTENTION_AND_MLP = ("self_attn.q_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.up_proj", "mlp.down_proj")
 POOLS = {
     "fit": Settings(facts=FIT, pool="fit", fact_layer=15, trials=5),
@@ -55,6 +56,9 @@ POOLS = {
         fact_adapters=True,
         trials=5,
     ),
+    # A check pool for plan, never fitted on: facts no other pool has, options listed (merging
+    # everything loses most in that format), at the heldout family's depth.
+    "options10": Settings(facts=PLAN, pool="options10", fact_layer=10, fact_format="options", fact_shots=3, trials=5),
 }
 # What each family is, in the words the README's tables use; pools of one family differ only in their facts.
 FAMILIES = {

@@ -54,8 +54,14 @@ class MergeSpec:
     def _resolve(self, name: str, **options) -> Any:
         from mergekit_mergeability.sources import resolve
 
-        with self.naming(self.fields.get(name, "model")):
-            return resolve(name, self.folder, **options)
+        from mergekit_mergeability.sources import HubModel
+
+        where = self.fields.get(name, "model")
+        with self.naming(where):
+            source = resolve(name, self.folder, **options)
+        if isinstance(source, HubModel):  # looked up later: its errors say where it was named
+            source.where = self._where(where)
+        return source
 
     @contextmanager
     def naming(self, where: str) -> Iterator[None]:
@@ -63,8 +69,10 @@ class MergeSpec:
         try:
             yield
         except UserError as error:
-            file = f"{self.source}: " if self.source.is_file() else ""
-            raise UserError(f"{file}{where}: {error}") from None
+            raise UserError(f"{self._where(where)}{error}") from None
+
+    def _where(self, field: str) -> str:
+        return f"{self.source}: {field}: " if self.source.is_file() else f"{field}: "
 
 
 def read(path: Path) -> MergeSpec:

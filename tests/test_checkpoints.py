@@ -125,6 +125,23 @@ def test_an_unknown_hub_id_is_one_line(hub):
         sources.model_config(missing)
 
 
+def test_an_unknown_hub_id_in_a_config_names_its_field(hub, llama, tmp_path):
+    """The hub is asked only when the model is first read, after the config is parsed; the error
+    still says which field of which file named the id."""
+    import yaml
+
+    from mergekit_mergeability import config as merge_config
+
+    path = tmp_path / "pool.yml"
+    models = [{"model": str(llama["expert0"])}, {"model": "org/missing"}]
+    path.write_text(yaml.safe_dump({"merge_method": "task_arithmetic", "base_model": "org/base", "models": models}))
+    missing = merge_config.read(path).sources()["org/missing"]
+    with pytest.raises(
+        UserError, match=f"^{re.escape(str(path))}: models\\[1\\].model: model org/missing: no such folder"
+    ):
+        sources.model_config(missing)
+
+
 def test_offline_a_hub_id_is_looked_up_in_the_cache_only_and_fails_at_once(hub, monkeypatch):
     """No network: huggingface_hub would retry each request for ~30 s; its cache is asked instead."""
     import huggingface_hub

@@ -217,7 +217,7 @@ def test_the_domain_check_names_format_granularity_and_range(tmp_path):
     checked = domain_check(calibration, models, features(models))
     assert checked["in"] == []
     assert checked["opt"] == ["probe scored as options; fitted on cloze probes only"]
-    assert checked["task"] == ["48 probe lines; fitted on probes of 2–2 lines (another granularity)"]
+    assert checked["task"] == ["48 probe lines; fitted on probes of 2 lines (another granularity)"]
     assert len(checked["far"]) == 1 and checked["far"][0].startswith("scored_gap 5.00 outside the fitted")
 
 

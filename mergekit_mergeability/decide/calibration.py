@@ -151,8 +151,9 @@ def domain_check(
             outside.append(f"probe scored as {probe['format']}; fitted on {', '.join(fitted['formats'])} probes only")
         low, high = fitted.get("probe_lines") or (None, None)
         if probe["lines"] and low and (probe["lines"] > LINES_FACTOR * high or probe["lines"] * LINES_FACTOR < low):
+            fitted_lines = f"{low}" if low == high else f"{low}–{high}"
             outside.append(
-                f"{probe['lines']} probe lines; fitted on probes of {low}–{high} lines (another granularity)"
+                f"{probe['lines']} probe lines; fitted on probes of {fitted_lines} lines (another granularity)"
             )
         weighed = {n for n, w in zip(calibration.model.names, calibration.model.weights) if w > 0}
         for feature, (least, most) in fitted.get("features", {}).items():

@@ -25,6 +25,7 @@ class HubModel(ModelSource, os.PathLike):
 
     def __init__(self, repo_id: str):
         self.repo_id = repo_id
+        self.where = ""  # where a config names it ("config.yml: models[0].model: "), for its errors
         self._folder: Optional[Path] = None
 
     def __str__(self) -> str:
@@ -98,7 +99,7 @@ class HubModel(ModelSource, os.PathLike):
 
     def _missing(self, why: str) -> UserError:
         return UserError(
-            f"model {self.repo_id}: no such folder, and {why}; relative paths resolve against the working directory"
+            f"{self.where}model {self.repo_id}: no such folder, and {why}; relative paths resolve against the working directory"
         )
 
 
