@@ -43,13 +43,15 @@ OUT = Path("pools-out")
 console = Console()
 
 
-def _pairs(arguments, out: Path):
+def _pairs(arguments, out: Path, families):
     if arguments:
         if len(arguments) % 2:
             raise SystemExit("fit takes pairs: PRECHECK_JSON MERGEABILITY_DIR ...")
         return [(Path(a), Path(b)) for a, b in zip(arguments[::2], arguments[1::2])]
     found = []
-    for precheck in sorted(out.glob("*/precheck/precheck.json")):
+    for precheck in sorted(out / family / "precheck" / "precheck.json" for family in families):
+        if not precheck.is_file():
+            raise SystemExit(f"{precheck}: not measured (benchmarks/pools.py {precheck.parents[1].name} measures it)")
         for folder in sorted((precheck.parents[1] / "mergeability").glob("*")):
             if (folder / "trials.jsonl").is_file() or (folder / "mergeability.json").is_file():
                 found.append((precheck, folder))
@@ -61,7 +63,7 @@ def _pairs(arguments, out: Path):
 def fit(args) -> None:
     from mergekit_mergeability.planner import fit as fitting
 
-    pairs = _pairs(args.measured, args.out)
+    pairs = _pairs(args.measured, args.out, args.families.split(","))
     started = time.perf_counter()
     rows = fitting.measured_rows(pairs)
     document = fitting.fit(rows, permutations=args.permutations)
@@ -403,6 +405,11 @@ def main():
     fitting = commands.add_parser("fit")
     fitting.add_argument("measured", nargs="*")
     fitting.add_argument("--out", type=Path, default=OUT, help="where measured pools are found (default pools-out)")
+    fitting.add_argument(
+        "--families",
+        default="fit,options",
+        help="the families under --out to fit on (default: the shipped fit's, fit,options; heldout and lora stay clean)",
+    )
     fitting.add_argument("--permutations", type=int, default=200)
     fitting.add_argument("--install", action="store_true")
     timing = commands.add_parser("speed")

@@ -56,7 +56,7 @@ POOLS = {
         fact_adapters=True,
         trials=5,
     ),
-    # A check pool for plan, never fitted on: facts no other pool has, options listed (merging
+    # A check pool for plan, never fitted on: facts no measured family has, options listed (merging
     # everything loses most in that format), at the heldout family's depth.
     "options10": Settings(facts=PLAN, pool="options10", fact_layer=10, fact_format="options", fact_shots=3, trials=5),
 }
