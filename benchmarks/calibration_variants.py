@@ -203,7 +203,9 @@ def check(demo: Path, x, y, results, nearest) -> None:
     (fitted on the whole fit pool) on the held-out and demo pools, each against its best single input."""
     shipped = Calibration.load()
     columns = [NAMES.index(n) for n in shipped.model.names]
-    predictors = {"shipped calibration": lambda v: np.clip(shipped.model.predict(v[:, columns]), 0.0, 1.0)}
+    fitted_on = ", ".join(Path(p["precheck"]).parents[1].name for p in shipped.document.get("pools", ()))
+    label = f"shipped calibration (fitted on {fitted_on or 'the fit pool'})"
+    predictors = {label: lambda v: np.clip(shipped.model.predict(v[:, columns]), 0.0, 1.0)}
     for label in nearest:
         train, train_y = results[label][:2]
         predictors[f"{label} (not adopted)"] = train(x, y if train_y is None else train_y)
