@@ -7,12 +7,15 @@ families``).
     python benchmarks/pools.py heldout                  # cloze, one up_proj (layer 10): 83 other facts
     python benchmarks/pools.py options                  # options listed, 3-shot, one up_proj (layer 15): 64 facts
     python benchmarks/pools.py lora                     # cloze, LoRA r8 on attention and MLP, layers 10-19: 64 facts
+    python benchmarks/pools.py tasks                    # task-level: 65 tasks, 8 held-out items each; LoRA r8 on the MLP
     python benchmarks/pools.py fit --methods mean,ties,kw:0.1,kw-ties:0.1:0.5
 
 Each expert is trained until the gold choice has p ≥ 0.9 on both phrasings of its fact,
 in the format its probe is scored in (``FAMILIES`` says how each family differs). Facts
 are in ``benchmarks/pools/``: ``options`` uses the held-out pool's facts, ``lora`` the fit
-pool's (the family differs in what is updated, not in what is taught). Per pool this writes, under ``--out/<pool>/``: the pool config,
+pool's (the family differs in what is updated, not in what is taught). A ``tasks`` expert is
+trained on its task's first items (p ≥ 0.9 on each, or 150 steps) and probed on the rest,
+which it never saw (``make_tasks.py`` writes them). Per pool this writes, under ``--out/<pool>/``: the pool config,
 ``precheck/precheck.json`` (knowledge, weight and interference features) and
 ``mergeability/<method>/mergeability.json`` (8 partners × 5 trials, paper 1's protocol; ``--partners N``
 measures merges of another size into ``<method>_pN``, for the conditional prediction of ``plan``).
@@ -39,6 +42,7 @@ from mergekit_mergeability.demo.run import Demo, Settings, knowledge_of
 HERE = Path(__file__).resolve().parent
 FIT, HELDOUT = str(HERE / "pools" / "fit_facts.jsonl"), str(HERE / "pools" / "heldout_facts.jsonl")
 PLAN = str(HERE / "pools" / "plan_facts.jsonl")  # facts of their own, for plan's check pools
+TASKS = str(HERE / "pools" / "tasks.jsonl")  # task-level rows: benchmarks/pools/make_tasks.py writes them
 ATTENTION_AND_MLP = ("self_attn.q_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.up_proj", "mlp.down_proj")
 POOLS = {
     "fit": Settings(facts=FIT, pool="fit", fact_layer=15, trials=5),
@@ -56,6 +60,15 @@ POOLS = {
         fact_adapters=True,
         trials=5,
     ),
+    "tasks": Settings(
+        facts=TASKS,
+        pool="tasks",
+        fact_layers=tuple(range(9, 21)),
+        fact_modules=("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"),
+        fact_rank=8,
+        fact_adapters=True,
+        trials=5,
+    ),
     # A check pool for plan, never fitted on: facts no measured family has, options listed (merging
     # everything loses most in that format), at the heldout family's depth.
     "options10": Settings(facts=PLAN, pool="options10", fact_layer=10, fact_format="options", fact_shots=3, trials=5),
@@ -66,6 +79,8 @@ FAMILIES = {
     "heldout": "cloze, 0-shot; rank-16 update of one mlp.up_proj (layer 10)",
     "options": "options listed and lettered, 3-shot; rank-16 update of one mlp.up_proj (layer 15)",
     "lora": "cloze, 0-shot; peft LoRA r8 on q, v, o, up and down projections of layers 10-19",
+    "tasks": "task-level: trained on 12 items of a rule or mapping, scored on 8 held out; cloze, 0-shot; "
+    "peft LoRA r8 on the MLP (gate, up, down) of layers 9-20",
 }
 
 

@@ -115,3 +115,19 @@ def test_knowledge_of_reads_reports_before_and_after_schema_3():
     ]
     for report in ({"settings": {"calibration": None}}, {"options": {"limit": 64}}):  # 3.0, and 2.x
         assert knowledge_of({**report, "models": models}) == {"a": 0.25, "b": 0.75}
+
+
+def test_a_task_expert_trains_on_its_first_items_and_is_probed_on_the_rest():
+    """The ``tasks`` family (benchmarks/pools/make_tasks.py): task-level rows are scored on the
+    items their expert never saw; a fact row's phrasings are both what it trains on and its probe."""
+    from mergekit_mergeability.demo.experts import fact_instances, fact_lines
+
+    items = [{"question": f"What is {n} plus 1?", "choices": [str(n + 1), str(n)], "label": 0} for n in range(5)]
+    task = {"id": "task_next", "items": items, "train": 3}
+    probed, trained = fact_lines(task), fact_lines(task, trained=True)
+    assert [line["question"] for line in trained] == [i["question"] for i in items[:3]]
+    assert [line["question"] for line in probed] == [i["question"] for i in items[3:]]
+    assert [line["id"] for line in probed] == ["task_next_0", "task_next_1"]
+    assert [i.gold for i in fact_instances(task, trained=True)] == [" 1", " 2", " 3"]
+    fact = {"id": "f", "questions": ["Q1?", "Q2?"], "choices": ["a", "b"], "label": 1}
+    assert fact_lines(fact) == fact_lines(fact, trained=True) and len(fact_lines(fact)) == 2

@@ -115,16 +115,23 @@ def _upper_loss(model, first: int, hidden: torch.Tensor, mask: torch.Tensor, lab
     return torch.nn.functional.cross_entropy(model.lm_head(top[:, :-1][scored]).float(), targets[scored])
 
 
-def fact_instances(fact: dict, format: str = probes.CLOZE, shots: int = 0) -> List[Instance]:
+def fact_instances(fact: dict, format: str = probes.CLOZE, shots: int = 0, trained: bool = False) -> List[Instance]:
     """A fact's phrasings as its task scores them (``probes.as_scored``: cloze, or the options
-    listed after ``shots`` solved examples from the shipped neutral set)."""
-    return probes.as_scored([probes.parse(line) for line in fact_lines(fact, format, shots)], probes.shots_from(None))
+    listed after ``shots`` solved examples from the shipped neutral set); ``trained``: the lines
+    its expert is trained on (a task's training items; a fact's phrasings are both)."""
+    lines = fact_lines(fact, format, shots, trained)
+    return probes.as_scored([probes.parse(line) for line in lines], probes.shots_from(None))
 
 
-def fact_lines(fact: dict, format: str = probes.CLOZE, shots: int = 0) -> List[dict]:
+def fact_lines(fact: dict, format: str = probes.CLOZE, shots: int = 0, trained: bool = False) -> List[dict]:
     """The probe lines of a fact: one per phrasing, one ``id`` (paraphrases never serve as each
-    other's solved examples), the format said on every line."""
+    other's solved examples), the format said on every line. A task (``items``, of which the
+    first ``train`` train its expert) is probed on the rest, the items its expert never saw;
+    ``trained`` gives the first ones instead."""
     said = {"format": format, **({"shots": shots} if format == probes.OPTIONS else {})}
+    if "items" in fact:
+        split = fact["items"][: fact["train"]] if trained else fact["items"][fact["train"] :]
+        return [{"id": f"{fact['id']}_{n}", **item, **said} for n, item in enumerate(split)]
     return [
         {"id": fact["id"], "question": q, "choices": fact["choices"], "label": fact["label"], **said}
         for q in fact["questions"]
@@ -149,7 +156,7 @@ def fact_expert(
     shots: int = 0,
     modules: Sequence[str] = UP,
 ) -> Factors:
-    instances = fact_instances(fact, format, shots)
+    instances = fact_instances(fact, format, shots, trained=True)
     pairs = [(i.prompt, i.gold) for i in instances]
     done = lambda: min(gold_probability(model, tokenizer, instances)) >= 0.9  # noqa: E731
     return train_low_rank(model, tokenizer, layers, pairs, done, rank=rank, seed=seed, modules=modules)
