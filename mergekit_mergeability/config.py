@@ -52,9 +52,7 @@ class MergeSpec:
         return found
 
     def _resolve(self, name: str, **options) -> Any:
-        from mergekit_mergeability.sources import resolve
-
-        from mergekit_mergeability.sources import HubModel
+        from mergekit_mergeability.sources import HubModel, resolve
 
         where = self.fields.get(name, "model")
         with self.naming(where):

@@ -22,7 +22,6 @@ WORDS = (
     "orange parrot rocket saddle tunnel velvet winter bottle castle desert"
 ).split()
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
-ORDINAL = {1: "1st", 2: "2nd", 3: "3rd"}
 
 
 def numeric(rng, gold: int, spread=(1, 2, 10)) -> list:
