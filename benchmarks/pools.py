@@ -8,6 +8,7 @@ families``).
     python benchmarks/pools.py options                  # options listed, 3-shot, one up_proj (layer 15): 64 facts
     python benchmarks/pools.py lora                     # cloze, LoRA r8 on attention and MLP, layers 10-19: 64 facts
     python benchmarks/pools.py tasks                    # task-level: 65 tasks, 8 held-out items each; LoRA r8 on the MLP
+    python benchmarks/pools.py attention                # options, 3-shot, LoRA r4 on attention, layers 2-8: 64 facts
     python benchmarks/pools.py fit --methods mean,ties,kw:0.1,kw-ties:0.1:0.5
 
 Each expert is trained until the gold choice has p ≥ 0.9 on both phrasings of its fact,
@@ -21,16 +22,25 @@ which it never saw (``make_tasks.py`` writes them). Per pool this writes, under 
 measures merges of another size into ``<method>_pN``, for the conditional prediction of ``plan``).
 Methods: ``mean`` (task_arithmetic, weights 1/9), ``ties`` (density 0.5), ``kw:T``
 (knowledge_weighted, temperature T), ``kw-ties:T:D`` (with ties: true, density D),
-``kw-noties:T`` (ties: false: the paper's weighted mean).
+``kw-noties:T`` (ties: false: the paper's weighted mean), ``kw-kd:T:D`` (ties, density D raised
+by knowledge: ``density_by_knowledge: true``).
 Everything is cached (experts, scores, finished trials): a rerun only re-reads.
 Needs the demo's base model: ``bash examples/demo.sh`` (or any demo run) first.
+
+The measured reports are archived in ``benchmarks/pools/measured/<pool>.tar.gz`` (every
+``precheck.json`` and each method's ``mergeability.json``; ``--pack`` writes it after a
+measurement). ``--unpack`` restores them under ``--out`` without measuring anything, which is
+all ``benchmarks/prediction.py`` reads: its tables rerun in minutes on a fresh clone.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
+import io
 import json
+import tarfile
 import time
 from pathlib import Path
 
@@ -38,11 +48,14 @@ from rich.console import Console
 
 from mergekit_mergeability.cli import default_cache_dir
 from mergekit_mergeability.demo.run import Demo, Settings, knowledge_of
+from mergekit_mergeability.files import write_atomic
 
 HERE = Path(__file__).resolve().parent
+MEASURED = HERE / "pools" / "measured"  # the measured reports, one archive per pool (--pack, --unpack)
 FIT, HELDOUT = str(HERE / "pools" / "fit_facts.jsonl"), str(HERE / "pools" / "heldout_facts.jsonl")
 PLAN = str(HERE / "pools" / "plan_facts.jsonl")  # facts of their own, for plan's check pools
 TASKS = str(HERE / "pools" / "tasks.jsonl")  # task-level rows: benchmarks/pools/make_tasks.py writes them
+ATTENTION = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
 ATTENTION_AND_MLP = ("self_attn.q_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.up_proj", "mlp.down_proj")
 POOLS = {
     "fit": Settings(facts=FIT, pool="fit", fact_layer=15, trials=5),
@@ -69,6 +82,20 @@ POOLS = {
         fact_adapters=True,
         trials=5,
     ),
+    # Measured 2026-12-02 after the five families' calibration was fitted, to check it on a family
+    # nothing was fitted or chosen on: options listed, LoRA on attention alone, in the lower layers.
+    "attention": Settings(
+        facts=HELDOUT,
+        fact_count=64,
+        pool="attention",
+        fact_layers=tuple(range(2, 9)),
+        fact_modules=ATTENTION,
+        fact_rank=4,
+        fact_adapters=True,
+        fact_format="options",
+        fact_shots=3,
+        trials=5,
+    ),
     # A check pool for plan, never fitted on: facts no measured family has, options listed (merging
     # everything loses most in that format), at the heldout family's depth.
     "options10": Settings(facts=PLAN, pool="options10", fact_layer=10, fact_format="options", fact_shots=3, trials=5),
@@ -81,6 +108,7 @@ FAMILIES = {
     "lora": "cloze, 0-shot; peft LoRA r8 on q, v, o, up and down projections of layers 10-19",
     "tasks": "task-level: trained on 12 items of a rule or mapping, scored on 8 held out; cloze, 0-shot; "
     "peft LoRA r8 on the MLP (gate, up, down) of layers 9-20",
+    "attention": "options listed and lettered, 3-shot; peft LoRA r4 on q, k, v and o projections of layers 2-8",
 }
 
 
@@ -104,7 +132,16 @@ def method(spec: str, partners: int):
     if name == "kw-noties":
         temperature = float(values[0])
         return f"kw_noties_t{temperature:g}", "knowledge_weighted", {"temperature": temperature, "ties": False}
-    raise SystemExit(f"--methods: unknown method {spec!r}; use mean, ties[:D], kw:T, kw-ties:T:D or kw-noties:T")
+    if name == "kw-kd":
+        temperature, density = float(values[0]), float(values[1])
+        return (
+            f"kw_kd_t{temperature:g}_d{density:g}",
+            "knowledge_weighted",
+            {"temperature": temperature, "ties": True, "density": density, "density_by_knowledge": True},
+        )
+    raise SystemExit(
+        f"--methods: unknown method {spec!r}; use mean, ties[:D], kw:T, kw-ties:T:D, kw-noties:T or kw-kd:T:D"
+    )
 
 
 def precheck(demo: Demo, config: Path, fewshot: int) -> dict:
@@ -123,11 +160,42 @@ def precheck(demo: Demo, config: Path, fewshot: int) -> dict:
     return api.precheck(config, settings=settings, out=out).to_json()
 
 
+def pack(folder: Path, pool: str) -> Path:
+    """Archive a measured pool's reports (``--pack``): byte for byte the same archive for the same reports."""
+    reports = sorted([*folder.glob("precheck*/precheck.json"), *folder.glob("mergeability/*/mergeability.json")])
+    if not reports:
+        raise SystemExit(f"--pack: nothing measured under {folder}; run: python benchmarks/pools.py {pool}")
+    data = io.BytesIO()
+    with gzip.GzipFile(fileobj=data, mode="wb", mtime=0) as zipped, tarfile.open(fileobj=zipped, mode="w") as tar:
+        for report in reports:
+            content = report.read_bytes()
+            entry = tarfile.TarInfo(str(report.relative_to(folder)))
+            entry.size = len(content)
+            tar.addfile(entry, io.BytesIO(content))
+    return write_atomic(MEASURED / f"{pool}.tar.gz", data.getvalue())
+
+
+def unpack(folder: Path, pool: str) -> list:
+    """Restore a pool's archived reports under ``folder`` (``--unpack``); returns what it wrote."""
+    archive = MEASURED / f"{pool}.tar.gz"
+    if not archive.is_file():
+        raise SystemExit(f"--unpack: {archive} is not there; measure it: python benchmarks/pools.py {pool} --pack")
+    written = []
+    with tarfile.open(archive, "r:gz") as tar:
+        for entry in tar.getmembers():
+            if not entry.isfile() or entry.name.startswith(("/", "..")):
+                continue
+            written.append(write_atomic(folder / entry.name, tar.extractfile(entry).read()))
+    return written
+
+
 def main():
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("pool", choices=sorted(POOLS))
     parser.add_argument(
-        "--methods", default="mean,ties", help="comma-separated: mean, ties[:D], kw:T, kw-ties:T:D, kw-noties:T"
+        "--methods",
+        default="mean,ties",
+        help="comma-separated: mean, ties[:D], kw:T, kw-ties:T:D, kw-noties:T, kw-kd:T:D",
     )
     parser.add_argument(
         "--precheck", action="store_true", help="run the precheck (the features) even when no method needs it"
@@ -142,8 +210,19 @@ def main():
         "--partners", type=int, help="merge each expert with this many random partners (default 8; labels get _pN)"
     )
     parser.add_argument("--quiet", "-q", action="store_true")
+    archive = parser.add_mutually_exclusive_group()
+    archive.add_argument(
+        "--pack", action="store_true", help="after measuring, archive the reports (benchmarks/pools/measured)"
+    )
+    archive.add_argument(
+        "--unpack", action="store_true", help="only restore the archived reports under --out; measure nothing"
+    )
     args = parser.parse_args()
     console = Console()
+    if args.unpack:
+        written = unpack(args.out / args.pool, args.pool)
+        console.print(f"{args.pool}: {len(written)} reports restored under {args.out / args.pool}")
+        return
     settings = POOLS[args.pool] if args.count is None else dataclasses.replace(POOLS[args.pool], fact_count=args.count)
     if args.partners is not None:
         settings = dataclasses.replace(settings, partners=args.partners)
@@ -169,6 +248,8 @@ def main():
             f"{label}: mean mergeability {mean:.3f} over {len(measured['models'])} experts ({time.perf_counter() - begun:.0f} s)"
         )
     console.print(f"done in {time.perf_counter() - started:.0f} s; outputs under {demo.out}")
+    if args.pack:
+        console.print(f"archived: {pack(demo.out, args.pool)}")
 
 
 if __name__ == "__main__":

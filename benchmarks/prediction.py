@@ -173,7 +173,6 @@ def families(args) -> None:
     import numpy as np
 
     from mergekit_mergeability.maths import calibration as fitting
-    from mergekit_mergeability.maths.stats import correlate, difference
     from mergekit_mergeability.decide.calibration import measured_pool
     from mergekit_mergeability.decide.features import CALIBRATED as FEATURES
 
@@ -203,26 +202,9 @@ def families(args) -> None:
     predicted_all = fitting.held_out_predictions(x_all, y_all, groups, names, directions, by_group=True)
     for family, (x, y) in pools.items():
         inside = np.array(groups) == family
-        predicted = np.clip(predicted_all[inside], 0, 1)
-        result = correlate(predicted, y, permutations=args.permutations, seed=0)
-        singles = fitting.single_features(x, y, [family] * len(y), names, directions)
-        best = fitting.best(singles)
-        column = directions[names.index(best)] * x[:, names.index(best)]
-        known = ~np.isnan(column)
-        gap, (low, high) = difference(predicted[known], column[known], y[known])
-        report["families"][family] = {
-            "description": described[family],
-            "n": len(y),
-            "spearman": result.spearman,
-            "interval": result.interval,
-            "p_permutation": result.p_permutation,
-            "best_single_feature": best,
-            "best_single_spearman": singles[best],
-            "difference": gap,
-            "difference_interval": [low, high],
-            "single_features": singles,
-        }
-        rows.append((family, len(y), result, best, singles[best], gap, low, high))
+        report["families"][family] = scored = _scored(predicted_all[inside], x, y, args.permutations)
+        scored["description"] = described[family]
+        rows.append((family, scored))
     pooled = fitting.within_pools(predicted_all, y_all, groups)
     null = fitting.permutation_null(x_all, y_all, groups, names, directions, args.null, seed=0, by_group=True)
     report["pooled"] = {
@@ -232,29 +214,7 @@ def families(args) -> None:
         "null_95th_percentile": float(np.percentile(null, 95)),
         "permutations": args.null,
     }
-    table = Table(
-        "held out",
-        "n",
-        "predicted",
-        "95%",
-        "p",
-        "best single input",
-        "difference [95%]",
-        title="Leave one family out: Spearman with measured S (mean merge, 8 partners × 5 trials)",
-    )
-    for column in table.columns:  # at 80 columns a long name wraps instead of being cut
-        column.overflow = "fold"
-    for family, n, result, best, single, gap, low, high in rows:
-        table.add_row(
-            family,
-            str(n),
-            f"{result.spearman:+.2f}",
-            f"{result.interval[0]:+.2f} – {result.interval[1]:+.2f}",
-            _p(result.p_permutation),
-            f"{best} {single:+.2f}",
-            f"{gap:+.2f} [{low:+.2f}, {high:+.2f}]",
-        )
-    console.print(table)
+    console.print(_table(rows, "Leave one family out: Spearman with measured S (mean merge, 8 partners × 5 trials)"))
     console.print(
         f"pooled (within-family Spearman, size-weighted): {pooled:+.2f}, n = {len(y_all)}, permutation p {_p(report['pooled']['p_permutation'])} ({args.null} refits on shuffled targets; 95th percentile {report['pooled']['null_95th_percentile']:+.2f})"
     )
@@ -262,6 +222,76 @@ def families(args) -> None:
         console.print(f"[dim]{family}: {described[family]}[/dim]")
     out = OUT / "families.json"
     out.write_text(json.dumps(report, indent=2) + "\n")
+    console.print(f"wrote {out}")
+
+
+def _scored(predicted, x, y, permutations: int) -> dict:
+    """A prediction of one family against measured S: its Spearman (bootstrap 95% interval,
+    permutation p), the best single input there, and the paired bootstrap interval of the difference."""
+    import numpy as np
+
+    from mergekit_mergeability.decide.features import CALIBRATED as FEATURES
+    from mergekit_mergeability.maths import calibration as fitting
+    from mergekit_mergeability.maths.stats import correlate, difference
+
+    names, directions = list(FEATURES), list(FEATURES.values())
+    predicted = np.clip(predicted, 0, 1)
+    result = correlate(predicted, y, permutations=permutations, seed=0)
+    singles = fitting.single_features(x, y, ["pool"] * len(y), names, directions)
+    best = fitting.best(singles)
+    column = directions[names.index(best)] * x[:, names.index(best)]
+    known = ~np.isnan(column)
+    gap, (low, high) = difference(predicted[known], column[known], y[known])
+    return {
+        "n": len(y),
+        "spearman": result.spearman,
+        "interval": result.interval,
+        "p_permutation": result.p_permutation,
+        "best_single_feature": best,
+        "best_single_spearman": singles[best],
+        "difference": gap,
+        "difference_interval": [low, high],
+        "single_features": singles,
+    }
+
+
+def _table(rows, title: str) -> Table:
+    table = Table("family", "n", "predicted", "95%", "p", "best single input", "difference [95%]", title=title)
+    for column in table.columns:  # at 80 columns a long name wraps instead of being cut
+        column.overflow = "fold"
+    for family, r in rows:
+        table.add_row(
+            family,
+            str(r["n"]),
+            f"{r['spearman']:+.2f}",
+            f"{r['interval'][0]:+.2f} – {r['interval'][1]:+.2f}",
+            _p(r["p_permutation"]),
+            f"{r['best_single_feature']} {r['best_single_spearman']:+.2f}",
+            f"{r['difference']:+.2f} [{r['difference_interval'][0]:+.2f}, {r['difference_interval'][1]:+.2f}]",
+        )
+    return table
+
+
+def check(args) -> None:
+    """The shipped calibration (or ``--calibration``) on a family it was not fitted on, as a user's
+    precheck would predict it: each expert's features in that family's precheck.json, the weights as
+    shipped; against measured S, with its best single input there."""
+    from mergekit_mergeability.decide.calibration import Calibration, measured_pool
+
+    calibration = Calibration.load(args.calibration)
+    fitted = calibration.document.get("provenance", {}).get("command", "")
+    if f"{OUT.name}/{args.family}/" in fitted:
+        raise SystemExit(f"{args.family}: the calibration was fitted on it ({fitted}); check a family it has not seen")
+    root = OUT / args.family
+    names = list(calibration.model.names)
+    _, x, y, _ = measured_pool(
+        root / "precheck" / "precheck.json", root / "mergeability" / "mean" / "mergeability.json", names=names
+    )
+    scored = _scored(calibration.model.predict(x), x, y, args.permutations)
+    scored["calibration"] = {"path": str(calibration.path), "fitted": fitted}
+    console.print(_table([(args.family, scored)], f"{args.family}: the calibration of `{fitted}` against measured S"))
+    out = OUT / f"check_{args.family}.json"
+    out.write_text(json.dumps(scored, indent=2) + "\n")
     console.print(f"wrote {out}")
 
 
@@ -385,6 +415,11 @@ def main():
         help="knowledge_weighted labels pools.py measured, comma-separated (kw:T → kw_tT, kw-noties:T → kw_noties_tT)",
     )
     held.set_defaults(run=aims)
+    checked = commands.add_parser("check", help="the shipped calibration on a family it was not fitted on")
+    checked.add_argument("family", help="a pool measured under pools-out (e.g. attention)")
+    checked.add_argument("--calibration", type=Path, help="a calibration file (default: the shipped one)")
+    checked.add_argument("--permutations", type=int, default=10_000)
+    checked.set_defaults(run=check)
     for name, run in (("validate", validate), ("methods", methods)):
         command = commands.add_parser(name)
         command.add_argument("pool", choices=["fit", "heldout", "options", "lora"])

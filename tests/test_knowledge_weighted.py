@@ -149,3 +149,24 @@ def test_a_ties_merge_in_memory_equals_mergekits_own():
     with selected_magnitudes():
         got = merge_tensors([base, *members], "ties", **kwargs)
     assert torch.equal(got, expected)
+
+
+def test_density_by_knowledge_trims_the_better_known_update_less():
+    """density 0.5 raised by knowledge: k = 1 keeps all 4 entries, k = 0 keeps the top 2."""
+    from mergekit_mergeability.methods.knowledge_weighted import known_density
+
+    assert known_density(0.5, 0.0) == 0.5 and known_density(0.5, 1.0) == 1.0 and known_density(0.4, 0.5) == 0.7
+    base = torch.zeros(4)
+    known, unknown = torch.tensor([4.0, 3.0, 2.0, 1.0]), torch.tensor([-1.0, 2.0, 0.0, 0.0])
+    parameters = {"knowledge": [1.0, 0.0], "temperature": 1e9, "density": 0.5, "density_by_knowledge": True}
+    merged = merge_tensors([base, known, unknown], "knowledge_weighted", base_index=0, parameters=parameters)
+    # Entry 0: signs +4 vs −1 elect +, the disjoint mean keeps 4. Entry 1: 3 and 2 agree, mean 2.5.
+    # Entries 2 and 3: only the untrimmed, fully known update has them.
+    assert merged.tolist() == pytest.approx([4.0, 2.5, 2.0, 1.0])
+    plain = merge_tensors(
+        [base, known, unknown],
+        "knowledge_weighted",
+        base_index=0,
+        parameters={**parameters, "density_by_knowledge": False},
+    )
+    assert plain.tolist() == pytest.approx([4.0, 2.5, 0.0, 0.0])  # both trimmed to their top 2

@@ -143,6 +143,33 @@ def test_ties_approximation_matches_mergekits_ties_on_gaussian_task_vectors(dens
     assert np.abs(approx - exact).mean() < 0.03
 
 
+def test_trimming_by_knowledge_matches_the_knowledge_weighted_merge_on_gaussian_task_vectors():
+    """knowledge_weighted with ties and density_by_knowledge: each member trimmed at its own density
+    d + (1 − d)·k, against the registered method run on the same vectors (bound as above)."""
+    from mergekit.merge_methods import merge_tensors
+
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((5, 3))
+    gram = a @ a.T + np.diag(rng.uniform(0.5, 2, 5))
+    vectors = rng.standard_normal((100_000, 5)) @ np.linalg.cholesky(gram).T / math.sqrt(100_000)
+    knowledge = [0.05, 0.3, 0.6, 0.9, 1.0]
+    pool = pool_of(vectors.T @ vectors, knowledge=knowledge)
+    tensors = [torch.zeros(len(vectors))] + [torch.tensor(vectors[:, i], dtype=torch.float32) for i in range(5)]
+    parameters = {"knowledge": knowledge, "temperature": 0.3, "density": 0.5, "ties": True}
+    exact, approx = {}, {}
+    for by_knowledge in (True, False):
+        merged = merge_tensors(
+            tensors, "knowledge_weighted", base_index=0, parameters={**parameters, "density_by_knowledge": by_knowledge}
+        )
+        exact[by_knowledge] = merged.double().numpy() @ vectors / np.sum(vectors * vectors, axis=0)
+        merge = cond.Merge("knowledge_weighted", temperature=0.3, ties=True, density=0.5, by_knowledge=by_knowledge)
+        approx[by_knowledge] = cond.own_coefficients(pool, range(5), merge)
+        assert np.abs(approx[by_knowledge] - exact[by_knowledge]).max() < 0.07
+    # the change trimming by knowledge makes (up to −0.07 here), on the same sampled coordinates
+    change, predicted = exact[True] - exact[False], approx[True] - approx[False]
+    assert np.abs(change).max() > 0.05 and np.abs(predicted - change).max() < 0.035, (predicted, change)
+
+
 def test_ties_never_dilutes_updates_on_disjoint_layers_but_a_mean_does():
     """Alone in its layer, an update keeps what trimming leaves: for a Gaussian one, the energy of
     its top-density entries, 2(tφ(t) + 1 − Φ(t)) at t = Φ⁻¹(1 − density/2); a mean halves it."""

@@ -23,7 +23,12 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from mergekit_mergeability.methods.knowledge_weighted import DEFAULT_DENSITY, DEFAULT_TEMPERATURE, DEFAULT_TIES
+from mergekit_mergeability.methods.knowledge_weighted import (
+    DEFAULT_DENSITY,
+    DEFAULT_DENSITY_BY_KNOWLEDGE,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TIES,
+)
 from mergekit_mergeability.config import model_entries
 from mergekit_mergeability.decide.verdict import (
     DO_NOT_MERGE,
@@ -164,15 +169,20 @@ def _with_method(
     return config, notes
 
 
-def _knowledge_weighted(recommendation, document, names, update) -> Advice:
-    knowledge = recommendation["knowledge"]
-    scale = update["total"] if update["total"] is not None else 1.0
-    shared = {
+def knowledge_weighted_defaults() -> Dict[str, Any]:
+    """knowledge_weighted's global parameters as a recommended config writes them."""
+    return {
         "temperature": DEFAULT_TEMPERATURE,
         "ties": DEFAULT_TIES,
         "density": DEFAULT_DENSITY,
-        "scale": round(scale, 6),
+        "density_by_knowledge": DEFAULT_DENSITY_BY_KNOWLEDGE,
     }
+
+
+def _knowledge_weighted(recommendation, document, names, update) -> Advice:
+    knowledge = recommendation["knowledge"]
+    scale = update["total"] if update["total"] is not None else 1.0
+    shared = {**knowledge_weighted_defaults(), "scale": round(scale, 6)}
     per_model = {m: {"knowledge": round(k, 4)} for m, k in knowledge.items()}
     config, notes = _with_method(document, "knowledge_weighted", shared, per_model)
     shares = recommendation.get("weights") or {}
@@ -182,8 +192,13 @@ def _knowledge_weighted(recommendation, document, names, update) -> Advice:
     )
     if len(order) > 5:
         keeps += f" … ({len(order)} experts)"
+    trimmed = f"each update's smallest {1 - DEFAULT_DENSITY:.0%} of entries"
+    if DEFAULT_DENSITY_BY_KNOWLEDGE:
+        trimmed = (
+            f"up to {1 - DEFAULT_DENSITY:.0%} of each update's smallest entries, the less the better its task is known"
+        )
     drops = "nothing wholly; well-known experts get smaller shares" + (
-        f", and each update's smallest {1 - DEFAULT_DENSITY:.0%} of entries (ties)" if DEFAULT_TIES else ""
+        f", and {trimmed} (ties)" if DEFAULT_TIES else ""
     )
     notes.append(f"scale {scale:g} keeps the configured update size ({update['note']})")
     return Advice(MAIN, config, keeps, drops, notes=notes)

@@ -175,17 +175,13 @@ class Demo:
         return RunSettings(device="cpu", quiet=self.quiet)
 
     def mergeability(self, facts_config: Path, knowledge: Dict[str, float]) -> Dict[str, Dict[str, Any]]:
-        from mergekit_mergeability.methods.knowledge_weighted import DEFAULT_DENSITY, DEFAULT_TEMPERATURE, DEFAULT_TIES
+        from mergekit_mergeability.decide.advice import knowledge_weighted_defaults
 
         members = self.s.partners + 1
         variants = {
             "task_arithmetic": {"weight": round(1 / members, 6)},  # the mean of the updates (paper 1's averaging)
             "ties": {"weight": 1.0, "density": 0.5},
-            "knowledge_weighted": {
-                "temperature": DEFAULT_TEMPERATURE,
-                "ties": DEFAULT_TIES,
-                "density": DEFAULT_DENSITY,
-            },  # as the precheck recommends it
+            "knowledge_weighted": knowledge_weighted_defaults(),  # as the precheck recommends it
         }
         return {method: self.measure(facts_config, method, variants[method], knowledge) for method in METHODS}
 

@@ -7,7 +7,10 @@ k_i is the base model's knowledge of model i's task (its accuracy there, as
 ``precheck`` measures it). Updates on what the base knows least are the ones a
 plain average loses, so they get the larger share. temperature → ∞ is the mean.
 With ``ties: true`` each update is first trimmed to its top-``density`` entries
-by magnitude and signs are elected, as in mergekit's ``ties``.
+by magnitude and signs are elected, as in mergekit's ``ties``. With
+``density_by_knowledge: true`` an update is trimmed the less the better its
+task is known: its density becomes d_i + (1 − d_i) · k_i (all of it kept at
+k_i = 1), so the small updates the base barely needed lose nothing to the trim.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ Fraction = Annotated[float, Field(gt=0, le=1)]
 DEFAULT_TEMPERATURE = 0.3
 DEFAULT_TIES = True
 DEFAULT_DENSITY = 0.5
+DEFAULT_DENSITY_BY_KNOWLEDGE = False
 
 
 def knowledge_weights(
@@ -49,6 +53,11 @@ def knowledge_weights(
             raise ValueError("at least one model needs a positive weight")
         weights = weights / weights.sum()
     return weights
+
+
+def known_density(density: float, knowledge: float) -> float:
+    """The density of an update whose task the base knows at ``knowledge``: d + (1 − d) · k."""
+    return density + (1 - density) * knowledge
 
 
 def largest(delta: torch.Tensor, density: float) -> torch.Tensor:
@@ -85,6 +94,7 @@ def knowledge_weighted(
     scale: float = 1.0,
     ties: bool = DEFAULT_TIES,
     density: PerNonBase[Fraction] = DEFAULT_DENSITY,
+    density_by_knowledge: bool = DEFAULT_DENSITY_BY_KNOWLEDGE,
 ) -> torch.Tensor:
     base, experts = group.base.tensor, group.non_base
     if not experts:
@@ -96,7 +106,10 @@ def knowledge_weighted(
             merged.add_(expert.tensor - base, alpha=scale * w_i)
         return merged
 
-    deltas = torch.stack([trim(e.tensor - base, d) for e, d in zip(experts, density.values_for(experts))])
+    densities = density.values_for(experts)
+    if density_by_knowledge:
+        densities = [known_density(d, k) for d, k in zip(densities, knowledge.values_for(experts))]
+    deltas = torch.stack([trim(e.tensor - base, d) for e, d in zip(experts, densities)])
     w = w.reshape(-1, *([1] * base.ndim))
     deltas.mul_(w)
     mask = get_mask(deltas, method="sum")

@@ -96,6 +96,7 @@ class Merge:
     density: float = 1.0  # ties; knowledge_weighted with ties
     temperature: Optional[float] = None  # knowledge_weighted
     ties: bool = False  # knowledge_weighted
+    by_knowledge: bool = False  # knowledge_weighted with ties: density_by_knowledge
     cutoff: Optional[int] = None  # layer_selective: blocks below are merged
     scale: float = 1.0
     weights: Optional[Tuple[Tuple[str, float], ...]] = None
@@ -115,7 +116,7 @@ class Merge:
         if self.method == KNOWLEDGE_WEIGHTED:
             knobs.append(f"τ {self.temperature:g}")
         if self.trims:
-            knobs.append(f"density {self.density:g}")
+            knobs.append(f"density {self.density:g}" + (" by knowledge" if self.by_knowledge else ""))
         if self.method == LAYER_SELECTIVE:
             knobs.append(f"cut-off {self.cutoff}")
         name = "knowledge_weighted+ties" if self.rule == KNOWLEDGE_WEIGHTED_TIES else self.method
@@ -224,14 +225,27 @@ def member_weights(pool: Pool, members: Sequence[int], merge: Merge) -> np.ndarr
         raw = np.array([given.get(pool.names[i], 1.0) for i in members], dtype=float)
         return raw * merge.scale
     if merge.method == KNOWLEDGE_WEIGHTED:
-        known = pool.knowledge[members]
-        known = np.where(np.isnan(known), np.nanmean(known) if np.isfinite(known).any() else 0.5, known)
-        logits = (1 - known) / (merge.temperature or 0.3)
+        logits = (1 - known_values(pool, members)) / (merge.temperature or 0.3)
         shares = np.exp(logits - logits.max())
         return merge.scale * shares / shares.sum()
     if merge.trims:  # ties: weight 1 each, the disjoint mean divides by the agreeing weights
         return np.full(len(members), float(merge.scale))
     return np.full(len(members), merge.scale / len(members))
+
+
+def known_values(pool: Pool, members: Sequence[int]) -> np.ndarray:
+    """The members' knowledge values; one not measured counts as the others' mean (0.5: none is)."""
+    known = pool.knowledge[list(members)]
+    return np.where(np.isnan(known), np.nanmean(known) if np.isfinite(known).any() else 0.5, known)
+
+
+def member_densities(pool: Pool, members: Sequence[int], merge: Merge) -> np.ndarray:
+    """Each member's trim density: the merge's, raised to d + (1 − d)·k where it trims by knowledge."""
+    from mergekit_mergeability.methods.knowledge_weighted import known_density
+
+    if merge.by_knowledge and merge.method == KNOWLEDGE_WEIGHTED:
+        return np.array([known_density(merge.density, k) for k in known_values(pool, members)])
+    return np.full(len(members), float(merge.density))
 
 
 def own_coefficients(pool: Pool, members: Sequence[int], merge: Merge) -> np.ndarray:
@@ -243,7 +257,7 @@ def own_coefficients(pool: Pool, members: Sequence[int], merge: Merge) -> np.nda
     safe = np.where(own > 0, own, 1.0)
     w = member_weights(pool, members, merge)
     if merge.trims:
-        along = pool.coordinates().trimmed_dots(members, w, merge)
+        along = pool.coordinates().trimmed_dots(members, w, member_densities(pool, members, merge))
     elif merge.method == LAYER_SELECTIVE:
         low, high = split_gram(pool, merge.cutoff or 0)
         upper = upper_member(pool, members)
@@ -343,11 +357,21 @@ class Coordinates:
             self._kept[density] = np.where(np.abs(self.y) >= threshold * self.sigma, self.y, 0.0)
         return self._kept[density]
 
-    def trimmed_dots(self, members: np.ndarray, w: np.ndarray, merge: Merge) -> np.ndarray:
-        """u·τ_i for each member, u the TIES merge of the members' sampled coordinates: trim,
-        weight, elect the sign of the sum, average the agreeing entries (mergekit's ``ties``,
-        normalize on; knowledge_weighted's ties branch is the same)."""
-        trimmed = self.kept(merge.density)[members] * w.astype(np.float32)[:, None]  # (members, rows)
+    def kept_members(self, members: np.ndarray, densities: np.ndarray) -> np.ndarray:
+        """The members' coordinates, each trimmed at its own density."""
+        if np.all(densities == densities[0]):
+            return self.kept(float(densities[0]))[members]
+        from scipy.stats import norm
+
+        thresholds = np.where(densities >= 1, 0.0, norm.ppf(1 - np.minimum(densities, 1) / 2)).astype(np.float32)
+        y = self.y[members]
+        return np.where(np.abs(y) >= thresholds[:, None] * self.sigma[members], y, 0.0)
+
+    def trimmed_dots(self, members: np.ndarray, w: np.ndarray, densities: np.ndarray) -> np.ndarray:
+        """u·τ_i for each member, u the TIES merge of the members' sampled coordinates: trim
+        (each at its density), weight, elect the sign of the sum, average the agreeing entries
+        (mergekit's ``ties``, normalize on; knowledge_weighted's ties branch is the same)."""
+        trimmed = self.kept_members(members, densities) * w.astype(np.float32)[:, None]  # (members, rows)
         elected = np.where(trimmed.sum(axis=0) >= 0, 1.0, -1.0)
         agree = trimmed * elected > 0
         divisor = w.astype(np.float32) @ agree

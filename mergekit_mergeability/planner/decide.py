@@ -32,10 +32,21 @@ TIES_DENSITY = 0.5  # the density the project measured TIES at (README, knowledg
 GRID = {"density": (0.3, 0.5, 0.7), "temperature": (0.1, 0.3, 1.0)}
 
 
-def knowledge_defaults() -> Tuple[float, bool, float]:
-    from mergekit_mergeability.methods.knowledge_weighted import DEFAULT_DENSITY, DEFAULT_TEMPERATURE, DEFAULT_TIES
+def knowledge_defaults() -> Dict[str, Any]:
+    """knowledge_weighted's defaults, as ``cond.Merge``'s knobs."""
+    from mergekit_mergeability.methods.knowledge_weighted import (
+        DEFAULT_DENSITY,
+        DEFAULT_DENSITY_BY_KNOWLEDGE,
+        DEFAULT_TEMPERATURE,
+        DEFAULT_TIES,
+    )
 
-    return DEFAULT_TEMPERATURE, DEFAULT_TIES, DEFAULT_DENSITY
+    return dict(
+        temperature=DEFAULT_TEMPERATURE,
+        ties=DEFAULT_TIES,
+        density=DEFAULT_DENSITY,
+        by_knowledge=DEFAULT_DENSITY_BY_KNOWLEDGE,
+    )
 
 
 def candidate_merges(
@@ -56,16 +67,21 @@ def candidate_merges(
         elif method == cond.TIES:
             merges += [cond.Merge(method, density=d) for d in (GRID["density"] if grid else (TIES_DENSITY,))]
         elif method == cond.KNOWLEDGE_WEIGHTED:
-            temperature, ties, density = knowledge_defaults()
+            defaults = knowledge_defaults()
             if any(not (m.get("knowledge") or {}) for m in experts):
                 notes.append("knowledge_weighted: not planned, some expert has no measured knowledge (no probe)")
                 continue
+            trimmed = {k: defaults[k] for k in ("density", "by_knowledge")}
             settings = (
-                [(t, s, d) for t in GRID["temperature"] for s in (True, False) for d in ((density,) if s else (1.0,))]
+                [
+                    dict(temperature=t, ties=s, **(trimmed if s else {}))
+                    for t in GRID["temperature"]
+                    for s in (True, False)
+                ]
                 if grid
-                else [(temperature, ties, density)]
+                else [defaults]
             )
-            merges += [cond.Merge(method, temperature=t, ties=s, density=d) for t, s, d in settings]
+            merges += [cond.Merge(method, **knobs) for knobs in settings]
         elif method == cond.LAYER_SELECTIVE:
             cutoff = (report.get("layers") or {}).get("cutoff")
             if cutoff is None:
@@ -90,8 +106,7 @@ def knowledge_weighted_against_ties(
     if len(experts) < 2 or any(not m.get("knowledge") or not m.get("weights") for m in experts):
         return None
     pool, members = cond.from_report(report), list(range(len(experts)))
-    temperature, ties, density = knowledge_defaults()
-    weighted = cond.Merge(cond.KNOWLEDGE_WEIGHTED, temperature=temperature, ties=ties, density=density)
+    weighted = cond.Merge(cond.KNOWLEDGE_WEIGHTED, **knowledge_defaults())
     try:
         kw = calibration.predict(pool, members, weighted, domain=False).values
         trimmed = calibration.predict(pool, members, cond.Merge(cond.TIES, density=TIES_DENSITY), domain=False).values
@@ -113,17 +128,18 @@ def merge_of(method: str, shared: Mapping[str, Any], per_model: Mapping[str, Map
         return float(np.mean(found)) if isinstance(found, list) else float(found)  # gradients: their mean
 
     if method == cond.KNOWLEDGE_WEIGHTED:
-        default_temperature, default_ties, default_density = knowledge_defaults()
-        temperature = float(shared.get("temperature", default_temperature))
+        defaults = knowledge_defaults()
+        temperature = float(shared.get("temperature", defaults["temperature"]))
         known = np.array([value(m, "knowledge", 0.5) for m in members])
         logits = (1 - known) / temperature
         shares = np.exp(logits - logits.max()) * np.array([value(m, "weight", 1.0) for m in members])
         shares /= shares.sum()
         return cond.Merge(
             method,
-            density=float(np.mean([value(m, "density", default_density) for m in members])),
+            density=float(np.mean([value(m, "density", defaults["density"]) for m in members])),
             temperature=temperature,
-            ties=bool(shared.get("ties", default_ties)),
+            ties=bool(shared.get("ties", defaults["ties"])),
+            by_knowledge=bool(shared.get("density_by_knowledge", defaults["by_knowledge"])),
             scale=float(shared.get("scale", 1.0)),
             weights=tuple(zip(members, shares.tolist())),
         )
@@ -318,6 +334,7 @@ def mergekit_parameters(
         shared = {"temperature": merge.temperature, "ties": merge.ties, "scale": merge.scale}
         per_model = {n: {"knowledge": round(float(pool.knowledge[i]), 6)} for n, i in zip(names, members)}
         if merge.ties:
+            shared["density_by_knowledge"] = merge.by_knowledge
             for n in names:
                 per_model[n]["density"] = merge.density
     elif merge.method == cond.LAYER_SELECTIVE:

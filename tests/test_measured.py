@@ -1,0 +1,40 @@
+"""The archive of measured pools (benchmarks/pools.py --pack, --unpack): what a fresh clone reruns
+the prediction's tables from, without measuring."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import pools  # noqa: E402
+
+
+def test_a_packed_pool_unpacks_to_the_same_reports_and_packs_to_the_same_bytes(tmp_path, monkeypatch):
+    monkeypatch.setattr(pools, "MEASURED", tmp_path / "measured")
+    measured = tmp_path / "pools-out" / "fit"
+    reports = {
+        "precheck/precheck.json": {"models": [{"path": "a"}]},
+        "precheck_k3/precheck.json": {"models": []},
+        "mergeability/mean/mergeability.json": {"models": [{"path": "a", "mergeability": 0.5}]},
+    }
+    for name, report in reports.items():
+        (measured / name).parent.mkdir(parents=True)
+        (measured / name).write_text(json.dumps(report))
+    (measured / "mergeability" / "mean" / "trials.jsonl").write_text("{}\n")  # not archived: trials are large
+    archive = pools.pack(measured, "fit")
+    first = archive.read_bytes()
+
+    restored = tmp_path / "fresh"
+    written = pools.unpack(restored, "fit")
+    assert sorted(str(p.relative_to(restored)) for p in written) == sorted(reports)
+    for name, report in reports.items():
+        assert json.loads((restored / name).read_text()) == report
+    assert pools.pack(restored, "fit").read_bytes() == first  # no timestamps inside
+
+
+def test_unpacking_a_pool_never_measured_says_how_to_measure_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(pools, "MEASURED", tmp_path)
+    with pytest.raises(SystemExit, match="python benchmarks/pools.py lora --pack"):
+        pools.unpack(tmp_path / "out", "lora")
