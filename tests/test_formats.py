@@ -213,9 +213,12 @@ def test_the_domain_check_names_format_granularity_and_range(tmp_path):
     options = _expert("opt", scored_format="options", instances=2, scored_mean_p_gold=0.5)
     task = _expert("task", scored_format="cloze", instances=48, scored_mean_p_gold=0.5)
     far = _expert("far", scored_format="cloze", instances=2, scored_mean_p_gold=0.5, scored_mean_gap=5.0)
-    models = [inside, options, task, far]
+    # 8 lines are 4× the fitted 2 (a task's held-out items, the tasks family), 7 are not
+    eight, seven = (_expert(f"{n} lines", scored_format="cloze", instances=n, scored_mean_p_gold=0.5) for n in (8, 7))
+    models = [inside, options, task, far, eight, seven]
     checked = domain_check(calibration, models, features(models))
-    assert checked["in"] == []
+    assert checked["in"] == [] and checked["7 lines"] == []
+    assert checked["8 lines"] == ["8 probe lines; fitted on probes of 2 lines (another granularity)"]
     assert checked["opt"] == ["probe scored as options; fitted on cloze probes only"]
     assert checked["task"] == ["48 probe lines; fitted on probes of 2 lines (another granularity)"]
     assert len(checked["far"]) == 1 and checked["far"][0].startswith("scored_gap 5.00 outside the fitted")

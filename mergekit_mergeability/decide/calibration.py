@@ -132,7 +132,7 @@ def domain(precheck_paths: Sequence[Path], x: np.ndarray, names: Sequence[str]) 
 
 # How far past the fitted range a feature may lie, as a share of that range, before it is named
 RANGE_SLACK = 0.25
-# Probes this many times longer (or shorter) than any fitted on are another granularity
+# Probes this many times longer (or shorter) than any fitted on, or more, are another granularity
 LINES_FACTOR = 4
 
 
@@ -150,7 +150,7 @@ def domain_check(
         if probe["format"] and fitted["formats"] and probe["format"] not in fitted["formats"]:
             outside.append(f"probe scored as {probe['format']}; fitted on {', '.join(fitted['formats'])} probes only")
         low, high = fitted.get("probe_lines") or (None, None)
-        if probe["lines"] and low and (probe["lines"] > LINES_FACTOR * high or probe["lines"] * LINES_FACTOR < low):
+        if probe["lines"] and low and (probe["lines"] >= LINES_FACTOR * high or probe["lines"] * LINES_FACTOR <= low):
             fitted_lines = f"{low}" if low == high else f"{low}–{high}"
             outside.append(
                 f"{probe['lines']} probe lines; fitted on probes of {fitted_lines} lines (another granularity)"
