@@ -320,6 +320,7 @@ METHODS = {  # label as benchmarks/pools.py writes it -> the merge it ran (knowl
     "kw_t0.3": ("knowledge_weighted", {"temperature": 0.3, "ties": True, "density": 0.5}),
     "kw_ties_t0.1_d0.5": ("knowledge_weighted", {"temperature": 0.1, "ties": True, "density": 0.5}),
     "kw_ties_t0.3_d0.5": ("knowledge_weighted", {"temperature": 0.3, "ties": True, "density": 0.5}),
+    "kw_kd_t0.3_d0.5": ("knowledge_weighted", {"temperature": 0.3, "ties": True, "density": 0.5, "by_knowledge": True}),
     "kw_noties_t0.1": ("knowledge_weighted", {"temperature": 0.1, "ties": False}),
     "kw_noties_t0.3": ("knowledge_weighted", {"temperature": 0.3, "ties": False}),
     "kw_noties_t1": ("knowledge_weighted", {"temperature": 1.0, "ties": False}),

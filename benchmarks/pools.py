@@ -21,7 +21,7 @@ which it never saw (``make_tasks.py`` writes them). Per pool this writes, under 
 ``mergeability/<method>/mergeability.json`` (8 partners × 5 trials, paper 1's protocol; ``--partners N``
 measures merges of another size into ``<method>_pN``, for the conditional prediction of ``plan``).
 Methods: ``mean`` (task_arithmetic, weights 1/9), ``ties`` (density 0.5), ``kw:T``
-(knowledge_weighted, temperature T), ``kw-ties:T:D`` (with ties: true, density D),
+(knowledge_weighted, temperature T; then any of its parameters, ``kw:0.3:scale=0.6``), ``kw-ties:T:D`` (with ties: true, density D),
 ``kw-noties:T`` (ties: false: the paper's weighted mean), ``kw-kd:T:D`` (ties, density D raised
 by knowledge: ``density_by_knowledge: true``).
 Everything is cached (experts, scores, finished trials): a rerun only re-reads.
@@ -120,8 +120,13 @@ def method(spec: str, partners: int):
     if name == "ties":
         density = float(values[0]) if values else 0.5
         return f"ties_d{density:g}", "ties", {"weight": 1.0, "density": density}
-    if name == "kw":
-        return f"kw_t{float(values[0]):g}", "knowledge_weighted", {"temperature": float(values[0])}
+    if name == "kw":  # kw:T, then any of the method's parameters as key=value (kw:0.3:scale=0.6)
+        extra = dict(value.split("=", 1) for value in values[1:])
+        parsed = {k: v.lower() == "true" if v.lower() in ("true", "false") else float(v) for k, v in extra.items()}
+        label = f"kw_t{float(values[0]):g}" + "".join(
+            f"_{k}{v:g}" if not isinstance(v, bool) else f"_{k}{v}" for k, v in parsed.items()
+        )
+        return label, "knowledge_weighted", {"temperature": float(values[0]), **parsed}
     if name == "kw-ties":
         temperature, density = float(values[0]), float(values[1])
         return (

@@ -185,6 +185,12 @@ def test_ties_never_dilutes_updates_on_disjoint_layers_but_a_mean_does():
     np.testing.assert_allclose(
         cond.own_coefficients(pool, [0, 1], cond.Merge("ties", density=1.0)), [1.0, 1.0], atol=1e-6
     )
+    # ties' lambda (knowledge_weighted's scale) multiplies the disjoint mean: the weights divide out, it does not
+    for merge in (
+        cond.Merge("ties", density=1.0, scale=0.5),
+        cond.Merge("knowledge_weighted", temperature=0.3, ties=True, scale=0.5),
+    ):
+        np.testing.assert_allclose(cond.own_coefficients(pool, [0, 1], merge), [0.5, 0.5], atol=1e-6)
     np.testing.assert_allclose(cond.own_coefficients(pool, [0, 1], cond.Merge("task_arithmetic")), [0.5, 0.5])
 
 

@@ -257,7 +257,8 @@ def own_coefficients(pool: Pool, members: Sequence[int], merge: Merge) -> np.nda
     safe = np.where(own > 0, own, 1.0)
     w = member_weights(pool, members, merge)
     if merge.trims:
-        along = pool.coordinates().trimmed_dots(members, w, member_densities(pool, members, merge))
+        # the disjoint mean divides the weights out; the merge's scale (ties' lambda) multiplies after
+        along = merge.scale * pool.coordinates().trimmed_dots(members, w, member_densities(pool, members, merge))
     elif merge.method == LAYER_SELECTIVE:
         low, high = split_gram(pool, merge.cutoff or 0)
         upper = upper_member(pool, members)
