@@ -123,9 +123,7 @@ def method(spec: str, partners: int):
     if name == "kw":  # kw:T, then any of the method's parameters as key=value (kw:0.3:scale=0.6)
         extra = dict(value.split("=", 1) for value in values[1:])
         parsed = {k: v.lower() == "true" if v.lower() in ("true", "false") else float(v) for k, v in extra.items()}
-        label = f"kw_t{float(values[0]):g}" + "".join(
-            f"_{k}{v:g}" if not isinstance(v, bool) else f"_{k}{v}" for k, v in parsed.items()
-        )
+        label = f"kw_t{float(values[0]):g}" + "".join(f"_{k}{v}" for k, v in extra.items())
         return label, "knowledge_weighted", {"temperature": float(values[0]), **parsed}
     if name == "kw-ties":
         temperature, density = float(values[0]), float(values[1])

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import statistics
 import subprocess
@@ -281,15 +282,20 @@ def check(args) -> None:
     calibration = Calibration.load(args.calibration)
     fitted = calibration.document.get("provenance", {}).get("command", "")
     if f"{OUT.name}/{args.family}/" in fitted:
-        raise SystemExit(f"{args.family}: the calibration was fitted on it ({fitted}); check a family it has not seen")
+        raise SystemExit(
+            f"{args.family}: {calibration.path} was fitted on it (its provenance names {OUT.name}/{args.family}/);"
+            " check a family it has not seen"
+        )
     root = OUT / args.family
     names = list(calibration.model.names)
     _, x, y, _ = measured_pool(
         root / "precheck" / "precheck.json", root / "mergeability" / "mean" / "mergeability.json", names=names
     )
     scored = _scored(calibration.model.predict(x), x, y, args.permutations)
-    scored["calibration"] = {"path": str(calibration.path), "fitted": fitted}
-    console.print(_table([(args.family, scored)], f"{args.family}: the calibration of `{fitted}` against measured S"))
+    on = re.findall(rf"{OUT.name}/([^/\s]+)/precheck", fitted)
+    scored["calibration"] = {"path": str(calibration.path), "fitted_on": on, "command": fitted}
+    title = f"{args.family}: the calibration fitted on {', '.join(on) or 'its own pools'}, against measured S"
+    console.print(_table([(args.family, scored)], title))
     out = OUT / f"check_{args.family}.json"
     out.write_text(json.dumps(scored, indent=2) + "\n")
     console.print(f"wrote {out}")
