@@ -198,7 +198,7 @@ def main():
     parser.add_argument(
         "--methods",
         default="mean,ties",
-        help="comma-separated: mean, ties[:D], kw:T, kw-ties:T:D, kw-noties:T, kw-kd:T:D",
+        help="comma-separated: mean, ties[:D], kw:T[:key=value...], kw-ties:T:D, kw-noties:T, kw-kd:T:D",
     )
     parser.add_argument(
         "--precheck", action="store_true", help="run the precheck (the features) even when no method needs it"
