@@ -428,7 +428,9 @@ def main():
     checked.set_defaults(run=check)
     for name, run in (("validate", validate), ("methods", methods)):
         command = commands.add_parser(name)
-        command.add_argument("pool", choices=["fit", "heldout", "options", "lora"])
+        command.add_argument(
+            "pool", help="a pool measured under pools-out (fit, heldout, options, lora, tasks, attention)"
+        )
         command.set_defaults(run=run)
     args = parser.parse_args()
     args.run(args)
