@@ -523,3 +523,13 @@ def test_the_precheck_weighs_knowledge_weighted_against_ties_on_the_same_merge(c
     assert against({**report, "models": experts[:1]}, shipped) is None  # one expert: no merge
     blind = [{**m, "knowledge": None} for m in experts]
     assert against({**report, "models": blind}, shipped) is None  # no probes: not predicted
+
+
+def test_the_rest_of_an_update_that_is_rounding_residue_is_no_part():
+    """‖τ‖ = 5 over layers of norm 3 and 4 leaves nothing; in float32 it may leave 1e-6, which must
+    not become a part of its own (it would add samples and move every coordinate: an adapter pool
+    and the same pool materialised planned apart). A real rest of norm 1 stays."""
+    layers = {"layer_update_norm": [3.0, 4.0]}
+    parts, names = cond._parts([layers, layers, layers], np.array([5.0, 5.0 + 1e-7, math.sqrt(26.0)]))
+    assert names[-1] == "rest"
+    np.testing.assert_allclose(parts[:, -1], [0.0, 0.0, 1.0])

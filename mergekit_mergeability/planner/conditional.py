@@ -67,6 +67,7 @@ KNOWLEDGE_FEATURE = "scored_p_gold"
 # sampling error on c_i is about 0.02 (tests/test_plan.py checks it against mergekit's ties)
 SAMPLES, ROWS = 2048, 4096
 SEED = 0
+REST_FLOOR = 1e-9  # a share of ‖τ‖² that the update's unnamed rest must exceed to count as a part
 
 # Merge rules: which fitted model predicts a merge, and where a rule without one falls back to
 TASK_ARITHMETIC, LINEAR, TIES = "task_arithmetic", "linear", "ties"
@@ -212,7 +213,10 @@ def _parts(weights: Sequence[Mapping[str, Any]], norms: np.ndarray) -> Tuple[np.
     for w, total in zip(weights, norms):
         layers = list(w.get("layer_update_norm") or ())
         known = [*layers, *[0.0] * (depth - len(layers)), w.get("embedding_norm") or 0.0, w.get("head_norm") or 0.0]
-        rest = math.sqrt(max(total**2 - sum(v * v for v in known), 0.0))
+        rest_squared = total**2 - sum(v * v for v in known)
+        # what the named parts leave of the total; below REST_FLOOR of it, the residue of the
+        # subtraction in floating point (which would add a part to sample and move every sample)
+        rest = math.sqrt(rest_squared) if rest_squared > REST_FLOOR * total**2 else 0.0
         rows.append([*known, rest])
     return np.array(rows, dtype=float).reshape(len(norms), depth + 3), (*range(depth), "embedding", "head", "rest")
 
