@@ -67,7 +67,7 @@ KNOWLEDGE_FEATURE = "scored_p_gold"
 # sampling error on c_i is about 0.02 (tests/test_plan.py checks it against mergekit's ties)
 SAMPLES, ROWS = 2048, 4096
 SEED = 0
-REST_FLOOR = 1e-9  # a share of ‖τ‖² that the update's unnamed rest must exceed to count as a part
+REST_FLOOR = 1e-6  # a share of ‖τ‖² (0.1% of its norm) the unnamed rest must exceed to be a part
 
 # Merge rules: which fitted model predicts a merge, and where a rule without one falls back to
 TASK_ARITHMETIC, LINEAR, TIES = "task_arithmetic", "linear", "ties"
