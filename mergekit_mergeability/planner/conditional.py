@@ -245,9 +245,9 @@ def known_values(pool: Pool, members: Sequence[int]) -> np.ndarray:
 
 def member_densities(pool: Pool, members: Sequence[int], merge: Merge) -> np.ndarray:
     """Each member's trim density: the merge's, raised to d + (1 − d)·k where it trims by knowledge."""
-    from mergekit_mergeability.methods.knowledge_weighted import known_density
-
     if merge.by_knowledge and merge.method == KNOWLEDGE_WEIGHTED:
+        from mergekit_mergeability.methods.knowledge_weighted import known_density
+
         return np.array([known_density(merge.density, k) for k in known_values(pool, members)])
     return np.full(len(members), float(merge.density))
 

@@ -33,20 +33,12 @@ GRID = {"density": (0.3, 0.5, 0.7), "temperature": (0.1, 0.3, 1.0)}
 
 
 def knowledge_defaults() -> Dict[str, Any]:
-    """knowledge_weighted's defaults, as ``cond.Merge``'s knobs."""
-    from mergekit_mergeability.methods.knowledge_weighted import (
-        DEFAULT_DENSITY,
-        DEFAULT_DENSITY_BY_KNOWLEDGE,
-        DEFAULT_TEMPERATURE,
-        DEFAULT_TIES,
-    )
+    """knowledge_weighted's defaults, as a recommended config writes them, named as ``cond.Merge``'s knobs."""
+    from mergekit_mergeability.decide.advice import knowledge_weighted_defaults
 
-    return dict(
-        temperature=DEFAULT_TEMPERATURE,
-        ties=DEFAULT_TIES,
-        density=DEFAULT_DENSITY,
-        by_knowledge=DEFAULT_DENSITY_BY_KNOWLEDGE,
-    )
+    knobs = knowledge_weighted_defaults()
+    knobs["by_knowledge"] = knobs.pop("density_by_knowledge")
+    return knobs
 
 
 def candidate_merges(
