@@ -5,7 +5,8 @@ whether a plan keeps what it predicts.
         Refit the conditional prediction on measured pools (default: every
         pools-out/*/precheck/precheck.json with each pools-out/*/mergeability/<label>/
         beside it) and print its out-of-sample Spearman per merge rule and size;
-        --install writes it into the package (mergekit_mergeability/planner/conditional.json).
+        --install writes it into the package (mergekit_mergeability/planner/conditional.json),
+        --output PATH elsewhere (a candidate for ``methods --calibration PATH``).
     python benchmarks/plan.py speed [--adapters 100] [--models 1]
         Plan on N LoRA adapters of a SmolLM2-shaped model (factors only, random; never
         materialised): the weight pass alone against the plan's own work after it,
@@ -108,9 +109,10 @@ def fit(args) -> None:
     for rule, entry in document["rules"].items():
         weights = ", ".join(f"{f['name']} {f['weight']:.3f}" for f in entry["model"]["features"] if f["weight"] > 0)
         console.print(f"{rule}: sizes {entry['sizes']}, {entry['trials']} trials; weights: {weights}")
-    if args.install:
-        command = "python benchmarks/plan.py fit " + " ".join(f"{a} {b}" for a, b in pairs) + " --install"
-        written = fitting.write(document, fitting.DEFAULT, command)
+    if args.install or args.output:
+        command = "python benchmarks/plan.py fit " + " ".join(f"{a} {b}" for a, b in pairs)
+        command += " --install" if args.install else f" --output {args.output}"
+        written = fitting.write(document, fitting.DEFAULT if args.install else args.output, command)
         console.print(f"wrote {written}")
 
 
@@ -411,7 +413,9 @@ def main():
         help="the families under --out to fit on (default: the shipped fit's, fit,options; heldout and lora stay clean)",
     )
     fitting.add_argument("--permutations", type=int, default=200)
-    fitting.add_argument("--install", action="store_true")
+    written = fitting.add_mutually_exclusive_group()
+    written.add_argument("--install", action="store_true", help="write it into the package: plan's default")
+    written.add_argument("--output", type=Path, help="write it here (for methods --calibration) instead")
     timing = commands.add_parser("speed")
     timing.add_argument("--adapters", type=int, default=100)
     timing.add_argument("--layers", type=int, default=8)

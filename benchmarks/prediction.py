@@ -41,9 +41,14 @@ def _families(specs):
         yield family, folder or family
 
 
-def _mean_s(pool: str, label: str = "mean") -> dict:
+def _measured(pool: str, label: str = "mean") -> dict:
+    """A measured method's per-expert entries (mergeability, base_score, trials) by expert path."""
     report = json.loads((OUT / pool / "mergeability" / label / "mergeability.json").read_text())
-    return {m["path"]: m["mergeability"] for m in report["models"]}
+    return {m["path"]: m for m in report["models"]}
+
+
+def _mean_s(pool: str, label: str = "mean") -> dict:
+    return {path: m["mergeability"] for path, m in _measured(pool, label).items()}
 
 
 def fewshot(args) -> None:
@@ -330,6 +335,25 @@ def _aims_of(folder: str, kw: str):
     return found
 
 
+def _best_known(folder: str, kw: str) -> str:
+    """Where the best-known third's loss comes from: how many of them the base already answered
+    (base score 1: the expert's own update is not needed) and how many of those lose under ``kw``
+    and under TIES against the mean merge, with the same partner draws."""
+    from mergekit_mergeability.demo.run import knowledge_groups
+
+    best = knowledge_groups(json.loads((OUT / folder / "precheck" / "precheck.json").read_text()))["well known"]
+    mean = _measured(folder)
+    answered = [e for e in best if mean[e]["base_score"] == 1.0]
+    lost = {
+        label: sum(s[e] < mean[e]["mergeability"] for e in answered)
+        for label, s in ((kw, _mean_s(folder, kw)), ("ties_d0.5", _mean_s(folder, "ties_d0.5")))
+    }
+    return (
+        f"best-known third: the base already answers {len(answered)} of {len(best)}; of those, "
+        f"{lost[kw]} keep less under {kw} and {lost['ties_d0.5']} under TIES than under the mean merge"
+    )
+
+
 def aims(args) -> None:
     """knowledge_weighted's candidate defaults (``--kw``: labels pools.py measured) against mean
     merging and TIES on each family, with the same partner draws: the mean paired difference per
@@ -348,6 +372,8 @@ def aims(args) -> None:
             console.print(f"[yellow]{family}: not measured yet: {', '.join(missing)} (or mean, ties_d0.5)[/yellow]")
             continue
         measured[family] = found
+        for kw in candidates:
+            console.print(f"{family}: {_best_known(folder, kw)}")
     table = Table(
         "family",
         "default",
