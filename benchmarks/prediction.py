@@ -7,6 +7,8 @@ the README's "How the prediction was fitted", from the pools ``benchmarks/pools.
     python benchmarks/prediction.py methods fit          # own-task S by thirds of base knowledge
     python benchmarks/prediction.py families             # leave one family out: the README's headline
     python benchmarks/prediction.py aims [FAMILY ...]    # knowledge_weighted's three aims, per family
+    python benchmarks/prediction.py reliability [FAMILY ...] # how much of S is noise (split halves)
+    python benchmarks/prediction.py across fit lora      # two families of the same facts, fact by fact
 
 ``families`` fits on every family but the one it predicts; ``calibrate`` fits the shipped
 calibration on all the measured ones. No default (``--fewshot``, knowledge_weighted's) was
@@ -354,6 +356,58 @@ def _best_known(folder: str, kw: str) -> str:
     )
 
 
+def reliability(args) -> None:
+    """How reproducible each family's S is: the Spearman between the means of two random halves of
+    its trials (averaged over 500 splits), stepped up to all trials (Spearman–Brown): the ceiling
+    no prediction of S can pass."""
+    import numpy as np
+
+    from mergekit_mergeability.maths.stats import spearman
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from pools import FAMILIES
+
+    rng = np.random.default_rng(0)
+    for family, folder in _families(args.families or FAMILIES):
+        if not (OUT / folder / "mergeability" / "mean" / "mergeability.json").is_file():
+            console.print(f"[yellow]{family}: not measured[/yellow]")
+            continue
+        scores = np.array([[t["score"] for t in m["trials"]] for m in _measured(folder).values()])
+        half = scores.shape[1] // 2
+        splits = [rng.permutation(scores.shape[1]) for _ in range(500)]
+        r = float(
+            np.mean([spearman(scores[:, s[:half]].mean(1), scores[:, s[half : 2 * half]].mean(1)) for s in splits])
+        )
+        factor = scores.shape[1] / half
+        console.print(
+            f"{family}: {len(scores)} experts × {scores.shape[1]} trials; split-half {r:+.3f}, "
+            f"reliability of S {factor * r / (1 + (factor - 1) * r):+.3f}"
+        )
+
+
+def across(args) -> None:
+    """Two families that teach the same facts (``lora`` teaches ``fit``'s), fact by fact: whether
+    the facts keep their order of S, and whether each family's features rank the other's S."""
+    from mergekit_mergeability.maths.stats import spearman
+
+    def by_fact(folder: str):
+        report = json.loads((OUT / folder / "precheck" / "precheck.json").read_text())
+        features = {Path(m["path"]).name: m["features"] for m in report["models"] if m["role"] == "expert"}
+        return features, {Path(path).name: s for path, s in _mean_s(folder).items()}
+
+    (fa, sa), (fb, sb) = by_fact(args.a), by_fact(args.b)
+    facts = sorted(set(sa) & set(sb))
+    console.print(
+        f"{len(facts)} facts in both; S of {args.a} against S of {args.b}: {spearman([sa[f] for f in facts], [sb[f] for f in facts]):+.2f}"
+    )
+    table = Table("feature", f"{args.a} vs {args.b}", f"{args.a}'s → S of {args.b}", f"{args.b}'s → S of {args.b}")
+    for name in ("scored_p_gold", "scored_gap", "relative_norm", "relative_top_sv"):
+        x, y = [fa[f][name] for f in facts], [fb[f][name] for f in facts]
+        target = [sb[f] for f in facts]
+        table.add_row(name, *(f"{v:+.2f}" for v in (spearman(x, y), spearman(x, target), spearman(y, target))))
+    console.print(table)
+
+
 def aims(args) -> None:
     """knowledge_weighted's candidate defaults (``--kw``: labels pools.py measured) against mean
     merging and TIES on each family, with the same partner draws: the mean paired difference per
@@ -447,6 +501,13 @@ def main():
         help="knowledge_weighted labels pools.py measured, comma-separated (kw:T → kw_tT, kw-noties:T → kw_noties_tT)",
     )
     held.set_defaults(run=aims)
+    noise = commands.add_parser("reliability", help="how reproducible each family's S is (split halves)")
+    noise.add_argument("families", nargs="*", help="FAMILY or FAMILY=FOLDER under pools-out (default: every one)")
+    noise.set_defaults(run=reliability)
+    both = commands.add_parser("across", help="two families of the same facts, fact by fact")
+    both.add_argument("a", help="a measured pool (e.g. fit)")
+    both.add_argument("b", help="one teaching the same facts (e.g. lora)")
+    both.set_defaults(run=across)
     checked = commands.add_parser("check", help="the shipped calibration on a family it was not fitted on")
     checked.add_argument("family", help="a pool measured under pools-out (e.g. attention)")
     checked.add_argument("--calibration", type=Path, help="a calibration file (default: the shipped one)")
