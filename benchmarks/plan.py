@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 HERE = Path(__file__).resolve().parent
 OUT = Path("pools-out")
@@ -342,17 +342,14 @@ def methods(args) -> None:
     thirds = np.array_split(order, 3)
     given = dict(item.split("=") for item in args.measured or ())
     table = Table(
-        "merge",
-        "rule read",
-        "predicted: all",
+        Column("merge", overflow="fold"),
+        Column("rule read", overflow="fold"),
+        "all",
         "weakest third",
         "middle",
         "strongest",
-        "measured: all",
-        "weakest",
-        "middle",
-        "strongest",
-        title=f"{folder.name}: predictions for the mean-merge trials' partner draws, merged with each method",
+        title=f"{folder.name}: predicted (measured) own-task scores for the mean-merge trials' partner draws, "
+        "merged with each method",
     )
     for label, (method, knobs) in {"mean": ("task_arithmetic", {}), **METHODS}.items():
         per = np.full(len(pool), np.nan)
@@ -372,20 +369,19 @@ def methods(args) -> None:
                 values.append(prediction.values[0])
             per[i] = np.mean(values)
         rule = calibration.model_for(cond.Merge(method, **knobs).rule)
-        measured_row = ["", "", "", ""]
+        measured = ["", "", "", ""]
         path = folder / "mergeability" / label / "mergeability.json"
         if path.is_file():
             found = {index[m["path"]]: m["mergeability"] for m in json.loads(path.read_text())["models"]}
             values = np.array([found.get(i, np.nan) for i in range(len(pool))])
-            measured_row = [f"{np.nanmean(values):.3f}"] + [f"{np.nanmean(values[t]):.3f}" for t in thirds]
+            measured = [f" ({np.nanmean(values):.3f})"] + [f" ({np.nanmean(values[t]):.3f})" for t in thirds]
         elif label in given:
-            measured_row = [given[label], "", "", ""]
+            measured[0] = f" ({given[label]})"
+        predicted = [np.nanmean(per)] + [np.nanmean(per[t]) for t in thirds]
         table.add_row(
             label,
             f"{rule[0].rule}{' (fallback)' if rule[1] else ''}",
-            f"{np.nanmean(per):.3f}",
-            *[f"{np.nanmean(per[t]):.3f}" for t in thirds],
-            *measured_row,
+            *(f"{value:.3f}{shown}" for value, shown in zip(predicted, measured)),
         )
     console.print(table)
 
