@@ -317,11 +317,13 @@ def check(args) -> None:
 
 METHODS = {  # label as benchmarks/pools.py writes it -> the merge it ran (knowledge from the precheck)
     "ties_d0.5": ("ties", {"density": 0.5}),
+    "ties_d0.2": ("ties", {"density": 0.2}),
     # pools.py's kw:T runs the method's defaults but τ: ties at density 0.5 (kw-ties:T:0.5 is the same merge)
     "kw_t0.1": ("knowledge_weighted", {"temperature": 0.1, "ties": True, "density": 0.5}),
     "kw_t0.3": ("knowledge_weighted", {"temperature": 0.3, "ties": True, "density": 0.5}),
     "kw_ties_t0.1_d0.5": ("knowledge_weighted", {"temperature": 0.1, "ties": True, "density": 0.5}),
     "kw_ties_t0.3_d0.5": ("knowledge_weighted", {"temperature": 0.3, "ties": True, "density": 0.5}),
+    "kw_ties_t0.3_d0.2": ("knowledge_weighted", {"temperature": 0.3, "ties": True, "density": 0.2}),
     "kw_kd_t0.3_d0.5": ("knowledge_weighted", {"temperature": 0.3, "ties": True, "density": 0.5, "by_knowledge": True}),
     "kw_noties_t0.1": ("knowledge_weighted", {"temperature": 0.1, "ties": False}),
     "kw_noties_t0.3": ("knowledge_weighted", {"temperature": 0.3, "ties": False}),
