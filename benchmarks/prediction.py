@@ -356,32 +356,36 @@ def _best_known(folder: str, kw: str) -> str:
     )
 
 
-def reliability(args) -> None:
-    """How reproducible each family's S is: the Spearman between the means of two random halves of
-    its trials (averaged over 500 splits), stepped up to all trials (Spearman–Brown): the ceiling
-    no prediction of S can pass."""
+def reliability_of(scores, splits: int = 500, seed: int = 0):
+    """(split-half Spearman, reliability of S) for ``scores`` (experts × trials): the Spearman
+    between the means of two random halves of the trials, averaged over ``splits`` splits, and
+    stepped up to all the trials (Spearman–Brown)."""
     import numpy as np
 
     from mergekit_mergeability.maths.stats import spearman
 
+    scores = np.asarray(scores, dtype=float)
+    rng = np.random.default_rng(seed)
+    half = scores.shape[1] // 2
+    orders = [rng.permutation(scores.shape[1]) for _ in range(splits)]
+    r = float(np.mean([spearman(scores[:, o[:half]].mean(1), scores[:, o[half : 2 * half]].mean(1)) for o in orders]))
+    factor = scores.shape[1] / half
+    return r, factor * r / (1 + (factor - 1) * r)
+
+
+def reliability(args) -> None:
+    """How reproducible each family's S is (``reliability_of``): the ceiling no prediction of S can pass."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from pools import FAMILIES
 
-    rng = np.random.default_rng(0)
     for family, folder in _families(args.families or FAMILIES):
         if not (OUT / folder / "mergeability" / "mean" / "mergeability.json").is_file():
             console.print(f"[yellow]{family}: not measured[/yellow]")
             continue
-        scores = np.array([[t["score"] for t in m["trials"]] for m in _measured(folder).values()])
-        half = scores.shape[1] // 2
-        splits = [rng.permutation(scores.shape[1]) for _ in range(500)]
-        r = float(
-            np.mean([spearman(scores[:, s[:half]].mean(1), scores[:, s[half : 2 * half]].mean(1)) for s in splits])
-        )
-        factor = scores.shape[1] / half
+        scores = [[t["score"] for t in m["trials"]] for m in _measured(folder).values()]
+        r, whole = reliability_of(scores)
         console.print(
-            f"{family}: {len(scores)} experts × {scores.shape[1]} trials; split-half {r:+.3f}, "
-            f"reliability of S {factor * r / (1 + (factor - 1) * r):+.3f}"
+            f"{family}: {len(scores)} experts × {len(scores[0])} trials; split-half {r:+.3f}, reliability of S {whole:+.3f}"
         )
 
 

@@ -38,3 +38,14 @@ def test_unpacking_a_pool_never_measured_says_how_to_measure_it(tmp_path, monkey
     monkeypatch.setattr(pools, "MEASURED", tmp_path)
     with pytest.raises(SystemExit, match="python benchmarks/pools.py lora --pack"):
         pools.unpack(tmp_path / "out", "lora")
+
+
+def test_reliability_of_s_is_the_spearman_brown_step_up_of_its_split_halves():
+    import prediction
+
+    # two trials: every split compares trial 0 with trial 1, whose Spearman is 1 - 6·2/(4·15) = 0.8
+    r, whole = prediction.reliability_of([[1, 1], [2, 3], [3, 2], [4, 4]], splits=10)
+    assert r == pytest.approx(0.8)
+    assert whole == pytest.approx(2 * 0.8 / 1.8)
+    # trials that agree exactly reproduce S exactly, whatever the split
+    assert prediction.reliability_of([[0.1] * 4, [0.5] * 4, [0.9] * 4], splits=10) == pytest.approx((1.0, 1.0))
