@@ -5,6 +5,9 @@ teacher-forced scorer on models merged by mergekit's ``merge_state_dicts``.
 """
 
 import json
+import platform
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -392,3 +395,26 @@ def test_the_cache_can_be_turned_off(pool, tmp_path, monkeypatch, option):
     result = CliRunner().invoke(main, [*args, *option])
     assert result.exit_code == 0, result.output
     assert list(work.iterdir()) == [] and not (tmp_path / "xdg").exists()
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_the_heap_a_merge_freed_goes_back_to_the_system():
+    # In a fresh interpreter (this one's allocator has been tuned by what the suite imported): a
+    # merge's formed tensors, SmolLM2's MLP width. After the first round glibc raises its mmap
+    # threshold, so later rounds come from the heap and stay held when freed, until released.
+    script = """
+import torch
+from mergekit_mergeability.evaluation.inmemory import release_freed_memory
+def anonymous():
+    status = open("/proc/self/status").read().splitlines()
+    return int(next(l for l in status if l.startswith("RssAnon")).split()[1]) // 1024
+for _ in range(3):
+    tensors = [torch.ones(576, 1536) for _ in range(60)]  # 200 MiB
+    del tensors
+    held = anonymous()
+    release_freed_memory()
+    print(held, anonymous())
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    held, left = map(int, done.stdout.split()[-2:])  # the last round
+    assert held - left > 100, done.stdout
