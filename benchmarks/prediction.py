@@ -314,8 +314,8 @@ AIMS = {"weakest third − mean": 0.15, "strongest third − mean": -0.03, "all 
 
 def _aims_of(folder: str, kw: str):
     """knowledge_weighted (label ``kw``) against mean merging and TIES on one measured family:
-    per aim (mean paired difference, its bootstrap 95% interval, whether it holds); None until
-    every method is measured."""
+    per aim (mean paired difference, its bootstrap 95% interval, whether it holds), and where the
+    best-known third's loss comes from (``_best_known``); None until every method is measured."""
     from mergekit_mergeability.demo.run import knowledge_groups
     from mergekit_mergeability.maths.stats import mean_interval
 
@@ -334,25 +334,19 @@ def _aims_of(folder: str, kw: str):
     for aim, (members, against) in groups.items():
         gain, interval = mean_interval([s["kw"][m] - s[against][m] for m in members])
         found[aim] = (gain, interval, gain >= AIMS[aim])
-    return found
+    base = {path: m["base_score"] for path, m in _measured(folder).items()}
+    return found, _best_known(thirds["well known"], base, s, kw)
 
 
-def _best_known(folder: str, kw: str) -> str:
+def _best_known(best, base, s, kw: str) -> str:
     """Where the best-known third's loss comes from: how many of them the base already answered
-    (base score 1: the expert's own update is not needed) and how many of those lose under ``kw``
-    and under TIES against the mean merge, with the same partner draws."""
-    from mergekit_mergeability.demo.run import knowledge_groups
-
-    best = knowledge_groups(json.loads((OUT / folder / "precheck" / "precheck.json").read_text()))["well known"]
-    mean = _measured(folder)
-    answered = [e for e in best if mean[e]["base_score"] == 1.0]
-    lost = {
-        label: sum(s[e] < mean[e]["mergeability"] for e in answered)
-        for label, s in ((kw, _mean_s(folder, kw)), ("ties_d0.5", _mean_s(folder, "ties_d0.5")))
-    }
+    (base score 1: the expert's own update is not needed) and how many of those keep less under
+    ``kw`` and under TIES than under the mean merge, with the same partner draws."""
+    answered = [e for e in best if base[e] == 1.0]
+    lost = {key: sum(s[key][e] < s["mean"][e] for e in answered) for key in ("kw", "ties")}
     return (
         f"best-known third: the base already answers {len(answered)} of {len(best)}; of those, "
-        f"{lost[kw]} keep less under {kw} and {lost['ties_d0.5']} under TIES than under the mean merge"
+        f"{lost['kw']} keep less under {kw} and {lost['ties']} under TIES than under the mean merge"
     )
 
 
@@ -429,9 +423,9 @@ def aims(args) -> None:
         if missing:
             console.print(f"[yellow]{family}: not measured yet: {', '.join(missing)} (or mean, ties_d0.5)[/yellow]")
             continue
-        measured[family] = found
-        for kw in candidates:
-            console.print(f"{family}: {_best_known(folder, kw)}")
+        for _, line in found.values():
+            console.print(f"{family}: {line}")
+        measured[family] = {kw: aims for kw, (aims, _) in found.items()}
     table = Table(
         "family",
         "default",

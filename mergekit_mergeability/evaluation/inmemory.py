@@ -10,8 +10,9 @@ mergekit's magnitude trimming (TIES's) keeps each tensor's top values by a selec
 its full sort (``selected_magnitudes``): the same mask, ~8× faster on a 1M-value tensor, where the
 sort was most of a TIES trial's time (knowledge_weighted trims this way already).
 
-After each merge the freed heap goes back to the system (``release_freed_memory``): glibc keeps
-what a merge's tensors freed, and on a pool of LoRA experts that grew to gigabytes.
+After each patched pass the freed heap goes back to the system (``release_freed_memory``, called by
+``Scorer.patch``): glibc keeps what a merge's tensors freed, and on a pool of LoRA experts that grew
+to gigabytes.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from mergekit_mergeability import distributed
 from mergekit_mergeability.diagnostics import ModelInput
 from mergekit_mergeability.diagnostics.compatibility import require_compatible
 from mergekit_mergeability.errors import UserError
-from mergekit_mergeability.evaluation.inmemory import load_update, merge_updates, release_freed_memory
+from mergekit_mergeability.evaluation.inmemory import load_update, merge_updates
 from mergekit_mergeability.evaluation.protocol import TrialLog, partners, summarise
 from mergekit_mergeability.evaluation.scorer import Scorer
 from mergekit_mergeability.files import SCHEMA_VERSION, write_atomic
@@ -174,18 +174,10 @@ class Trials:
         """Model ``model``'s own-task score after merging it with ``drawn``."""
         members = [model, *drawn]
         recipe = (self.method, self.shared, [(self.fingerprints[m], self.per_model.get(m)) for m in members])
-        merged = []
-
-        def make():
-            merged.append(True)
-            return merge_updates(
-                self.reader(), {m: self.update(m) for m in members}, self.method, self.shared, self.per_model
-            )
-
-        score = self.scorer().patch(recipe, self.own_task[model], make)["score"]
-        if merged:  # not a cached score: a merge's tensors were just freed
-            release_freed_memory()
-        return score
+        make = lambda: merge_updates(
+            self.reader(), {m: self.update(m) for m in members}, self.method, self.shared, self.per_model
+        )  # noqa: E731
+        return self.scorer().patch(recipe, self.own_task[model], make)["score"]
 
 
 _kept: Dict[str, Trials] = {}  # in a Ray worker process: the pool's loaded base and updates, between tasks

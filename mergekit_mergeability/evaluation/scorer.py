@@ -7,6 +7,7 @@ from typing import Any, Callable, Dict, Mapping
 
 import torch
 
+from mergekit_mergeability.evaluation.inmemory import release_freed_memory
 from mergekit_mergeability.settings import RunSettings
 from mergekit_mergeability.sources import Source, auto_device, load_causal_lm, merged, patched, same_model, update_of
 from mergekit_mergeability.sources.cache import Cache, fingerprint
@@ -62,7 +63,9 @@ class Scorer:
             return cached
         module, tokenizer = self.base_module()
         with patched(module, make()):
-            return self.cache.put(key, self._run(module, tokenizer, task))
+            result = self._run(module, tokenizer, task)
+        release_freed_memory()  # the patched-in tensors are freed now: their pages go back to the system
+        return self.cache.put(key, result)
 
     def base_module(self):
         if self._module is None:
