@@ -2,16 +2,17 @@
 the README's "How the prediction was fitted", from the pools ``benchmarks/pools.py`` measures.
 
     python benchmarks/prediction.py fewshot              # K shots: base p(gold) vs S on the fit pool
-    python benchmarks/prediction.py calibrate [--install] # fit on every measured family; --install ships it
+    python benchmarks/prediction.py calibrate [--install] # fit on fit, options, heldout, lora; --install ships it
     python benchmarks/prediction.py validate heldout     # precheck (shipped calibration) vs S
     python benchmarks/prediction.py methods fit          # own-task S by thirds of base knowledge
     python benchmarks/prediction.py families             # leave one family out: the README's headline
+    python benchmarks/prediction.py check deep           # the shipped calibration on a family it never saw
     python benchmarks/prediction.py aims [FAMILY ...]    # knowledge_weighted's three aims, per family
     python benchmarks/prediction.py reliability [FAMILY ...] # how much of S is noise (split halves)
     python benchmarks/prediction.py across fit lora      # two families of the same facts, fact by fact
 
-``families`` fits on every family but the one it predicts; ``calibrate`` fits the shipped
-calibration on all the measured ones. No default (``--fewshot``, knowledge_weighted's) was
+``families`` fits on every family but the one it predicts (the checks, ``attention`` and ``deep``,
+only when named); ``calibrate`` fits the shipped calibration on the four it was fitted on. No default (``--fewshot``, knowledge_weighted's) was
 chosen on any family but ``fit``.
 """
 
@@ -92,10 +93,10 @@ def _run(*command: str) -> None:
 def calibrate(args) -> None:
     """Fit the calibration on every measured family (or those named); --install ships it."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from pools import FAMILIES
+    from pools import SHIPPED
 
     pairs = []
-    for family in args.families or FAMILIES:
+    for family in args.families or SHIPPED:
         precheck, measured = (
             OUT / family / "precheck" / "precheck.json",
             OUT / family / "mergeability" / "mean" / "mergeability.json",
@@ -185,11 +186,11 @@ def families(args) -> None:
     from mergekit_mergeability.decide.features import CALIBRATED as FEATURES
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from pools import FAMILIES
+    from pools import FAMILIES, FITTED
 
     names, directions = list(FEATURES), list(FEATURES.values())
     pools, described = {}, {}
-    for family, folder in _families(args.families or FAMILIES):
+    for family, folder in _families(args.families or FITTED):
         described[family] = FAMILIES.get(family, family)
         precheck, measured = (
             OUT / folder / "precheck" / "precheck.json",
@@ -293,12 +294,13 @@ def check(args) -> None:
             f"{args.family}: {calibration.path} was fitted on it (its provenance names {OUT.name}/{args.family}/);"
             " check a family it has not seen"
         )
-    root = OUT / args.family
-    names = list(calibration.model.names)
-    _, x, y, _ = measured_pool(
-        root / "precheck" / "precheck.json", root / "mergeability" / "mean" / "mergeability.json", names=names
+    reports = (
+        OUT / args.family / "precheck" / "precheck.json",
+        OUT / args.family / "mergeability" / "mean" / "mergeability.json",
     )
-    scored = _scored(calibration.model.predict(x), x, y, args.permutations)
+    _, inputs, _, _ = measured_pool(*reports, names=list(calibration.model.names))
+    _, x, y, _ = measured_pool(*reports)  # every input the precheck measured, for the best single one
+    scored = _scored(calibration.model.predict(inputs), x, y, args.permutations)
     on = re.findall(rf"{OUT.name}/([^/\s]+)/precheck", fitted)
     scored["calibration"] = {"path": str(calibration.path), "fitted_on": on, "command": fitted}
     title = f"{args.family}: the calibration fitted on {', '.join(on) or 'its own pools'}, against measured S"
@@ -478,7 +480,11 @@ def main():
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("fewshot").set_defaults(run=fewshot)
     fit = commands.add_parser("calibrate")
-    fit.add_argument("families", nargs="*", help="the families to fit on (default: every one measured)")
+    fit.add_argument(
+        "families",
+        nargs="*",
+        help="the families to fit on (default: those the shipped one is fitted on: fit, options, heldout, lora)",
+    )
     fit.add_argument("--install", action="store_true", help="copy the fit into the package as its default calibration")
     fit.add_argument("--permutations", type=int, default=500)
     fit.set_defaults(run=calibrate)
@@ -486,13 +492,17 @@ def main():
     held.add_argument(
         "families",
         nargs="*",
-        help="the families to use, FAMILY or FAMILY=FOLDER under pools-out (default: every one measured)",
+        help="the families to use, FAMILY or FAMILY=FOLDER under pools-out (default: those the shipped one is fitted on: fit, options, heldout, lora)",
     )
     held.add_argument("--permutations", type=int, default=10_000, help="per held-out family")
     held.add_argument("--null", type=int, default=200, help="refits on shuffled targets for the pooled number")
     held.set_defaults(run=families)
     held = commands.add_parser("aims")
-    held.add_argument("families", nargs="*", help="FAMILY or FAMILY=FOLDER under pools-out (default: every one)")
+    held.add_argument(
+        "families",
+        nargs="*",
+        help="FAMILY or FAMILY=FOLDER under pools-out (default: every one but the checks, attention and deep)",
+    )
     held.add_argument(
         "--kw",
         default="kw_t0.3",

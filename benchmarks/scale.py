@@ -7,7 +7,7 @@ MLP 5632, vocabulary 32000), stored in bf16 (or --dtype float32), against readin
    with probes (--dtype auto: the checkpoints' own bf16), in a fresh process, against one model's
    size on disk. Models are loaded one at a time, so the target is <= 1.3x one model.
 
-    python benchmarks/scale.py [--layers 22] [--dtype bfloat16] [--repeats 3] [--threads N] [--work DIR]
+    python benchmarks/scale.py [--layers 22] [--dtype bfloat16] [--repeats 3] [--threads N] [--work DIR] [--skip D]
 
 --threads sets torch's intra-op threads (default: torch's own, one per core). On cores other
 jobs share, one thread is faster: every parallel region waits for the thread that was preempted.
@@ -97,7 +97,7 @@ def probes(root: Path) -> Path:
     return path
 
 
-def whole_precheck(paths: dict, probe: Path, out: Path) -> None:
+def whole_precheck(paths: dict, probe: Path, out: Path, skip=()) -> None:
     from mergekit_mergeability import api, config
     from mergekit_mergeability.settings import PrecheckSettings
 
@@ -107,7 +107,7 @@ def whole_precheck(paths: dict, probe: Path, out: Path) -> None:
     spec = config.from_document(
         {"merge_method": "task_arithmetic", "base_model": str(paths["base"]), "models": models}, out.parent
     )
-    api.precheck(spec, settings=PrecheckSettings(device="cpu", quiet=True, limit=LINES), out=out)
+    api.precheck(spec, settings=PrecheckSettings(device="cpu", quiet=True, limit=LINES, skip=tuple(skip)), out=out)
 
 
 def main():
@@ -117,6 +117,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--work", type=Path)
     parser.add_argument("--threads", type=int, help="torch's intra-op threads (default: torch's choice)")
+    parser.add_argument(
+        "--skip", action="append", default=[], help="a diagnostic the whole precheck leaves out (repeatable)"
+    )
     parser.add_argument("--memory-of", type=Path, help=argparse.SUPPRESS)  # internal: a fresh process per measurement
     args = parser.parse_args()
     if args.threads:
@@ -124,7 +127,7 @@ def main():
     if args.memory_of:
         paths = {p.name: p for p in sorted(args.memory_of.iterdir()) if (p / "config.json").is_file()}
         with PeakMemory() as peak:
-            whole_precheck(paths, probes(args.memory_of), args.memory_of / "precheck-out")
+            whole_precheck(paths, probes(args.memory_of), args.memory_of / "precheck-out", args.skip)
         print(peak.growth)
         return
     with workdir(args.work, "mm-bench-scale-") as work:
@@ -148,7 +151,10 @@ def main():
             f"1. weight pass {t['weights']:.1f} s vs reading the files once {t['read']:.1f} s: {t['weights'] / t['read']:.2f}x (target <= 1.5x)"
         )
         done = subprocess.run(
-            [sys.executable, __file__, "--memory-of", str(root)], capture_output=True, text=True, check=True
+            [sys.executable, __file__, "--memory-of", str(root), *(f"--skip={d}" for d in args.skip)],
+            capture_output=True,
+            text=True,
+            check=True,
         )
         growth = float(done.stdout.split()[-1]) / 1024
         print(

@@ -212,6 +212,7 @@ def decision(
             "role": "expert",
             "knowledge": metrics(results, "knowledge", m.name),
             "weights": metrics(results, "weights", m.name),
+            "dilution": metrics(results, "dilution", m.name),
         }
         for m in measured.models
     ]

@@ -63,6 +63,7 @@ class PrecheckModel(Report):
     probe: Optional[str]
     knowledge: Optional[Json]  # the base model on this model's probes
     weights: Optional[Json]  # task-vector statistics
+    dilution: Optional[Json]  # its own probe at a ninth of its update (the share a mean merge of 9 gives it)
     features: Optional[Json]  # the calibration's features
     kept_share: Optional[float]
     predicted_mergeability: Optional[float]  # its own-task score after merging, predicted (experts)

@@ -22,7 +22,14 @@ def _inputs(base, *models):
 
 def test_the_builtin_plugin_contributes_it_through_the_hook():
     diagnostics = [d for plugin, d in contributions("mergeability_diagnostics") if plugin == "builtin"]
-    assert [d.name for d in diagnostics] == ["compatibility", "weights", "knowledge", "representations", "selectivity"]
+    assert [d.name for d in diagnostics] == [
+        "compatibility",
+        "weights",
+        "knowledge",
+        "dilution",
+        "representations",
+        "selectivity",
+    ]
     assert isinstance(diagnostics[0], Diagnostic)
 
 

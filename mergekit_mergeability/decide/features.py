@@ -16,6 +16,9 @@ Features of model i (each with its prior direction: + means higher is more merge
     relative_top_sv        −  log(σ_max(τ_i) / median)
     pool_cosine            +  cos(τ_i, Σ_{j≠i} τ_j): the others pull along (+) or against (−)
     mean_sign_conflict     −  mean TIES sign-conflict rate with the others
+    diluted_p_gold         +  p(gold) on its own probe, as the task is scored, with a ninth of
+                              its update (the share a mean merge of 9 gives it: ``dilution``)
+    diluted_accuracy       +  accuracy, likewise
 
 The lettered features (the first five) are measured and reported, not fitted (``CALIBRATED``).
 
@@ -44,12 +47,16 @@ FEATURES: Dict[str, int] = {
     "relative_top_sv": -1,
     "pool_cosine": +1,
     "mean_sign_conflict": -1,
+    "diluted_p_gold": +1,
+    "diluted_accuracy": +1,
 }
 # What the calibration fits on: the base's knowledge as the task is scored, and the weight
 # statistics. The paper's lettered few-shot view is measured and reported (validate ranks it
 # beside the rest) but not fitted: where a task lists its options it is the scored view itself
 # (a duplicate column), and where it does not it measures another format than the one that
-# decides (README: "How well the precheck predicts"). Chosen before any family was held out.
+# decides (README: "How well the precheck predicts"). Chosen before any family was held out; the
+# two diluted_* features joined on 2026-12-02, decided on a family defined before it was measured
+# (docs/prediction.md, "each update asked at a ninth of its size").
 LETTERED = ("p_gold", "gap", "accuracy", "letter_p_gold", "gold_logprob_per_token")
 CALIBRATED: Dict[str, int] = {name: d for name, d in FEATURES.items() if name not in LETTERED}
 Features = Dict[str, Optional[float]]
@@ -74,6 +81,8 @@ SAY = {
     "relative_top_sv": "σ_max {:.2g}× median",
     "pool_cosine": "cos(rest) {:+.2f}",
     "mean_sign_conflict": "sign conflict {:.2f}",
+    "diluted_p_gold": "p(gold) at a ninth of its update {:.2f}",
+    "diluted_accuracy": "accuracy at a ninth of its update {:.2f}",
 }
 
 
@@ -88,7 +97,7 @@ def features(models: Sequence[Mapping[str, Any]]) -> Dict[str, Features]:
     medians = {key: _median([w.get(key) for w in weights.values()]) for key in ("update_norm", "top_singular_value")}
     table = {}
     for model in experts:
-        k, w = model.get("knowledge") or {}, weights[model["path"]]
+        k, w, d = model.get("knowledge") or {}, weights[model["path"]], model.get("dilution") or {}
         table[model["path"]] = {
             "p_gold": k.get("mean_p_gold"),
             "gap": k.get("mean_gap"),
@@ -103,6 +112,8 @@ def features(models: Sequence[Mapping[str, Any]]) -> Dict[str, Features]:
             "relative_top_sv": _log_ratio(w.get("top_singular_value"), medians["top_singular_value"]),
             "pool_cosine": w.get("pool_cosine"),
             "mean_sign_conflict": w.get("mean_sign_conflict"),
+            "diluted_p_gold": d.get("diluted_mean_p_gold"),
+            "diluted_accuracy": d.get("diluted_accuracy"),
         }
     return table
 

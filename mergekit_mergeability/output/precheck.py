@@ -44,6 +44,7 @@ def build(measured: Measurements, settings: PrecheckSettings, decision: Decision
         record = _model(
             m.name, names, "expert", measured.probe_specs.get(m.name), knowledge, weights, norms.get(m.name)
         )
+        record["dilution"] = metrics(results, "dilution", m.name)
         if knowledge is not None:
             record["knowledge"]["per_instance"] = instances.get(m.name, [])
         models.append(record)
@@ -144,6 +145,7 @@ def _model(path, names, role, probe=None, knowledge=None, weights=None, layer_no
         "probe": probe,
         "knowledge": None if knowledge is None else dict(knowledge),
         "weights": None if weights is None else {**weights, "layer_update_norm": layer_norms},
+        "dilution": None,
         "features": None,
         "kept_share": None,
         "predicted_mergeability": None,

@@ -22,7 +22,11 @@ from mergekit_mergeability import config as merge_config
 from mergekit_mergeability.settings import PrecheckSettings, RunSettings
 
 PRECHECK_FIELDS = ("path", "role", "knowledge", "weights")
-SKIPPED = ("representations", "selectivity")  # the plan reads weights and knowledge; CKA only sets a cut-off
+SKIPPED = (
+    "dilution",
+    "representations",
+    "selectivity",
+)  # the plan reads weights and knowledge; CKA only sets a cut-off
 PROBE_SUFFIXES = (".jsonl", ".yaml", ".yml")
 
 

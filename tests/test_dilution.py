@@ -1,0 +1,113 @@
+"""The dilution signal: the base plus a share of each update, asked the model's own probe as its task scores it."""
+
+import pytest
+import torch
+
+from mergekit_mergeability import tasks
+from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
+from mergekit_mergeability.diagnostics.dilution import Dilution, diluted
+from mergekit_mergeability.diagnostics.knowledge import base_knowledge
+from mergekit_mergeability.tiny import CORPUS, derive, state_dict
+
+from conftest import noise, ranked_probes
+
+QUESTIONS = [f"{sentence} Question {i}?" for i in range(2) for sentence in CORPUS]
+
+
+@pytest.fixture(scope="module")
+def expert(llama, tmp_path_factory):
+    root = tmp_path_factory.mktemp("dilution")
+    base = llama["base"]
+    folder = derive(base, root / "expert", noise(7, 0.2, lambda name: ".mlp." in name))
+    probe = ranked_probes(root / "probe.jsonl", base, QUESTIONS, ["Paris", "water", "fox", "dog"], pick=2)
+    return base, folder, tasks.load(str(probe))
+
+
+def _scored(base, model, instances):
+    """The knowledge diagnostic's view of ``instances`` as scored, with ``base`` as the model asked."""
+    inputs = DiagnosticInputs(ModelInput("base", base), (ModelInput("m", model, instances),))
+    found = base_knowledge(inputs).per_model["m"]
+    return found["scored_accuracy"], found["scored_mean_p_gold"]
+
+
+@pytest.mark.parametrize("share", [0.0, 1 / 9, 0.5, 1.0])
+def test_a_share_of_the_update_scores_as_the_model_built_by_hand(expert, tmp_path, share):
+    base, folder, instances = expert
+    theirs = state_dict(folder)
+    by_hand = derive(base, tmp_path / "by_hand", lambda name, tensor: share * (theirs[name] - tensor))
+    inputs = DiagnosticInputs(ModelInput("base", base), (ModelInput("m", folder, instances),))
+    found = Dilution(share).run(inputs).per_model["m"]
+    accuracy, p_gold = _scored(by_hand, by_hand, instances)
+    assert found["share"] == share
+    assert found["diluted_accuracy"] == accuracy
+    assert found["diluted_mean_p_gold"] == pytest.approx(p_gold, abs=1e-6)
+
+
+def test_the_ends_are_the_base_and_the_expert_and_the_share_moves_between(expert):
+    base, folder, instances = expert
+    inputs = DiagnosticInputs(ModelInput("base", base), (ModelInput("m", folder, instances),))
+    p = {share: Dilution(share).run(inputs).per_model["m"]["diluted_mean_p_gold"] for share in (0.0, 0.5, 1.0)}
+    assert p[0.0] == pytest.approx(_scored(base, base, instances)[1], abs=1e-6)
+    assert p[1.0] == pytest.approx(_scored(folder, folder, instances)[1], abs=1e-6)
+    assert p[0.5] != pytest.approx(p[0.0], rel=1e-3) and p[0.5] != pytest.approx(p[1.0], rel=1e-3)
+
+
+def test_an_adapter_is_diluted_through_its_factors_and_the_base_is_restored_exactly(llama, tmp_path):
+    from mergekit_mergeability.sources import TensorReader, load_causal_lm, resolve, tensors
+    from mergekit_mergeability.tiny import make_adapter
+
+    targets = ["model.layers.0.mlp.up_proj.weight", "model.layers.1.self_attn.q_proj.weight"]
+    adapter = resolve(str(make_adapter(llama["base"], tmp_path / "adapter", targets, rank=2, seed=3, scale=0.3)))
+    module, _ = load_causal_lm(llama["base"])
+    before = {name: tensor.clone() for name, tensor in module.state_dict().items()}
+    formed = tensors(adapter)
+    with diluted(module, TensorReader(llama["base"]), adapter, 0.25) as inside:
+        state = inside.state_dict()
+        for name in targets:
+            assert torch.allclose(state[name], before[name] + 0.25 * (formed[name] - before[name]), atol=1e-6)
+        untouched = "model.layers.2.mlp.down_proj.weight"
+        assert torch.equal(state[untouched], before[untouched])
+    assert all(torch.equal(module.state_dict()[name], tensor) for name, tensor in before.items())
+
+
+def test_the_precheck_predicts_from_the_dilution_it_measured(expert, tmp_path):
+    """The decision reads the dilution features the report holds: none is "taken as typical"."""
+    import json
+
+    import yaml
+    from click.testing import CliRunner
+
+    from mergekit_mergeability.cli import main
+    from mergekit_mergeability.decide import verdict
+    from mergekit_mergeability.decide.calibration import Calibration
+    from mergekit_mergeability.decide.features import features
+
+    base, folder, _ = expert
+    probe = ranked_probes(tmp_path / "probe.jsonl", base, QUESTIONS, ["Paris", "water", "fox", "dog"], pick=2)
+    second = derive(base, tmp_path / "second", noise(8, 0.05))
+    models = [{"model": str(m), "probe": str(probe), "parameters": {"weight": 1.0}} for m in (folder, second)]
+    config = tmp_path / "config.yml"
+    config.write_text(yaml.safe_dump({"merge_method": "task_arithmetic", "base_model": str(base), "models": models}))
+    result = CliRunner().invoke(
+        main,
+        [
+            "precheck",
+            str(config),
+            "--out",
+            str(tmp_path / "out"),
+            "--quiet",
+            "--skip",
+            "representations",
+            "--skip",
+            "selectivity",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "precheck.json").read_text())
+    table = features(report["models"])
+    for model in (m for m in report["models"] if m["role"] == "expert"):
+        assert model["features"]["diluted_p_gold"] == model["dilution"]["diluted_mean_p_gold"] is not None
+        assert not any("taken as typical" in reason for reason in model["reasons"])
+        calibrated = Calibration.load(None).predict(table[model["path"]])[0]
+        if model["kept_share"] >= verdict.KEPT_CAP:
+            assert model["predicted_mergeability"] == pytest.approx(calibrated)
