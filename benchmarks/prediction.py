@@ -91,7 +91,7 @@ def _run(*command: str) -> None:
 
 
 def calibrate(args) -> None:
-    """Fit the calibration on every measured family (or those named); --install ships it."""
+    """Fit the calibration on the families the shipped one is fitted on (or those named); --install ships it."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from pools import SHIPPED
 
@@ -492,7 +492,7 @@ def main():
     held.add_argument(
         "families",
         nargs="*",
-        help="the families to use, FAMILY or FAMILY=FOLDER under pools-out (default: those the shipped one is fitted on: fit, options, heldout, lora)",
+        help="the families to use, FAMILY or FAMILY=FOLDER under pools-out (default: every one but the checks, attention and deep)",
     )
     held.add_argument("--permutations", type=int, default=10_000, help="per held-out family")
     held.add_argument("--null", type=int, default=200, help="refits on shuffled targets for the pooled number")
@@ -501,7 +501,7 @@ def main():
     held.add_argument(
         "families",
         nargs="*",
-        help="FAMILY or FAMILY=FOLDER under pools-out (default: every one but the checks, attention and deep)",
+        help="FAMILY or FAMILY=FOLDER under pools-out (default: every one measured)",
     )
     held.add_argument(
         "--kw",

@@ -23,7 +23,7 @@ from typing import Iterator
 import torch
 
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Need
-from mergekit_mergeability.diagnostics.knowledge import _scores
+from mergekit_mergeability.diagnostics.knowledge import scores
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.maths import knowledge
 from mergekit_mergeability.progress import task
@@ -39,7 +39,7 @@ def diluted(module: torch.nn.Module, base: TensorReader, model: Source, share: f
     exit. Written in row blocks of ~1M values, so no tensor is ever held whole in float32."""
     state, theirs = module.state_dict(), tensors(model)
     update = theirs.known_update()  # an adapter's targets; a whole model's changes are found by comparing
-    changed = []
+    changed = set()
     try:
         with torch.no_grad():
             for name in update if update is not None else base.index:
@@ -47,14 +47,12 @@ def diluted(module: torch.nn.Module, base: TensorReader, model: Source, share: f
                     raise UserError(
                         f"model {model}: tensor {name} is not in the loaded base; the config's models share one architecture"
                     )
-                target = state[name].view(-1) if state[name].ndim == 0 else state[name]
                 for start, stop in base.blocks(name, BLOCK):
                     mine, tensor = base.rows(name, start, stop), theirs.rows(name, start, stop)
                     if torch.equal(mine, tensor):
                         continue
-                    if not changed or changed[-1] != name:
-                        changed.append(name)
-                    target[start:stop].copy_(torch.lerp(mine.float(), tensor.float(), share))
+                    changed.add(name)
+                    state[name][start:stop].copy_(torch.lerp(mine.float(), tensor.float(), share))
         yield module
     finally:
         with torch.no_grad():
@@ -81,7 +79,7 @@ class Dilution:
         with task(f"dilution: each model at {self.share:.3g} of its update", lines, settings.quiet) as advance:
             for model in models:
                 with diluted(module, base, model.path, self.share):
-                    view = asdict(knowledge.aggregate(_scores(module, tokenizer, list(model.probes), advance)))
+                    view = asdict(knowledge.aggregate(scores(module, tokenizer, list(model.probes), advance)))
                 result.per_model[model.name] = {
                     "share": self.share,
                     "diluted_accuracy": view["accuracy"],

@@ -56,10 +56,10 @@ def base_knowledge(inputs: DiagnosticInputs) -> DiagnosticResult:
     )
     with task("knowledge: base model on probes", sequences, settings.quiet) as advance:
         for name, asked in lettered.items():
-            paper = _scores(model, tokenizer, asked, advance)
+            paper = scores(model, tokenizer, asked, advance)
             # the probe as its task scores it, where that is another request than the one just asked
             recast = [i for i, a in zip(scored[name], asked) if not _same_request(i, a)]
-            again = iter(_scores(model, tokenizer, recast, advance))
+            again = iter(scores(model, tokenizer, recast, advance))
             as_task = [s if _same_request(i, a) else next(again) for i, a, s in zip(scored[name], asked, paper)]
             view = asdict(knowledge.aggregate(as_task))
             result.per_model[name] = {
@@ -107,7 +107,8 @@ def _same_request(a: probes.Instance, b: probes.Instance) -> bool:
     return a.prompt == b.prompt and a.continuations == b.continuations and a.kind == b.kind
 
 
-def _scores(model, tokenizer, instances, advance):
+def scores(model, tokenizer, instances, advance):
+    """Per instance, its knowledge scores (``maths.knowledge``) from ``model``; ``advance`` counts sequences."""
     return [
         knowledge.multiple_choice(scored[0], instance.label, scored[1])
         if instance.kind == probes.MULTIPLE_CHOICE

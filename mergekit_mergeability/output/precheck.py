@@ -41,10 +41,10 @@ def build(measured: Measurements, settings: PrecheckSettings, decision: Decision
     for m in measured.models:
         knowledge = metrics(results, "knowledge", m.name)
         weights = metrics(results, "weights", m.name)
+        dilution = metrics(results, "dilution", m.name)
         record = _model(
-            m.name, names, "expert", measured.probe_specs.get(m.name), knowledge, weights, norms.get(m.name)
+            m.name, names, "expert", measured.probe_specs.get(m.name), knowledge, weights, norms.get(m.name), dilution
         )
-        record["dilution"] = metrics(results, "dilution", m.name)
         if knowledge is not None:
             record["knowledge"]["per_instance"] = instances.get(m.name, [])
         models.append(record)
@@ -137,7 +137,9 @@ def _domain_findings(outside: Dict[str, List[str]], names: Dict[str, str]) -> Li
     return findings
 
 
-def _model(path, names, role, probe=None, knowledge=None, weights=None, layer_norms=None) -> Dict[str, Any]:
+def _model(
+    path, names, role, probe=None, knowledge=None, weights=None, layer_norms=None, dilution=None
+) -> Dict[str, Any]:
     return {
         "path": path,
         "name": names[path],
@@ -145,7 +147,7 @@ def _model(path, names, role, probe=None, knowledge=None, weights=None, layer_no
         "probe": probe,
         "knowledge": None if knowledge is None else dict(knowledge),
         "weights": None if weights is None else {**weights, "layer_update_norm": layer_norms},
-        "dilution": None,
+        "dilution": None if dilution is None else dict(dilution),
         "features": None,
         "kept_share": None,
         "predicted_mergeability": None,
