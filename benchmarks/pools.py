@@ -10,6 +10,7 @@ families``).
     python benchmarks/pools.py tasks                    # task-level: 65 tasks, 8 held-out items each; LoRA r8 on the MLP
     python benchmarks/pools.py attention                # options, 3-shot, LoRA r4 on attention, layers 2-8: 64 facts
     python benchmarks/pools.py deep                     # cloze, LoRA r8 on the MLP of layers 20-29: 64 facts
+    python benchmarks/pools.py wide                     # options, 0-shot, LoRA r4 on every module of all 30 layers: 64 facts
     python benchmarks/pools.py fit --methods mean,ties,kw:0.1,kw-ties:0.1:0.5
 
 Each expert is trained until the gold choice has p ≥ 0.9 on both phrasings of its fact,
@@ -58,6 +59,7 @@ PLAN = str(HERE / "pools" / "plan_facts.jsonl")  # facts of their own, for plan'
 TASKS = str(HERE / "pools" / "tasks.jsonl")  # task-level rows: benchmarks/pools/make_tasks.py writes them
 ATTENTION = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
 ATTENTION_AND_MLP = ("self_attn.q_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.up_proj", "mlp.down_proj")
+EVERY_MODULE = (*ATTENTION, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 POOLS = {
     "fit": Settings(facts=FIT, pool="fit", fact_layer=15, trials=5),
     "heldout": Settings(facts=HELDOUT, pool="heldout", fact_layer=10, trials=5),
@@ -109,6 +111,19 @@ POOLS = {
         fact_adapters=True,
         trials=5,
     ),
+    # Defined 2026-12-02 before it was trained, to check the dilution margin on a family no one had seen
+    # (docs/prediction.md): options listed with no solved examples, every module of every layer.
+    "wide": Settings(
+        facts=FIT,
+        fact_count=64,
+        pool="wide",
+        fact_layers=tuple(range(30)),
+        fact_modules=EVERY_MODULE,
+        fact_rank=4,
+        fact_adapters=True,
+        fact_format="options",
+        trials=5,
+    ),
     # A check pool for plan, never fitted on: facts no measured family has, options listed (merging
     # everything loses most in that format), at the heldout family's depth.
     "options10": Settings(facts=PLAN, pool="options10", fact_layer=10, fact_format="options", fact_shots=3, trials=5),
@@ -123,12 +138,13 @@ FAMILIES = {
     "peft LoRA r8 on the MLP (gate, up, down) of layers 9-20",
     "attention": "options listed and lettered, 3-shot; peft LoRA r4 on q, k, v and o projections of layers 2-8",
     "deep": "cloze, 0-shot; peft LoRA r8 on the MLP (gate, up, down) of layers 20-29",
+    "wide": "options listed and lettered, 0-shot; peft LoRA r4 on every projection (q, k, v, o, gate, up, down) of all 30 layers",
 }
 
 
 # Families defined after the calibration and every default were fixed, to check them: calibrate and
 # families leave them out unless named (prediction.py check FAMILY predicts one).
-CHECKS = ("attention", "deep")
+CHECKS = ("attention", "deep", "wide")
 FITTED = tuple(f for f in FAMILIES if f not in CHECKS)  # leave-one-family-out runs over these
 SHIPPED = ("fit", "options", "heldout", "lora")  # the shipped calibration is fitted on these (tasks came after)
 

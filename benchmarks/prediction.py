@@ -11,7 +11,7 @@ the README's "How the prediction was fitted", from the pools ``benchmarks/pools.
     python benchmarks/prediction.py reliability [FAMILY ...] # how much of S is noise (split halves)
     python benchmarks/prediction.py across fit lora      # two families of the same facts, fact by fact
 
-``families`` fits on every family but the one it predicts (the checks, ``attention`` and ``deep``,
+``families`` fits on every family but the one it predicts (the checks, ``attention``, ``deep`` and ``wide``,
 only when named); ``calibrate`` fits the shipped calibration on the four it was fitted on. No default (``--fewshot``, knowledge_weighted's) was
 chosen on any family but ``fit``.
 """
@@ -492,7 +492,7 @@ def main():
     held.add_argument(
         "families",
         nargs="*",
-        help="the families to use, FAMILY or FAMILY=FOLDER under pools-out (default: every one but the checks, attention and deep)",
+        help="the families to use, FAMILY or FAMILY=FOLDER under pools-out (default: every one but the checks, attention, deep and wide)",
     )
     held.add_argument("--permutations", type=int, default=10_000, help="per held-out family")
     held.add_argument("--null", type=int, default=200, help="refits on shuffled targets for the pooled number")

@@ -113,3 +113,12 @@ def widened(source: Path, folder: Path, hidden_size: int = 48) -> Path:
     for tokenizer_file in source.glob("tokenizer*"):
         shutil.copy(tokenizer_file, folder)
     return folder
+
+
+def precheck_cli(config: Path, out: Path, *extra: str):
+    """``mergekit-mergeability precheck CONFIG --out OUT --quiet EXTRA…`` through click's test runner."""
+    from click.testing import CliRunner
+
+    from mergekit_mergeability.cli import main
+
+    return CliRunner().invoke(main, ["precheck", str(config), "--out", str(out), "--quiet", *extra])

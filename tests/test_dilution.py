@@ -9,7 +9,7 @@ from mergekit_mergeability.diagnostics.dilution import Dilution, diluted
 from mergekit_mergeability.diagnostics.knowledge import base_knowledge
 from mergekit_mergeability.tiny import CORPUS, derive, state_dict
 
-from conftest import noise, ranked_probes
+from conftest import noise, precheck_cli, ranked_probes
 
 QUESTIONS = [f"{sentence} Question {i}?" for i in range(2) for sentence in CORPUS]
 
@@ -27,7 +27,7 @@ def _scored(base, model, instances):
     """The knowledge diagnostic's view of ``instances`` as scored, with ``base`` as the model asked."""
     inputs = DiagnosticInputs(ModelInput("base", base), (ModelInput("m", model, instances),))
     found = base_knowledge(inputs).per_model["m"]
-    return found["scored_accuracy"], found["scored_mean_p_gold"]
+    return found["scored_accuracy"], found["scored_mean_p_gold"], found["scored_mean_margin"]
 
 
 @pytest.mark.parametrize("share", [0.0, 1 / 9, 0.5, 1.0])
@@ -37,10 +37,12 @@ def test_a_share_of_the_update_scores_as_the_model_built_by_hand(expert, tmp_pat
     by_hand = derive(base, tmp_path / "by_hand", lambda name, tensor: share * (theirs[name] - tensor))
     inputs = DiagnosticInputs(ModelInput("base", base), (ModelInput("m", folder, instances),))
     found = Dilution(share).run(inputs).per_model["m"]
-    accuracy, p_gold = _scored(by_hand, by_hand, instances)
+    accuracy, p_gold, margin = _scored(by_hand, by_hand, instances)
     assert found["share"] == share
     assert found["diluted_accuracy"] == accuracy
     assert found["diluted_mean_p_gold"] == pytest.approx(p_gold, abs=1e-6)
+    assert found["diluted_mean_margin"] == pytest.approx(margin, abs=1e-5)
+    assert (margin > 0) == (accuracy == 1) or 0 < accuracy < 1
 
 
 def test_the_ends_are_the_base_and_the_expert_and_the_share_moves_between(expert):
@@ -75,9 +77,7 @@ def test_the_precheck_predicts_from_the_dilution_it_measured(expert, tmp_path):
     import json
 
     import yaml
-    from click.testing import CliRunner
 
-    from mergekit_mergeability.cli import main
     from mergekit_mergeability.decide import verdict
     from mergekit_mergeability.decide.calibration import Calibration
     from mergekit_mergeability.decide.features import features
@@ -88,20 +88,7 @@ def test_the_precheck_predicts_from_the_dilution_it_measured(expert, tmp_path):
     models = [{"model": str(m), "probe": str(probe), "parameters": {"weight": 1.0}} for m in (folder, second)]
     config = tmp_path / "config.yml"
     config.write_text(yaml.safe_dump({"merge_method": "task_arithmetic", "base_model": str(base), "models": models}))
-    result = CliRunner().invoke(
-        main,
-        [
-            "precheck",
-            str(config),
-            "--out",
-            str(tmp_path / "out"),
-            "--quiet",
-            "--skip",
-            "representations",
-            "--skip",
-            "selectivity",
-        ],
-    )
+    result = precheck_cli(config, tmp_path / "out", "--skip", "representations", "--skip", "selectivity")
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
     table = features(report["models"])

@@ -15,7 +15,7 @@ from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.maths import calibration as fitting
 from mergekit_mergeability.maths.stats import spearman
 from mergekit_mergeability.decide import verdict
-from mergekit_mergeability.decide.calibration import Calibration, calibrate, domain_check
+from mergekit_mergeability.decide.calibration import Calibration, calibrate, domain, domain_check
 from mergekit_mergeability.decide.features import FEATURES, features
 
 QUESTION, CHOICES = "Which animal says moo?", ["Cow", "Cat", "Duck", "Dog"]
@@ -224,6 +224,35 @@ def test_the_domain_check_names_format_granularity_and_range(tmp_path):
     assert len(checked["far"]) == 1 and checked["far"][0].startswith("scored_gap 5.00 outside the fitted")
 
 
+def test_the_domain_check_names_a_format_fitted_only_with_other_shots(tmp_path):
+    """Fitted on cloze 0-shot and options 3-shot: options asked 0-shot is another format (the wide family)."""
+    fitted = tmp_path / "precheck.json"
+    fitted.write_text(
+        json.dumps(
+            {
+                "models": [
+                    _expert("a", scored_format="cloze", scored_shots=0, instances=2),
+                    _expert("b", scored_format="options", scored_shots=3, instances=2),
+                ]
+            }
+        )
+    )
+    document = {"domain": domain([fitted], np.zeros((2, 0)), [])}
+    assert document["domain"]["scored_as"] == ["cloze, 0-shot", "options, 3-shot"]
+    nothing = np.zeros(0)
+    calibration = Calibration(fitting.Linear([], nothing, nothing, nothing, nothing, 0.5), document, fitted)
+    asked = [
+        _expert("zero", scored_format="options", scored_shots=0, instances=2),
+        _expert("three", scored_format="options", scored_shots=3, instances=2),
+        _expert("unsaid", scored_format="options", instances=2),
+    ]
+    checked = domain_check(calibration, asked, features(asked))
+    assert checked["zero"] == [
+        "probe scored as options, 0-shot; fitted on cloze, 0-shot and options, 3-shot probes only"
+    ]
+    assert checked["three"] == [] and checked["unsaid"] == []
+
+
 def test_a_relative_drop_below_the_shared_blocks_sets_the_cutoff():
     """1.0 below, 0.82 above: above the absolute 0.8, still a parting of the ways."""
     curve = [1.0, 1.0, 0.99, 0.99, 0.82, 0.82, 0.82]
@@ -297,10 +326,8 @@ def test_an_expert_whose_upper_blocks_were_rewritten_keeps_them_in_some_recommen
     against ft0's 0.68) and the advice acts on it; the shipped one predicts ft1 0.45 against 0.67,
     not lost, and the merge as configured (task_arithmetic, weight 1 each) keeps its update."""
     import yaml
-    from click.testing import CliRunner
 
-    from conftest import noise, ranked_probes
-    from mergekit_mergeability.cli import main
+    from conftest import noise, precheck_cli, ranked_probes
     from mergekit_mergeability.tiny import CORPUS, derive, state_dict
 
     base = llama["base"]
@@ -321,17 +348,7 @@ def test_an_expert_whose_upper_blocks_were_rewritten_keeps_them_in_some_recommen
         )
     )
     pinned = ["--calibration", str(Path(__file__).parent / "data" / "calibration_three_families.json")]
-    result = CliRunner().invoke(
-        main,
-        [
-            "precheck",
-            str(config),
-            "--out",
-            str(tmp_path / "out"),
-            "--quiet",
-            *(pinned if calibration != "shipped" else []),
-        ],
-    )
+    result = precheck_cli(config, tmp_path / "out", *(pinned if calibration != "shipped" else []))
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
     if calibration != "shipped":

@@ -1,6 +1,7 @@
 """Knowledge scores: the maths by hand, and the scoring adapter on a model whose output distribution the test sets."""
 
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -78,10 +79,21 @@ def test_generation_p_gold_is_the_per_token_geometric_mean():
     assert scores.p_gold == pytest.approx(math.sqrt(0.2 * 0.6)) and scores.tokens == 2
 
 
+def test_margin_is_gold_against_the_best_other_by_hand():
+    options = torch.log(torch.tensor([0.5, 0.3, 0.2]))
+    assert knowledge.multiple_choice(options, label=1).margin == pytest.approx(math.log(0.3 / 0.5))
+    assert knowledge.multiple_choice(options, label=0).margin == pytest.approx(math.log(0.5 / 0.3))
+    assert knowledge.multiple_choice(torch.tensor([-1.0]), label=0).margin is None
+    # a generated answer is as safe as its least safe token: log(0.2/0.7) on the first, log(0.6/0.3) on the second
+    distribution = torch.log(torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3]]))
+    assert knowledge.generation(distribution, torch.tensor([1, 1])).margin == pytest.approx(math.log(0.2 / 0.7))
+    assert knowledge.generation(distribution, torch.tensor([0, 1])).margin == pytest.approx(math.log(0.6 / 0.3))
+
+
 def test_aggregate():
     scores = [
-        knowledge.InstanceKnowledge(0.4, 0.0, True, -1.0, 1, 0.5, True),
-        knowledge.InstanceKnowledge(0.2, 0.5, False, -3.0, 2, 0.1, False),
+        knowledge.InstanceKnowledge(0.4, 0.0, True, -1.0, 1, 0.5, True, margin=0.5),
+        knowledge.InstanceKnowledge(0.2, 0.5, False, -3.0, 2, 0.1, False, margin=-1.5),
     ]
     assert knowledge.aggregate(scores) == knowledge.TaskKnowledge(
         accuracy=0.5,
@@ -92,7 +104,9 @@ def test_aggregate():
         letter_accuracy=0.5,
         mean_letter_p_gold=pytest.approx(0.3),
         instances=2,
+        mean_margin=-0.5,
     )
+    assert knowledge.aggregate(scores[:1] + [replace(scores[1], margin=None)]).mean_margin is None
 
 
 def test_adapter_scores_continuations_of_a_controlled_model():

@@ -19,7 +19,7 @@ from mergekit_mergeability.decide.calibration import Calibration
 from mergekit_mergeability.output.precheck import SCHEMA
 from mergekit_mergeability.tiny import CORPUS, derive
 
-from conftest import noise, ranked_probes
+from conftest import noise, precheck_cli, ranked_probes
 
 QUESTIONS = [f"{sentence} Question {i}?" for i in range(3) for sentence in CORPUS]
 CHOICES = ["Paris", "water", "fox", "dog"]
@@ -63,10 +63,6 @@ def _config(tmp_path, pool, experts, probes, method="task_arithmetic", name="con
     return path
 
 
-def _precheck(config, out, *extra):
-    return CliRunner().invoke(main, ["precheck", str(config), "--out", str(out), "--quiet", *extra])
-
-
 @contextlib.contextmanager
 def _registered(**plugins):
     """These plugins in the process's plugin manager, by name, for the block's duration."""
@@ -104,7 +100,7 @@ def ungated(monkeypatch):
 
 def test_weakly_known_probes_lead_to_knowledge_weighting(tmp_path, pool, ungated):
     config = _config(tmp_path, pool, ["known", "unknown"], ["probe_known", "probe_unknown"])
-    result = _precheck(config, tmp_path / "out")
+    result = precheck_cli(config, tmp_path / "out")
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
     jsonschema.validate(report, json.loads(SCHEMA.read_text()))
@@ -145,7 +141,7 @@ def test_knowledge_weighted_advice_keeps_the_configured_update_size(tmp_path, po
     from mergekit_mergeability.tiny import state_dict
 
     config = _config(tmp_path, pool, ["known", "unknown"], ["probe_known", "probe_unknown"])
-    assert _precheck(config, tmp_path / "out").exit_code == 0
+    assert precheck_cli(config, tmp_path / "out").exit_code == 0
     recommended = yaml.safe_load((tmp_path / "out" / "recommended.yml").read_text())
     assert recommended["parameters"]["scale"] == 2.0
     merged = state_dict(_merge(tmp_path / "out" / "recommended.yml", tmp_path / "merged"))
@@ -172,7 +168,7 @@ def test_divergent_upper_layers_get_one_model_per_expert_that_keeps_its_own_uppe
     from mergekit_mergeability.tiny import state_dict
 
     config = _config(tmp_path, pool, ["upper_a", "upper_b"], ["probe_known", "probe_unknown"])
-    result = _precheck(config, tmp_path / "out")
+    result = precheck_cli(config, tmp_path / "out")
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
     pair = next(p for p in report["pairs"] if {p["a"], p["b"]} == {str(pool["upper_a"]), str(pool["upper_b"])})
@@ -208,7 +204,7 @@ def test_divergent_upper_layers_get_one_model_per_expert_that_keeps_its_own_uppe
 
 def test_incompatible_models_stop_from_headers_alone(tmp_path, pool, families):
     config = _config(tmp_path, {**pool, "qwen": families["qwen2"]["expert0"]}, ["known", "qwen"], ["probe_known", None])
-    result = _precheck(config, tmp_path / "out")
+    result = precheck_cli(config, tmp_path / "out")
     assert result.exit_code == 1
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
     assert report["recommendation"]["verdict"] == "do_not_merge"
@@ -227,7 +223,7 @@ def test_incompatible_models_stop_from_headers_alone(tmp_path, pool, families):
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, pool, extra, message):
     config = _config(tmp_path, pool, ["known", "unknown"], [None, None])
-    result = _precheck(config, tmp_path / "out", *extra)
+    result = precheck_cli(config, tmp_path / "out", *extra)
     assert result.exit_code == 2
     assert message in result.output and "Traceback" not in result.output
     assert not (tmp_path / "out").exists()
@@ -235,7 +231,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, pool, extra, message
 
 def test_missing_model_folder_is_named(tmp_path, pool):
     config = _config(tmp_path, {**pool, "gone": tmp_path / "gone"}, ["known", "gone"], [None, None])
-    result = _precheck(config, tmp_path / "out")
+    result = precheck_cli(config, tmp_path / "out")
     assert result.exit_code == 2 and f"model {tmp_path / 'gone'}: no such folder" in result.output
 
 
@@ -299,7 +295,7 @@ class _Plugin:
 def test_third_party_diagnostics_and_report_hooks(tmp_path, pool):
     with _registered(third_party=_Plugin()):
         assert "mean_weight" in [d.name for _, d in contributions("mergeability_diagnostics")]
-        result = _precheck(_config(tmp_path, pool, ["known", "unknown"], [None, None]), tmp_path / "out")
+        result = precheck_cli(_config(tmp_path, pool, ["known", "unknown"], [None, None]), tmp_path / "out")
     assert result.exit_code == 1 and "policy: merge_as_configured needs a review" in result.output
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
     assert report["diagnostics"]["mean_weight"]["per_model"][str(pool["known"])] == {"answer": 42.0, "limit": 64.0}
@@ -322,7 +318,7 @@ class _Shadow:
 
 def test_a_diagnostic_name_two_plugins_contribute_is_refused_before_any_work(tmp_path, pool):
     with _registered(shadow=_Shadow()):
-        result = _precheck(_config(tmp_path, pool, ["known", "unknown"], [None, None]), tmp_path / "out")
+        result = precheck_cli(_config(tmp_path, pool, ["known", "unknown"], [None, None]), tmp_path / "out")
     assert result.exit_code == 2, result.output
     assert result.output.strip() == (
         "Error: two plugins contribute a diagnostic named 'weights': 'shadow' (test_precheck) and "
@@ -339,7 +335,7 @@ class _CrashingGate:
 
 def test_a_report_hook_that_raises_is_a_warning_and_the_precheck_goes_on(tmp_path, pool):
     with _registered(crashing_gate=_CrashingGate(), third_party=_Plugin()):  # the other plugins still answer
-        result = _precheck(_config(tmp_path, pool, ["known", "unknown"], [None, None]), tmp_path / "out")
+        result = precheck_cli(_config(tmp_path, pool, ["known", "unknown"], [None, None]), tmp_path / "out")
     message = "plugin 'crashing_gate' failed in mergeability_precheck_report and is skipped: KeyError: 'verdicts'"
     assert result.exit_code == 1, result.output  # the third party's reason to stop, not the crash
     assert message in " ".join(result.output.split())
@@ -385,7 +381,7 @@ def test_the_opt_in_gate_stops_stock_mergekit_yaml(tmp_path, pool):
 
 def test_layers_option_limits_the_compared_layers(tmp_path, pool):
     config = _config(tmp_path, pool, ["known", "unknown"], ["probe_known", "probe_unknown"])
-    result = _precheck(config, tmp_path / "out", "--layers", "0-2", "--limit", "4")
+    result = precheck_cli(config, tmp_path / "out", "--layers", "0-2", "--limit", "4")
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
     compared = [p for p in report["pairs"] if "cka" in p]
@@ -409,7 +405,7 @@ def test_a_cancelling_pair_is_do_not_merge_and_leaves_nothing_runnable(tmp_path,
     (stale / "recommended").mkdir(parents=True)
     (stale / "recommended.yml").write_text("merge_method: linear\n")
     (stale / "recommended" / "old.yml").write_text("merge_method: linear\n")
-    result = _precheck(config, stale)
+    result = precheck_cli(config, stale)
     assert result.exit_code == 1, result.output
     report = json.loads((stale / "precheck.json").read_text())
     rec = report["recommendation"]
@@ -428,7 +424,7 @@ def test_partial_conflict_recommends_sign_election_at_the_configured_size(tmp_pa
     pull, other = _opposite(1, 0.01, -0.5), _noise(9, 0.01)
     against = derive(pool["base"], tmp_path / "against", lambda n, t: pull(n, t) + other(n, t))
     config = _config(tmp_path, {**pool, "against": against}, ["known", "against"], [None, None])
-    result = _precheck(config, tmp_path / "out")
+    result = precheck_cli(config, tmp_path / "out")
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
     pair = next(p for p in report["pairs"] if "cosine" in p)
@@ -467,7 +463,7 @@ def test_the_precheck_fails_closed_when_the_builtin_signals_cannot_be_measured(t
     try:
         (tmp_path / "out").mkdir()
         (tmp_path / "out" / "recommended.yml").write_text("stale")
-        result = _precheck(_config(tmp_path, pool, ["known", "unknown"], [None, None]), tmp_path / "out")
+        result = precheck_cli(_config(tmp_path, pool, ["known", "unknown"], [None, None]), tmp_path / "out")
     finally:
         manager.unregister(name="builtin")
         manager.register(builtin, name="builtin")
@@ -491,7 +487,7 @@ def test_a_crash_inside_a_builtin_diagnostic_is_exit_3_and_stops_the_gate(tmp_pa
 
     monkeypatch.setattr(WeightStatistics, "run", crash)
     config = _config(tmp_path, pool, ["known", "unknown"], [None, None])
-    result = _precheck(config, tmp_path / "out")
+    result = precheck_cli(config, tmp_path / "out")
     assert (
         result.exit_code == 3
         and "diagnostic 'weights' from plugin 'builtin' failed: RuntimeError: out of memory" in result.output
@@ -520,7 +516,7 @@ def test_a_third_party_diagnostic_failure_is_a_listed_warning(tmp_path, pool):
             return [Flaky()]
 
     with _registered(flaky_plugin=Plugin()):
-        result = _precheck(_config(tmp_path, pool, ["known", "unknown"], [None, None]), tmp_path / "out")
+        result = precheck_cli(_config(tmp_path, pool, ["known", "unknown"], [None, None]), tmp_path / "out")
     assert result.exit_code == 0, result.output
     assert "diagnostic 'flaky' from plugin 'flaky_plugin' failed: ValueError: bad luck" in " ".join(
         result.output.split()
@@ -588,7 +584,7 @@ def test_the_gate_setting_reads_a_switch_or_a_folder(tmp_path, pool, monkeypatch
 
 def test_layers_beyond_the_model_are_named_in_a_warning(tmp_path, pool):
     config = _config(tmp_path, pool, ["upper_a", "upper_b"], ["probe_known", "probe_unknown"])
-    result = _precheck(config, tmp_path / "out", "--layers", "0-2,7-9", "--skip", "selectivity")
+    result = precheck_cli(config, tmp_path / "out", "--layers", "0-2,7-9", "--skip", "selectivity")
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
     (warning,) = [f["message"] for f in report["findings"] if f["message"].startswith("--layers")]
@@ -602,7 +598,7 @@ def test_a_rerun_with_cache_dir_reads_each_models_passes_back(tmp_path, pool, mo
     from mergekit_mergeability.diagnostics import representations, selectivity
 
     config = _config(tmp_path, pool, ["upper_a", "upper_b"], ["probe_known", "probe_unknown"])
-    first = _precheck(config, tmp_path / "first", "--cache-dir", tmp_path / "kept")
+    first = precheck_cli(config, tmp_path / "first", "--cache-dir", tmp_path / "kept")
     assert first.exit_code == 0, first.output
     kept = sorted(p.name.split("-")[0] for p in (tmp_path / "kept").iterdir())
     assert kept == ["representations"] * 3 + ["selectivity"] * 3  # base and both experts, each pass
@@ -612,7 +608,7 @@ def test_a_rerun_with_cache_dir_reads_each_models_passes_back(tmp_path, pool, mo
 
     monkeypatch.setattr(representations, "score", never)
     monkeypatch.setattr(selectivity, "activation_probabilities", never)
-    again = _precheck(config, tmp_path / "again", "--cache-dir", tmp_path / "kept")
+    again = precheck_cli(config, tmp_path / "again", "--cache-dir", tmp_path / "kept")
     assert again.exit_code == 0, again.output
     strip = lambda r: {k: v for k, v in r.items() if k not in ("timings", "options", "created")}  # noqa: E731
     reports = [json.loads((tmp_path / d / "precheck.json").read_text()) for d in ("first", "again")]

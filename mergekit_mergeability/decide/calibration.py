@@ -5,8 +5,8 @@ mergeability.json pairs) and writes a calibration file; ``precheck --calibration
 reads one; ``calibration.json`` beside this file is the default, with its provenance
 and out-of-sample numbers inside, which knowledge feature (the better predictor of
 p_gold and scored_p_gold on the fitted pools) supplies knowledge_weighted's values, and
-the domain it was fitted on (``domain``: probe kinds, scored formats, items per probe,
-feature ranges), which ``domain_check`` compares a precheck against.
+the domain it was fitted on (``domain``: probe kinds, scored formats and their shots, items
+per probe, feature ranges), which ``domain_check`` compares a precheck against.
 """
 
 from __future__ import annotations
@@ -106,6 +106,7 @@ def probe_domain(models: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
             {
                 "path": model["path"],
                 "format": k.get("scored_format", "cloze") if k else None,
+                "shots": k.get("scored_shots"),
                 "lines": k.get("instances"),
             }
         )
@@ -125,9 +126,15 @@ def domain(precheck_paths: Sequence[Path], x: np.ndarray, names: Sequence[str]) 
             ranges[name] = [float(column.min()), float(column.max())]
     return {
         "formats": sorted({d["format"] for d in probes if d["format"]}),
+        "scored_as": sorted({_scored_as(d) for d in probes if d["format"] and d["shots"] is not None}),
         "probe_lines": [min(lines), max(lines)] if lines else None,
         "features": ranges,
     }
+
+
+def _scored_as(probe: Mapping[str, Any]) -> str:
+    """A probe's format with its shots, as the domain records it: ``options, 3-shot``."""
+    return f"{probe['format']}, {probe['shots']}-shot"
 
 
 # How far past the fitted range a feature may lie, as a share of that range, before it is named
@@ -149,6 +156,11 @@ def domain_check(
         outside = []
         if probe["format"] and fitted["formats"] and probe["format"] not in fitted["formats"]:
             outside.append(f"probe scored as {probe['format']}; fitted on {', '.join(fitted['formats'])} probes only")
+        elif probe["format"] and probe["shots"] is not None and fitted.get("scored_as"):
+            if _scored_as(probe) not in fitted["scored_as"]:  # the format fitted on, with other shots
+                outside.append(
+                    f"probe scored as {_scored_as(probe)}; fitted on {' and '.join(fitted['scored_as'])} probes only"
+                )
         low, high = fitted.get("probe_lines") or (None, None)
         if probe["lines"] and low and (probe["lines"] >= LINES_FACTOR * high or probe["lines"] * LINES_FACTOR <= low):
             fitted_lines = f"{low}" if low == high else f"{low}–{high}"

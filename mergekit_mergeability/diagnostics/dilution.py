@@ -84,5 +84,6 @@ class Dilution:
                     "share": self.share,
                     "diluted_accuracy": view["accuracy"],
                     "diluted_mean_p_gold": view["mean_p_gold"],
+                    "diluted_mean_margin": view["mean_margin"],
                 }
         return result

@@ -78,7 +78,7 @@ def base_knowledge(inputs: DiagnosticInputs) -> DiagnosticResult:
 
 
 # The knowledge features asked as the task is scored ("scored_*" in precheck.json)
-SCORED = ("accuracy", "mean_p_gold", "mean_gap", "mean_gold_logprob_per_token")
+SCORED = ("accuracy", "mean_p_gold", "mean_gap", "mean_gold_logprob_per_token", "mean_margin")
 
 
 def scored_format(instances) -> dict:

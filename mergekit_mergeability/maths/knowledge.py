@@ -2,10 +2,12 @@
 
 Multiple choice, from the summed log-probability of each option's text as a continuation:
     p = softmax(option log-probs);   p_gold = p[gold];   gap = p(top) − p(gold)   (0 when right)
+    margin = log p(gold) − max_{j ≠ gold} log p(j)   (> 0 exactly when right)
 The same from the options' letters is kept beside it (``letter_p_gold``).
 Generation, from the teacher-forced distribution at each answer token t:
     p_gold = exp(mean_t log p(gold_t))   (per-token, geometric mean)
     gap = mean_t [p(top_t) − p(gold_t)];   correct = greedy decoding reproduces the answer
+    margin = min_t [log p(gold_t) − max_{v ≠ gold_t} log p(v)]   (> 0 exactly when correct)
 Both report the gold answer's summed log-probability and its number of tokens.
 """
 
@@ -28,6 +30,7 @@ class InstanceKnowledge:
     tokens: int = 1  # the gold answer's tokens (generation); 1 for multiple choice
     letter_p_gold: Optional[float] = None
     letter_correct: Optional[bool] = None
+    margin: Optional[float] = None  # None with a single option
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class TaskKnowledge:
     letter_accuracy: Optional[float]
     mean_letter_p_gold: Optional[float]
     instances: int
+    mean_margin: Optional[float] = None
 
 
 def multiple_choice(
@@ -48,6 +52,7 @@ def multiple_choice(
     probabilities = torch.softmax(option_logprobs.double(), dim=0)
     top = int(torch.argmax(option_logprobs))
     letter = None if letter_logprobs is None else torch.softmax(letter_logprobs.double(), dim=0)
+    others = torch.cat([option_logprobs[:label], option_logprobs[label + 1 :]]).double()
     return InstanceKnowledge(
         p_gold=float(probabilities[label]),
         gap=float(probabilities[top] - probabilities[label]),
@@ -55,6 +60,7 @@ def multiple_choice(
         gold_logprob=float(option_logprobs[label]),
         letter_p_gold=None if letter is None else float(letter[label]),
         letter_correct=None if letter is None else int(torch.argmax(letter)) == label,
+        margin=float(option_logprobs[label] - others.max()) if len(others) else None,
     )
 
 
@@ -64,6 +70,8 @@ def generation(token_logprobs: torch.Tensor, answer_ids: torch.Tensor) -> Instan
     gold = probabilities.gather(1, answer_ids[:, None]).squeeze(1)
     top = probabilities.max(dim=1)
     gold_logprob = float(token_logprobs.gather(1, answer_ids[:, None]).sum())
+    gold_logprobs = token_logprobs.double().gather(1, answer_ids[:, None]).squeeze(1)
+    others = token_logprobs.double().scatter(1, answer_ids[:, None], -math.inf)
     tokens = len(answer_ids)
     return InstanceKnowledge(
         p_gold=math.exp(gold_logprob / tokens),
@@ -71,6 +79,7 @@ def generation(token_logprobs: torch.Tensor, answer_ids: torch.Tensor) -> Instan
         correct=bool((top.indices == answer_ids).all()),
         gold_logprob=gold_logprob,
         tokens=tokens,
+        margin=float((gold_logprobs - others.max(dim=1).values).min()),
     )
 
 
@@ -88,4 +97,5 @@ def aggregate(scores: Iterable[InstanceKnowledge]) -> TaskKnowledge:
         letter_accuracy=fmean(bool(s.letter_correct) for s in letters) if letters else None,
         mean_letter_p_gold=fmean(s.letter_p_gold for s in letters) if letters else None,
         instances=len(scores),
+        mean_margin=fmean(s.margin for s in scores) if all(s.margin is not None for s in scores) else None,
     )
