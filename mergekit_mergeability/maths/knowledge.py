@@ -52,7 +52,6 @@ def multiple_choice(
     probabilities = torch.softmax(option_logprobs.double(), dim=0)
     top = int(torch.argmax(option_logprobs))
     letter = None if letter_logprobs is None else torch.softmax(letter_logprobs.double(), dim=0)
-    others = torch.cat([option_logprobs[:label], option_logprobs[label + 1 :]]).double()
     return InstanceKnowledge(
         p_gold=float(probabilities[label]),
         gap=float(probabilities[top] - probabilities[label]),
@@ -60,7 +59,7 @@ def multiple_choice(
         gold_logprob=float(option_logprobs[label]),
         letter_p_gold=None if letter is None else float(letter[label]),
         letter_correct=None if letter is None else int(torch.argmax(letter)) == label,
-        margin=float(option_logprobs[label] - others.max()) if len(others) else None,
+        margin=float(_margins(option_logprobs, torch.tensor(label))) if len(option_logprobs) > 1 else None,
     )
 
 
@@ -70,8 +69,6 @@ def generation(token_logprobs: torch.Tensor, answer_ids: torch.Tensor) -> Instan
     gold = probabilities.gather(1, answer_ids[:, None]).squeeze(1)
     top = probabilities.max(dim=1)
     gold_logprob = float(token_logprobs.gather(1, answer_ids[:, None]).sum())
-    gold_logprobs = token_logprobs.double().gather(1, answer_ids[:, None]).squeeze(1)
-    others = token_logprobs.double().scatter(1, answer_ids[:, None], -math.inf)
     tokens = len(answer_ids)
     return InstanceKnowledge(
         p_gold=math.exp(gold_logprob / tokens),
@@ -79,8 +76,14 @@ def generation(token_logprobs: torch.Tensor, answer_ids: torch.Tensor) -> Instan
         correct=bool((top.indices == answer_ids).all()),
         gold_logprob=gold_logprob,
         tokens=tokens,
-        margin=float((gold_logprobs - others.max(dim=1).values).min()),
+        margin=float(_margins(token_logprobs, answer_ids).min()),
     )
+
+
+def _margins(logprobs: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
+    """log p(gold) − the largest other log p, along the last dimension (``gold``: its index, per row)."""
+    logprobs, gold = logprobs.double(), gold[..., None]
+    return (logprobs.gather(-1, gold) - logprobs.scatter(-1, gold, -math.inf).amax(-1, keepdim=True)).squeeze(-1)
 
 
 def aggregate(scores: Iterable[InstanceKnowledge]) -> TaskKnowledge:
