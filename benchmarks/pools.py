@@ -11,6 +11,7 @@ families``).
     python benchmarks/pools.py attention                # options, 3-shot, LoRA r4 on attention, layers 2-8: 64 facts
     python benchmarks/pools.py deep                     # cloze, LoRA r8 on the MLP of layers 20-29: 64 facts
     python benchmarks/pools.py wide                     # options, 0-shot, LoRA r4 on every module of all 30 layers: 64 facts
+    python benchmarks/pools.py middle                   # cloze, LoRA r16 on every module of layers 12-17: 64 facts
     python benchmarks/pools.py fit --methods mean,ties,kw:0.1,kw-ties:0.1:0.5
 
 Each expert is trained until the gold choice has p ≥ 0.9 on both phrasings of its fact,
@@ -124,6 +125,18 @@ POOLS = {
         fact_format="options",
         trials=5,
     ),
+    # Defined 2026-12-02 before it was trained, to decide the calibration fitted within families
+    # (docs/prediction.md): cloze facts, rank-16 LoRA on every module of six middle layers.
+    "middle": Settings(
+        facts=HELDOUT,
+        fact_count=64,
+        pool="middle",
+        fact_layers=tuple(range(12, 18)),
+        fact_modules=EVERY_MODULE,
+        fact_rank=16,
+        fact_adapters=True,
+        trials=5,
+    ),
     # A check pool for plan, never fitted on: facts no measured family has, options listed (merging
     # everything loses most in that format), at the heldout family's depth.
     "options10": Settings(facts=PLAN, pool="options10", fact_layer=10, fact_format="options", fact_shots=3, trials=5),
@@ -139,12 +152,13 @@ FAMILIES = {
     "attention": "options listed and lettered, 3-shot; peft LoRA r4 on q, k, v and o projections of layers 2-8",
     "deep": "cloze, 0-shot; peft LoRA r8 on the MLP (gate, up, down) of layers 20-29",
     "wide": "options listed and lettered, 0-shot; peft LoRA r4 on every projection (q, k, v, o, gate, up, down) of all 30 layers",
+    "middle": "cloze, 0-shot; peft LoRA r16 on every projection (q, k, v, o, gate, up, down) of layers 12-17",
 }
 
 
 # Families defined after the calibration and every default were fixed, to check them: calibrate and
 # families leave them out unless named (prediction.py check FAMILY predicts one).
-CHECKS = ("attention", "deep", "wide")
+CHECKS = ("attention", "deep", "wide", "middle")
 FITTED = tuple(f for f in FAMILIES if f not in CHECKS)  # leave-one-family-out runs over these
 SHIPPED = ("fit", "options", "heldout", "lora")  # the shipped calibration is fitted on these (tasks came after)
 
