@@ -11,7 +11,7 @@ the README's "How the prediction was fitted", from the pools ``benchmarks/pools.
     python benchmarks/prediction.py reliability [FAMILY ...] # how much of S is noise (split halves)
     python benchmarks/prediction.py across fit lora      # two families of the same facts, fact by fact
 
-``families`` fits on every family but the one it predicts (the checks, ``attention``, ``deep`` and ``wide``,
+``families`` fits on every family but the one it predicts (the checks, ``attention``, ``deep``, ``wide`` and ``middle``,
 only when named); ``calibrate`` fits the shipped calibration on the four it was fitted on. No default (``--fewshot``, knowledge_weighted's) was
 chosen on any family but ``fit``.
 """
@@ -103,7 +103,7 @@ def calibrate(args) -> None:
         )
         if precheck.is_file() and measured.is_file():
             pairs += [str(precheck), str(measured)]
-    target = OUT / "calibration.json"
+    target = args.output or OUT / "calibration.json"
     _run(
         sys.executable,
         "-m",
@@ -114,6 +114,7 @@ def calibrate(args) -> None:
         str(target),
         "--permutations",
         str(args.permutations),
+        "--within-pools" if args.within else "--pooled",
     )
     if args.install:
         shutil.copyfile(target, PACKAGED)
@@ -208,14 +209,14 @@ def families(args) -> None:
     x_all = np.vstack([x for x, _ in pools.values()])
     y_all = np.concatenate([y for _, y in pools.values()])
     groups = [f for f, (_, y) in pools.items() for _ in y]
-    predicted_all = fitting.held_out_predictions(x_all, y_all, groups, names, directions, by_group=True)
+    predicted_all = fitting.held_out_predictions(x_all, y_all, groups, names, directions, True, args.within)
     for family, (x, y) in pools.items():
         inside = np.array(groups) == family
         report["families"][family] = scored = _scored(predicted_all[inside], x, y, args.permutations)
         scored["description"] = described[family]
         rows.append((family, scored))
     pooled = fitting.within_pools(predicted_all, y_all, groups)
-    null = fitting.permutation_null(x_all, y_all, groups, names, directions, args.null, seed=0, by_group=True)
+    null = fitting.permutation_null(x_all, y_all, groups, names, directions, args.null, 0, True, args.within)
     report["pooled"] = {
         "spearman": pooled,
         "n": len(y_all),
@@ -487,15 +488,18 @@ def main():
     )
     fit.add_argument("--install", action="store_true", help="copy the fit into the package as its default calibration")
     fit.add_argument("--permutations", type=int, default=500)
+    fit.add_argument("--within", action="store_true", help="fit the weights within families (pool fixed effects)")
+    fit.add_argument("--output", type=Path, help="where to write it (default: pools-out/calibration.json)")
     fit.set_defaults(run=calibrate)
     held = commands.add_parser("families")
     held.add_argument(
         "families",
         nargs="*",
-        help="the families to use, FAMILY or FAMILY=FOLDER under pools-out (default: every one but the checks, attention, deep and wide)",
+        help="the families to use, FAMILY or FAMILY=FOLDER under pools-out (default: every one but the checks, attention, deep, wide and middle)",
     )
     held.add_argument("--permutations", type=int, default=10_000, help="per held-out family")
     held.add_argument("--null", type=int, default=200, help="refits on shuffled targets for the pooled number")
+    held.add_argument("--within", action="store_true", help="fit the weights within families (pool fixed effects)")
     held.set_defaults(run=families)
     held = commands.add_parser("aims")
     held.add_argument(

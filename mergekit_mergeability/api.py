@@ -205,6 +205,7 @@ def calibrate(
     target: str = "mergeability",
     permutations: int = 500,
     alpha: float = 0.05,
+    within: bool = False,
     out: Optional[PathLike] = None,
 ) -> Calibration:
     """Fit the precheck's prediction on measured pools: ``pairs`` of (precheck.json, mergeability.json).
@@ -214,14 +215,16 @@ def calibrate(
     with two pools or more), each against a permutation null of the whole fit. ``target``:
     mergeability (the raw own-task score after merging) or normalised (the share of the gain
     kept). A fit that loses to its best single feature, or whose p-value is not below ``alpha``,
-    is refused: ``result.refusals`` says why, and nothing is written. Otherwise, with ``out``,
+    is refused: ``result.refusals`` says why, and nothing is written. ``within``: the weights are
+    fitted within pools (each pool's features and scores centred on its own mean), so pools of
+    different kinds and levels teach only how models rank inside a pool. Otherwise, with ``out``,
     the calibration file is written there (``precheck(settings=PrecheckSettings(calibration=...))``
     reads it).
     """
     from mergekit_mergeability.decide.calibration import calibrate as fit, write
 
     pairs = [(Path(a), Path(b)) for a, b in pairs]
-    report = fit(pairs, target, permutations)
+    report = fit(pairs, target, permutations, within=within)
     refusals = [
         f"{how}: p = {r['p_permutation']:.3f} is not below --alpha {alpha}"
         for how, r in report["out_of_sample"].items()

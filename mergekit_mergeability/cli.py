@@ -773,8 +773,16 @@ def validate(precheck_json: Path, mergeability_json: Path, target, permutations,
     show_default=True,
     help="Refuse a fit whose held-out Spearman has a permutation p-value at or above this.",
 )
+@click.option(
+    "--within-pools/--pooled",
+    "within",
+    default=api_default("calibrate", "within"),
+    show_default=True,
+    help="Fit the weights on each pool's models against that pool's own mean (pools of different kinds "
+    "and levels then teach only how models rank inside a pool), or on all models at once.",
+)
 @user_errors
-def calibrate(measured, out: Path, target, permutations, alpha):
+def calibrate(measured, out: Path, target, permutations, alpha, within):
     """Fit the precheck's prediction on measured pools: PRECHECK_JSON MERGEABILITY_JSON [more pairs].
 
     \b
@@ -795,7 +803,12 @@ def calibrate(measured, out: Path, target, permutations, alpha):
     if len(measured) % 2:
         raise UserError(f"calibrate takes pairs of files (precheck.json mergeability.json); got {len(measured)} files")
     result = api.calibrate(
-        list(zip(measured[::2], measured[1::2])), target=target, permutations=permutations, alpha=alpha, out=out
+        list(zip(measured[::2], measured[1::2])),
+        target=target,
+        permutations=permutations,
+        alpha=alpha,
+        within=within,
+        out=out,
     )
     print_calibration(result)
     if result.refusals:

@@ -54,6 +54,24 @@ def test_a_feature_against_its_prior_direction_gets_no_weight():
     assert ranked[0] > ranked[1]  # monotone: a smaller "size" never predicts less
 
 
+def test_fitted_within_pools_no_weight_goes_to_what_only_sets_a_pools_level():
+    """Two pools at different levels: feature 2 is constant inside each pool and differs between
+    them exactly as their levels do; feature 0 ranks the models inside each pool. Pooled, the fit
+    spends weight on feature 2; within pools, none (the known answer), and only feature 0 ranks."""
+    rng = np.random.default_rng(3)
+    ranks = rng.normal(size=60)
+    level = np.repeat([0.0, 1.0], 30)
+    x = np.column_stack([ranks, rng.normal(size=60), level])
+    y = 0.1 * ranks + 0.5 * level
+    groups = ["a"] * 30 + ["b"] * 30
+    assert fit(x, y, NAMES, [+1, -1, +1]).weights[2] > 0.1
+    within = fit(x, y, NAMES, [+1, -1, +1], groups=groups)
+    assert within.weights[2] == 0
+    assert within.weights[0] > 0.05 > within.weights[1]
+    # the prediction's level still follows the features: the fitted pools' mean at their mean
+    assert within.predict(x.mean(axis=0, keepdims=True))[0] == pytest.approx(y.mean())
+
+
 def test_missing_features_count_as_typical():
     x, y, _ = _planted()
     model = fit(x, y, NAMES, DIRECTIONS)
@@ -99,6 +117,24 @@ def test_calibrate_writes_a_fit_that_precheck_can_load(tmp_path):
         calibration.predict({"scored_p_gold": -2.0, "relative_norm": 1.0}),
     )
     assert knows[0] > doubts[0] and "↑ p(gold) as the task asks" in knows[1][0]
+
+
+def test_calibrate_within_pools_gives_no_weight_to_what_sets_a_pools_level(tmp_path):
+    """Pool b keeps 0.5 more than pool a, and its pool cosine is higher by 1: fitted on both
+    pools at once the cosine earns weight for the level; fitted within pools it earns none."""
+    x, y, _ = _planted(n=40)
+    level = np.repeat([0.0, 1.0], 20)
+    x[:, 2] = level + 0.01 * np.random.default_rng(5).normal(size=40)
+    y = y + 0.5 * level
+    files = _pool_files(tmp_path, x[:20], y[:20], "a") + _pool_files(tmp_path, x[20:], y[20:], "b")
+    cosine = {}
+    for how in ("--pooled", "--within-pools"):
+        out = tmp_path / f"{how}.json"
+        result = CliRunner().invoke(main, ["calibrate", *files, how, "--out", str(out), "--permutations", "50"])
+        assert result.exit_code == 0, result.output
+        document = Calibration.load(out).document
+        cosine[document["fitted"]] = {f["name"]: f["weight"] for f in document["model"]["features"]}["pool_cosine"]
+    assert cosine["pooled"] > 0.1 and cosine["within pools"] < 0.01
 
 
 def test_calibrate_refuses_noise_and_writes_nothing(tmp_path):

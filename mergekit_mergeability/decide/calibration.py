@@ -179,10 +179,15 @@ def domain_check(
 
 
 def calibrate(
-    pairs: Sequence[Tuple[Path, Path]], target: str = "mergeability", permutations: int = 500, seed: int = 0
+    pairs: Sequence[Tuple[Path, Path]],
+    target: str = "mergeability",
+    permutations: int = 500,
+    seed: int = 0,
+    within: bool = False,
 ) -> Dict[str, Any]:
     """Fit on every pool, and judge the fit out of sample (leave one model out, leave one
-    pool out) against each feature alone and a permutation null of the whole procedure."""
+    pool out) against each feature alone and a permutation null of the whole procedure;
+    ``within``: the weights fitted within pools (``maths.calibration.fit``)."""
     names, directions = list(CALIBRATED), list(CALIBRATED.values())
     pools, rows, targets, groups, methods = [], [], [], [], set()
     for index, (precheck_path, mergeability_path) in enumerate(pairs):
@@ -207,17 +212,18 @@ def calibrate(
     singles = fitting.single_features(x, y, groups, names, directions)
     held_out = {
         "leave_one_model_out": _out_of_sample(
-            x, y, groups, names, directions, singles, permutations, seed, by_group=False
+            x, y, groups, names, directions, singles, permutations, seed, by_group=False, within=within
         )
     }
     if len(pairs) > 1:
         held_out["leave_one_pool_out"] = _out_of_sample(
-            x, y, groups, names, directions, singles, permutations, seed, by_group=True
+            x, y, groups, names, directions, singles, permutations, seed, by_group=True, within=within
         )
-    model = fitting.fit(x, y, names, directions)
+    model = fitting.fit(x, y, names, directions, groups=groups if within else None)
     knowing = {f: singles[f] for f in KNOWLEDGE_VALUES if f in singles}
     return {
         "target": target,
+        "fitted": "within pools" if within else "pooled",
         "knowledge_feature": max(knowing, key=knowing.get) if knowing else "scored_p_gold",
         "method": sorted(m for m, _ in methods if m),
         "partners": sorted(p for _, p in methods if p),
@@ -231,10 +237,12 @@ def calibrate(
     }
 
 
-def _out_of_sample(x, y, groups, names, directions, singles, permutations, seed, by_group: bool) -> Dict[str, Any]:
-    predicted = fitting.held_out_predictions(x, y, groups, names, directions, by_group=by_group)
+def _out_of_sample(
+    x, y, groups, names, directions, singles, permutations, seed, by_group: bool, within: bool
+) -> Dict[str, Any]:
+    predicted = fitting.held_out_predictions(x, y, groups, names, directions, by_group, within)
     observed = fitting.within_pools(predicted, y, groups)
-    null = fitting.permutation_null(x, y, groups, names, directions, permutations, seed, by_group=by_group)
+    null = fitting.permutation_null(x, y, groups, names, directions, permutations, seed, by_group, within)
     best = fitting.best(singles)
     interval = correlate(predicted, y, permutations=100, seed=seed).interval if len(set(groups)) == 1 else None
     return {

@@ -9,7 +9,8 @@ mean and standard deviation, and the prediction is
 fitted by non-negative least squares with a ridge penalty α·n·‖w‖². The constraint
 w ≥ 0 makes ŷ monotone in every feature in its prior direction, and drops a feature
 whose effect in the data runs against it (w_f = 0) instead of fitting noise. A missing
-feature counts as the training mean (z = 0).
+feature counts as the training mean (z = 0). Fitted ``within`` pools, features and target
+are centred on their pool's mean first, so that no weight goes to a pool's level alone.
 
 Out-of-sample quality is what counts: leave one model out, leave one pool out, and a
 permutation null of the whole procedure (targets shuffled within pools, refitted), so
@@ -19,6 +20,7 @@ r ≈ 0.5 on noise with ~200 pairs).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence
 
@@ -65,18 +67,40 @@ class Linear:
         )
 
 
-def fit(x: np.ndarray, y: np.ndarray, names: Sequence[str], directions: Sequence[int], ridge: float = RIDGE) -> Linear:
+def fit(
+    x: np.ndarray,
+    y: np.ndarray,
+    names: Sequence[str],
+    directions: Sequence[int],
+    ridge: float = RIDGE,
+    groups: Optional[Sequence[str]] = None,
+) -> Linear:
+    """The weights by NNLS with a ridge penalty. With ``groups`` (each row's pool) they are fitted
+    within pools: features and target centred on their pool's mean (pool fixed effects), so no
+    weight is spent on why one pool's level differs from another's; the prediction is still
+    ȳ + Σ w·d·(x − mean)/std with the fitted pools' means, so a new pool's level follows its features."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     means = np.nanmean(x, axis=0)
-    stds = np.nanstd(x, axis=0)
+    varying, target = (x, y - y.mean()) if groups is None else (_centred(x, groups), _centred(y, groups))
+    stds = np.nanstd(varying, axis=0)
     stds[~(stds > 0)] = np.inf  # a constant feature standardises to 0 and gets no weight
     d = np.asarray(directions, dtype=float)
-    z = _standardise(x, means, stds) * d
+    z = _standardise(varying, np.nanmean(varying, axis=0), stds) * d
     n, k = z.shape
     design = np.vstack([z, np.sqrt(ridge * n) * np.eye(k)])
-    target = np.concatenate([y - y.mean(), np.zeros(k)])
-    weights, _ = nnls(design, target)
+    weights, _ = nnls(design, np.concatenate([target, np.zeros(k)]))
     return Linear(list(names), d, means, stds, weights, float(y.mean()))
+
+
+def _centred(values: np.ndarray, groups: Sequence[str]) -> np.ndarray:
+    """Each row minus its group's mean (NaN-aware, column by column)."""
+    values, groups = np.array(values, dtype=float), np.asarray(groups)
+    for g in dict.fromkeys(groups):
+        inside = groups == g
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a feature no model of the pool has
+            values[inside] -= np.nanmean(values[inside], axis=0)
+    return values
 
 
 def _standardise(x: np.ndarray, means: np.ndarray, stds: np.ndarray) -> np.ndarray:
@@ -85,17 +109,23 @@ def _standardise(x: np.ndarray, means: np.ndarray, stds: np.ndarray) -> np.ndarr
 
 
 def held_out_predictions(
-    x: np.ndarray, y: np.ndarray, groups: Sequence[str], names, directions, by_group: bool = False
+    x: np.ndarray,
+    y: np.ndarray,
+    groups: Sequence[str],
+    names,
+    directions,
+    by_group: bool = False,
+    within: bool = False,
 ) -> np.ndarray:
     """Each model predicted by a fit that never saw it: leave one model out, or
-    (``by_group``) leave its whole pool out."""
+    (``by_group``) leave its whole pool out; ``within``: each fit within pools (``fit``)."""
     x, y, groups = np.asarray(x, dtype=float), np.asarray(y, dtype=float), np.asarray(groups)
     predictions = np.empty(len(y))
     folds = (
         [groups == g for g in dict.fromkeys(groups)] if by_group else [np.arange(len(y)) == i for i in range(len(y))]
     )
     for held in folds:
-        model = fit(x[~held], y[~held], names, directions)
+        model = fit(x[~held], y[~held], names, directions, groups=groups[~held] if within else None)
         predictions[held] = model.predict(x[held])
     return predictions
 
@@ -121,6 +151,7 @@ def permutation_null(
     permutations: int = 200,
     seed: int = 0,
     by_group: bool = False,
+    within: bool = False,
 ) -> np.ndarray:
     """Held-out Spearman of the whole fitting procedure on targets shuffled within pools."""
     rng = np.random.default_rng(seed)
@@ -131,7 +162,9 @@ def permutation_null(
         for g in dict.fromkeys(groups):
             inside = np.flatnonzero(groups == g)
             shuffled[inside] = y[rng.permutation(inside)]
-        null[p] = within_pools(held_out_predictions(x, shuffled, groups, names, directions, by_group), shuffled, groups)
+        null[p] = within_pools(
+            held_out_predictions(x, shuffled, groups, names, directions, by_group, within), shuffled, groups
+        )
     return null
 
 
