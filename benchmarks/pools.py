@@ -12,6 +12,7 @@ families``).
     python benchmarks/pools.py deep                     # cloze, LoRA r8 on the MLP of layers 20-29: 64 facts
     python benchmarks/pools.py wide                     # options, 0-shot, LoRA r4 on every module of all 30 layers: 64 facts
     python benchmarks/pools.py middle                   # cloze, LoRA r16 on every module of layers 12-17: 64 facts
+    python benchmarks/pools.py low                      # cloze, LoRA r8 on the MLP of layers 0-9: 64 facts
     python benchmarks/pools.py fit --methods mean,ties,kw:0.1,kw-ties:0.1:0.5
 
 Each expert is trained until the gold choice has p ≥ 0.9 on both phrasings of its fact,
@@ -137,6 +138,18 @@ POOLS = {
         fact_adapters=True,
         trials=5,
     ),
+    # Defined 2026-12-02 before it was trained, to decide the partnered dilution (docs/prediction.md):
+    # cloze facts, LoRA on the MLP of the lowest layers, where no fitted family updates.
+    "low": Settings(
+        facts=FIT,
+        fact_count=64,
+        pool="low",
+        fact_layers=tuple(range(10)),
+        fact_modules=("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"),
+        fact_rank=8,
+        fact_adapters=True,
+        trials=5,
+    ),
     # A check pool for plan, never fitted on: facts no measured family has, options listed (merging
     # everything loses most in that format), at the heldout family's depth.
     "options10": Settings(facts=PLAN, pool="options10", fact_layer=10, fact_format="options", fact_shots=3, trials=5),
@@ -153,12 +166,13 @@ FAMILIES = {
     "deep": "cloze, 0-shot; peft LoRA r8 on the MLP (gate, up, down) of layers 20-29",
     "wide": "options listed and lettered, 0-shot; peft LoRA r4 on every projection (q, k, v, o, gate, up, down) of all 30 layers",
     "middle": "cloze, 0-shot; peft LoRA r16 on every projection (q, k, v, o, gate, up, down) of layers 12-17",
+    "low": "cloze, 0-shot; peft LoRA r8 on the MLP (gate, up, down) of layers 0-9",
 }
 
 
 # Families defined after the calibration and every default were fixed, to check them: calibrate and
 # families leave them out unless named (prediction.py check FAMILY predicts one).
-CHECKS = ("attention", "deep", "wide", "middle")
+CHECKS = ("attention", "deep", "wide", "middle", "low")
 FITTED = tuple(f for f in FAMILIES if f not in CHECKS)  # leave-one-family-out runs over these
 SHIPPED = ("fit", "options", "heldout", "lora")  # the shipped calibration is fitted on these (tasks came after)
 
