@@ -10,6 +10,7 @@ the README's "How the prediction was fitted", from the pools ``benchmarks/pools.
     python benchmarks/prediction.py aims [FAMILY ...]    # knowledge_weighted's three aims, per family
     python benchmarks/prediction.py reliability [FAMILY ...] # how much of S is noise (split halves)
     python benchmarks/prediction.py across fit lora      # two families of the same facts, fact by fact
+    python benchmarks/prediction.py refresh lora         # one diagnostic run again into a family's precheck.json
 
 ``families`` fits on every family but the one it predicts (the checks, ``attention``, ``deep``, ``wide`` and ``middle``,
 only when named); ``calibrate`` fits the shipped calibration on the four it was fitted on. No default (``--fewshot``, knowledge_weighted's) was
@@ -104,6 +105,16 @@ def calibrate(args) -> None:
         if precheck.is_file() and measured.is_file():
             pairs += [str(precheck), str(measured)]
     target = args.output or OUT / "calibration.json"
+    if args.also:  # features the package measures but does not fit: fitted here, to test them
+        from mergekit_mergeability.decide.calibration import calibrate as fit, write
+
+        found = fit(
+            list(zip(pairs[::2], pairs[1::2])), permutations=args.permutations, within=args.within, also=args.also
+        )
+        write(found, target, pairs)
+        weights = {f["name"]: round(f["weight"], 3) for f in found["model"]["features"]}
+        console.print(f"wrote {target}: weights {weights}")
+        return
     _run(
         sys.executable,
         "-m",
@@ -189,7 +200,10 @@ def families(args) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from pools import FAMILIES, FITTED
 
-    names, directions = list(FEATURES), list(FEATURES.values())
+    from mergekit_mergeability.decide.features import FEATURES as EVERY
+
+    chosen = {**FEATURES, **{name: EVERY[name] for name in args.also}}
+    names, directions = list(chosen), list(chosen.values())
     pools, described = {}, {}
     for family, folder in _families(args.families or FITTED):
         described[family] = FAMILIES.get(family, family)
@@ -198,7 +212,7 @@ def families(args) -> None:
             OUT / folder / "mergeability" / "mean" / "mergeability.json",
         )
         if precheck.is_file() and measured.is_file():
-            pools[family] = measured_pool(precheck, measured)[1:3]
+            pools[family] = measured_pool(precheck, measured, names=names)[1:3]
         else:
             console.print(
                 f"[yellow]{family}: not measured yet ({measured}); run `python benchmarks/pools.py {family} --precheck`[/yellow]"
@@ -212,7 +226,7 @@ def families(args) -> None:
     predicted_all = fitting.held_out_predictions(x_all, y_all, groups, names, directions, True, args.within)
     for family, (x, y) in pools.items():
         inside = np.array(groups) == family
-        report["families"][family] = scored = _scored(predicted_all[inside], x, y, args.permutations)
+        report["families"][family] = scored = _scored(predicted_all[inside], x, y, args.permutations, names)
         scored["description"] = described[family]
         rows.append((family, scored))
     pooled = fitting.within_pools(predicted_all, y_all, groups)
@@ -235,16 +249,18 @@ def families(args) -> None:
     console.print(f"wrote {out}")
 
 
-def _scored(predicted, x, y, permutations: int) -> dict:
+def _scored(predicted, x, y, permutations: int, names=None) -> dict:
     """A prediction of one family against measured S: its Spearman (bootstrap 95% interval,
-    permutation p), the best single input there, and the paired bootstrap interval of the difference."""
+    permutation p), the best single input there (of ``names``, x's columns: by default the
+    calibrated features), and the paired bootstrap interval of the difference."""
     import numpy as np
 
-    from mergekit_mergeability.decide.features import CALIBRATED as FEATURES
+    from mergekit_mergeability.decide.features import CALIBRATED, FEATURES
     from mergekit_mergeability.maths import calibration as fitting
     from mergekit_mergeability.maths.stats import correlate, difference
 
-    names, directions = list(FEATURES), list(FEATURES.values())
+    names = list(names or CALIBRATED)
+    directions = [FEATURES[n] for n in names]
     predicted = np.clip(predicted, 0, 1)
     result = correlate(predicted, y, permutations=permutations, seed=0)
     singles = fitting.single_features(x, y, ["pool"] * len(y), names, directions)
@@ -282,11 +298,48 @@ def _table(rows, title: str) -> Table:
     return table
 
 
+def refresh(args) -> None:
+    """Run one diagnostic again over a measured family (its experts cached: ``pools.py FAMILY
+    --methods ""`` retrains them) and write its per-model fields into the family's precheck.json,
+    so a new signal joins the archived reports without measuring anything else; the fields the
+    report already had must come back within --tolerance."""
+    from mergekit_mergeability.files import write_atomic
+
+    every = ("knowledge", "weights", "dilution", "representations", "selectivity", "compatibility")
+    scratch = OUT / args.family / f"refresh_{args.diagnostic}"
+    shutil.rmtree(scratch, ignore_errors=True)
+    skips = [flag for name in every if name != args.diagnostic for flag in ("--skip", name)]
+    config = OUT / args.family / "configs" / "pool.yml"
+    _run(
+        sys.executable, "-m", "mergekit_mergeability", "precheck", str(config), "--out", str(scratch), *skips, "--quiet"
+    )
+    fresh = {m["path"]: m.get(args.diagnostic) for m in json.loads((scratch / "precheck.json").read_text())["models"]}
+    target = OUT / args.family / "precheck" / "precheck.json"
+    report = json.loads(target.read_text())
+    worst = 0.0
+    for model in report["models"]:
+        new = fresh.get(model["path"])
+        if not new:
+            continue
+        old = model.get(args.diagnostic) or {}
+        for key, value in old.items():
+            if isinstance(value, (int, float)) and isinstance(new.get(key), (int, float)):
+                worst = max(worst, abs(value - new[key]))
+        model[args.diagnostic] = {**old, **new}
+    if worst > args.tolerance:
+        raise SystemExit(
+            f"{args.family}: {args.diagnostic} differs from the archived report by {worst:.2g}; not written"
+        )
+    write_atomic(target, json.dumps(report, indent=2) + "\n")
+    console.print(f"{target}: {args.diagnostic} rewritten (fields it had: within {worst:.2g})")
+
+
 def check(args) -> None:
     """The shipped calibration (or ``--calibration``) on a family it was not fitted on, as a user's
     precheck would predict it: each expert's features in that family's precheck.json, the weights as
     shipped; against measured S, with its best single input there."""
     from mergekit_mergeability.decide.calibration import Calibration, measured_pool
+    from mergekit_mergeability.decide.features import CALIBRATED
 
     calibration = Calibration.load(args.calibration)
     fitted = calibration.document.get("provenance", {}).get("command", "")
@@ -300,8 +353,9 @@ def check(args) -> None:
         OUT / args.family / "mergeability" / "mean" / "mergeability.json",
     )
     _, inputs, _, _ = measured_pool(*reports, names=list(calibration.model.names))
-    _, x, y, _ = measured_pool(*reports)  # every input the precheck measured, for the best single one
-    scored = _scored(calibration.model.predict(inputs), x, y, args.permutations)
+    names = list(dict.fromkeys([*CALIBRATED, *calibration.model.names]))  # every input fitted, for the best single one
+    _, x, y, _ = measured_pool(*reports, names=names)
+    scored = _scored(calibration.model.predict(inputs), x, y, args.permutations, names)
     on = re.findall(rf"{OUT.name}/([^/\s]+)/precheck", fitted)
     scored["calibration"] = {"path": str(calibration.path), "fitted_on": on, "command": fitted}
     title = f"{args.family}: the calibration fitted on {', '.join(on) or 'its own pools'}, against measured S"
@@ -490,6 +544,7 @@ def main():
     fit.add_argument("--permutations", type=int, default=500)
     fit.add_argument("--within", action="store_true", help="fit the weights within families (pool fixed effects)")
     fit.add_argument("--output", type=Path, help="where to write it (default: pools-out/calibration.json)")
+    fit.add_argument("--also", action="append", default=[], help="fit this measured, unfitted feature too (repeatable)")
     fit.set_defaults(run=calibrate)
     held = commands.add_parser("families")
     held.add_argument(
@@ -500,6 +555,9 @@ def main():
     held.add_argument("--permutations", type=int, default=10_000, help="per held-out family")
     held.add_argument("--null", type=int, default=200, help="refits on shuffled targets for the pooled number")
     held.add_argument("--within", action="store_true", help="fit the weights within families (pool fixed effects)")
+    held.add_argument(
+        "--also", action="append", default=[], help="fit this measured, unfitted feature too (repeatable)"
+    )
     held.set_defaults(run=families)
     held = commands.add_parser("aims")
     held.add_argument(
@@ -520,6 +578,11 @@ def main():
     both.add_argument("a", help="a measured pool (e.g. fit)")
     both.add_argument("b", help="one teaching the same facts (e.g. lora)")
     both.set_defaults(run=across)
+    again = commands.add_parser("refresh", help="run one diagnostic again and write it into a family's precheck.json")
+    again.add_argument("family", help="a pool measured under pools-out, its experts cached")
+    again.add_argument("--diagnostic", default="dilution")
+    again.add_argument("--tolerance", type=float, default=1e-3, help="largest change allowed in the fields it had")
+    again.set_defaults(run=refresh)
     checked = commands.add_parser("check", help="the shipped calibration on a family it was not fitted on")
     checked.add_argument("family", help="a pool measured under pools-out (e.g. attention)")
     checked.add_argument("--calibration", type=Path, help="a calibration file (default: the shipped one)")

@@ -5,6 +5,7 @@ import torch
 
 from mergekit_mergeability import tasks
 from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
+from mergekit_mergeability.diagnostics import dilution
 from mergekit_mergeability.diagnostics.dilution import Dilution, diluted
 from mergekit_mergeability.diagnostics.knowledge import base_knowledge
 from mergekit_mergeability.tiny import CORPUS, derive, state_dict
@@ -43,6 +44,39 @@ def test_a_share_of_the_update_scores_as_the_model_built_by_hand(expert, tmp_pat
     assert found["diluted_mean_p_gold"] == pytest.approx(p_gold, abs=1e-6)
     assert found["diluted_mean_margin"] == pytest.approx(margin, abs=1e-5)
     assert (margin > 0) == (accuracy == 1) or 0 < accuracy < 1
+
+
+@pytest.mark.parametrize("budget", [0, dilution.SUM_BUDGET], ids=["model-by-model", "summed-once"])
+def test_the_partnered_view_scores_as_the_expected_merge_built_by_hand(expert, llama, tmp_path, monkeypatch, budget):
+    """Three models, one with a probe: its partnered view is θ_base + s·τ_0 + (1 − s)/2·(τ_1 + τ_2),
+    built by hand (one of the partners an adapter), whether the others' updates are summed once or
+    read for each patch; a model alone has no partnered view."""
+    from mergekit_mergeability.sources import resolve, tensors
+    from mergekit_mergeability.tiny import make_adapter
+
+    monkeypatch.setattr(dilution, "SUM_BUDGET", budget)
+
+    base, folder, instances = expert
+    second = derive(base, tmp_path / "second", noise(8, 0.1))
+    targets = ["model.layers.0.mlp.up_proj.weight", "model.layers.1.self_attn.q_proj.weight"]
+    adapter = resolve(str(make_adapter(base, tmp_path / "adapter", targets, rank=2, seed=3, scale=0.3)))
+    updates = [state_dict(folder), state_dict(second), tensors(adapter)]
+    share, others = 1 / 9, (1 - 1 / 9) / 2
+
+    def expected(name, tensor):
+        moved = share * (updates[0][name] - tensor) + others * (updates[1][name] - tensor)
+        return moved + (others * (updates[2][name] - tensor) if name in targets else 0)
+
+    by_hand = derive(base, tmp_path / "by_hand", expected)
+    models = (ModelInput("m", folder, instances), ModelInput("second", second), ModelInput("adapter", adapter))
+    found = Dilution(share).run(DiagnosticInputs(ModelInput("base", base), models)).per_model
+    accuracy, p_gold, _ = _scored(by_hand, by_hand, instances)
+    assert set(found) == {"m"} and found["m"]["partner_share"] == pytest.approx(others)
+    assert found["m"]["partnered_accuracy"] == accuracy
+    assert found["m"]["partnered_mean_p_gold"] == pytest.approx(p_gold, abs=1e-6)
+    assert found["m"]["partnered_mean_p_gold"] != pytest.approx(found["m"]["diluted_mean_p_gold"], rel=1e-3)
+    alone = Dilution(share).run(DiagnosticInputs(ModelInput("base", base), models[:1])).per_model["m"]
+    assert "partnered_accuracy" not in alone
 
 
 def test_the_ends_are_the_base_and_the_expert_and_the_share_moves_between(expert):

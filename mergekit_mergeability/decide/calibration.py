@@ -18,7 +18,15 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mergekit_mergeability.decide.features import CALIBRATED, KNOWLEDGE_VALUES, RENAMED, Features, features, say
+from mergekit_mergeability.decide.features import (
+    CALIBRATED,
+    FEATURES,
+    KNOWLEDGE_VALUES,
+    RENAMED,
+    Features,
+    features,
+    say,
+)
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.files import SCHEMA_VERSION, read_report
 from mergekit_mergeability.maths import calibration as fitting
@@ -184,14 +192,17 @@ def calibrate(
     permutations: int = 500,
     seed: int = 0,
     within: bool = False,
+    also: Sequence[str] = (),
 ) -> Dict[str, Any]:
     """Fit on every pool, and judge the fit out of sample (leave one model out, leave one
     pool out) against each feature alone and a permutation null of the whole procedure;
-    ``within``: the weights fitted within pools (``maths.calibration.fit``)."""
-    names, directions = list(CALIBRATED), list(CALIBRATED.values())
+    ``within``: the weights fitted within pools (``maths.calibration.fit``); ``also``: features
+    measured but not fitted (``features.UNFITTED``) fitted too, to test them."""
+    chosen = {**CALIBRATED, **{name: FEATURES[name] for name in also}}
+    names, directions = list(chosen), list(chosen.values())
     pools, rows, targets, groups, methods = [], [], [], [], set()
     for index, (precheck_path, mergeability_path) in enumerate(pairs):
-        models, x, y, measured = measured_pool(precheck_path, mergeability_path, target)
+        models, x, y, measured = measured_pool(precheck_path, mergeability_path, target, names)
         methods.add((measured.get("method"), measured.get("partners")))
         pools.append(
             {

@@ -20,8 +20,11 @@ Features of model i (each with its prior direction: + means higher is more merge
                               its update (the share a mean merge of 9 gives it: ``dilution``)
     diluted_accuracy       +  accuracy, likewise
     diluted_margin         +  log p(gold) − the best other's, likewise (> 0 where right)
+    partnered_p_gold       +  p(gold) on its own probe with a ninth of its update and the rest
+                              of the merge split evenly among the config's other models
+    partnered_accuracy     +  accuracy, likewise
 
-The lettered features (the first five) and ``diluted_margin`` are measured and reported, not
+The lettered features (the first five), ``diluted_margin`` and the ``partnered_*`` two are measured and reported, not
 fitted (``CALIBRATED``).
 
 The ``scored_*`` features are one family whatever the format: the same calibration reads
@@ -52,6 +55,8 @@ FEATURES: Dict[str, int] = {
     "diluted_p_gold": +1,
     "diluted_accuracy": +1,
     "diluted_margin": +1,
+    "partnered_p_gold": +1,
+    "partnered_accuracy": +1,
 }
 # What the calibration fits on: the base's knowledge as the task is scored, and the weight
 # statistics. The paper's lettered few-shot view is measured and reported (validate ranks it
@@ -63,7 +68,7 @@ FEATURES: Dict[str, int] = {
 # measured and reported, not fitted: it failed the test written down for it on the `wide` family
 # (docs/prediction.md, "a family the prediction does not reach").
 LETTERED = ("p_gold", "gap", "accuracy", "letter_p_gold", "gold_logprob_per_token")
-UNFITTED = (*LETTERED, "diluted_margin")
+UNFITTED = (*LETTERED, "diluted_margin", "partnered_p_gold", "partnered_accuracy")
 CALIBRATED: Dict[str, int] = {name: d for name, d in FEATURES.items() if name not in UNFITTED}
 Features = Dict[str, Optional[float]]
 RENAMED = {
@@ -90,6 +95,8 @@ SAY = {
     "diluted_p_gold": "p(gold) at a ninth of its update {:.2f}",
     "diluted_accuracy": "accuracy at a ninth of its update {:.2f}",
     "diluted_margin": "margin at a ninth of its update {:+.2f}",
+    "partnered_p_gold": "p(gold) among its partners {:.2f}",
+    "partnered_accuracy": "accuracy among its partners {:.2f}",
 }
 
 
@@ -122,6 +129,8 @@ def features(models: Sequence[Mapping[str, Any]]) -> Dict[str, Features]:
             "diluted_p_gold": d.get("diluted_mean_p_gold"),
             "diluted_accuracy": d.get("diluted_accuracy"),
             "diluted_margin": d.get("diluted_mean_margin"),
+            "partnered_p_gold": d.get("partnered_mean_p_gold"),
+            "partnered_accuracy": d.get("partnered_accuracy"),
         }
     return table
 

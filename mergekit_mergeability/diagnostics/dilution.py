@@ -10,15 +10,24 @@ A fact the base already knows keeps its answer whatever the share; a fact it doe
 kept only as far as the update overshoots what teaching it needed. The base's knowledge alone
 does not say that overshoot, and for an update spread over many matrices its size says it
 poorly (docs/prediction.md). One pass per model over its probe lines, on the loaded base with
-the share patched in a tensor at a time and restored from the base's files: no merge, no
-partner, and no second copy of any model in memory.
+the share patched in a tensor at a time and restored from the base's files: no merge and no
+second copy of any model in memory.
+
+A second pass (``partnered_*``) adds what the model's partners do to its own answer: the rest of
+the merge split evenly among the config's other models, paper 1's expected partner,
+
+    θ_base + s·τ_i + (1 − s)/(N − 1)·Σ_{j≠i} τ_j
+
+with Σ_j τ_j summed once and held in float32 (SUM_BUDGET; above it, each patch reads every model
+that changes a tensor a row block at a time: N² block reads for N models).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import asdict
-from typing import Iterator
+from typing import Dict, Iterator, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -31,33 +40,79 @@ from mergekit_mergeability.sources import Source, TensorReader, load_causal_lm, 
 
 PARTNERS = 8  # paper 1's protocol, and `mergeability --partners`'s default: the share is 1/9
 BLOCK = 1 << 20  # values per block of rows patched at once
+SUM_BUDGET = 1 << 30  # bytes the partners' summed update may take in memory (float32)
+
+
+def changed(base: TensorReader, model: Source) -> Set[str]:
+    """The tensors a model's update touches: an adapter's targets, or those of a whole model that
+    differ from the base's (compared a block at a time)."""
+    theirs = tensors(model)
+    update = theirs.known_update()
+    if update is not None:
+        return set(update)
+    return {
+        name
+        for name in base.index
+        if any(not torch.equal(base.rows(name, a, b), theirs.rows(name, a, b)) for a, b in base.blocks(name, BLOCK))
+    }
+
+
+Shares = Sequence[Tuple[Source, float, Set[str]]]  # each model, its share, the tensors it changes
+
+
+def summed(base: TensorReader, shares: Shares) -> Optional[Dict[str, torch.Tensor]]:
+    """Σ share_j·τ_j per tensor in float32, or None where that would take more than SUM_BUDGET
+    bytes (then each patch reads every model instead)."""
+    names = set().union(*(touched for _, _, touched in shares))
+    if 4 * sum(math.prod(base.index[name].shape) for name in names) > SUM_BUDGET:
+        return None
+    readers = [(tensors(model), share, touched) for model, share, touched in shares]
+    total = {}
+    for name in names:
+        total[name] = torch.zeros(tuple(base.index[name].shape))
+        for start, stop in base.blocks(name, BLOCK):
+            mine = base.rows(name, start, stop).float()
+            for reader, share, touched in readers:
+                if name in touched:
+                    total[name][start:stop] += share * (reader.rows(name, start, stop).float() - mine)
+    return total
 
 
 @contextlib.contextmanager
-def diluted(module: torch.nn.Module, base: TensorReader, model: Source, share: float) -> Iterator[torch.nn.Module]:
-    """``module`` (the loaded base) as θ_base + share·(θ_model − θ_base), restored from ``base`` on
-    exit. Written in row blocks of ~1M values, so no tensor is ever held whole in float32."""
-    state, theirs = module.state_dict(), tensors(model)
-    update = theirs.known_update()  # an adapter's targets; a whole model's changes are found by comparing
-    changed = set()
+def mixed(
+    module: torch.nn.Module, base: TensorReader, shares: Shares, plus: Optional[Dict[str, torch.Tensor]] = None
+) -> Iterator[torch.nn.Module]:
+    """``module`` (the loaded base) as θ_base + Σ share_j·(θ_j − θ_base) over ``shares``, plus
+    ``plus`` (a ``summed`` update) where given, restored from ``base`` on exit. Written in row
+    blocks of ~1M values, so no model's tensor is ever held whole in float32."""
+    state, plus = module.state_dict(), plus or {}
+    readers = [(tensors(model), share, touched) for model, share, touched in shares]
+    names = set(plus).union(*(touched for _, _, touched in shares))
+    for model, _, touched in shares:
+        for name in sorted(touched - set(state)):
+            raise UserError(
+                f"model {model}: tensor {name} is not in the loaded base; the config's models share one architecture"
+            )
     try:
         with torch.no_grad():
-            for name in update if update is not None else base.index:
-                if name not in state:
-                    raise UserError(
-                        f"model {model}: tensor {name} is not in the loaded base; the config's models share one architecture"
-                    )
+            for name in names:
                 for start, stop in base.blocks(name, BLOCK):
-                    mine, tensor = base.rows(name, start, stop), theirs.rows(name, start, stop)
-                    if torch.equal(mine, tensor):
-                        continue
-                    changed.add(name)
-                    state[name][start:stop].copy_(torch.lerp(mine.float(), tensor.float(), share))
+                    mine = base.rows(name, start, stop).float()
+                    moved = mine + plus[name][start:stop] if name in plus else mine.clone()
+                    for reader, share, touched in readers:
+                        if name in touched:
+                            moved += share * (reader.rows(name, start, stop).float() - mine)
+                    state[name][start:stop].copy_(moved)
         yield module
     finally:
         with torch.no_grad():
-            for name in changed:
+            for name in names:
                 state[name].copy_(base[name])
+
+
+def diluted(module: torch.nn.Module, base: TensorReader, model: Source, share: float):
+    """``module`` as θ_base + share·τ_model (``mixed`` with one model)."""
+    return mixed(module, base, [(model, share, changed(base, model))])
 
 
 class Dilution:
@@ -75,10 +130,16 @@ class Dilution:
         settings = inputs.settings
         module, tokenizer = load_causal_lm(inputs.base.path, settings.device, inputs.base.load_dtype(settings))
         base = TensorReader(inputs.base.path)
+        touched = {m.name: changed(base, m.path) for m in inputs.models}
+        # the expected partner of paper 1's protocol: the rest of the share split evenly among the others
+        others = (1 - self.share) / (len(inputs.models) - 1) if len(inputs.models) > 1 else 0.0
         lines = sum(len(i.continuations) for m in models for i in m.probes)
-        with task(f"dilution: each model at {self.share:.3g} of its update", lines, settings.quiet) as advance:
+        passes = 2 if others else 1
+        every = summed(base, [(m.path, others, touched[m.name]) for m in inputs.models]) if others else None
+        with task(f"dilution: each model at {self.share:.3g} of its update", passes * lines, settings.quiet) as advance:
             for model in models:
-                with diluted(module, base, model.path, self.share):
+                own = (model.path, self.share, touched[model.name])
+                with mixed(module, base, [own]):
                     view = asdict(knowledge.aggregate(scores(module, tokenizer, list(model.probes), advance)))
                 result.per_model[model.name] = {
                     "share": self.share,
@@ -86,4 +147,17 @@ class Dilution:
                     "diluted_mean_p_gold": view["mean_p_gold"],
                     "diluted_mean_margin": view["mean_margin"],
                 }
+                if not others:
+                    continue
+                if every is None:  # the others' shares read model by model, for this model alone
+                    mixture = [own, *((m.path, others, touched[m.name]) for m in inputs.models if m is not model)]
+                else:  # s·τ_i + c·Σ_{j≠i} τ_j = (s − c)·τ_i + c·Σ_j τ_j
+                    mixture = [(model.path, self.share - others, touched[model.name])]
+                with mixed(module, base, mixture, every):
+                    view = asdict(knowledge.aggregate(scores(module, tokenizer, list(model.probes), advance)))
+                result.per_model[model.name].update(
+                    partner_share=others,
+                    partnered_accuracy=view["accuracy"],
+                    partnered_mean_p_gold=view["mean_p_gold"],
+                )
         return result
