@@ -195,14 +195,12 @@ def families(args) -> None:
 
     from mergekit_mergeability.maths import calibration as fitting
     from mergekit_mergeability.decide.calibration import measured_pool
-    from mergekit_mergeability.decide.features import CALIBRATED as FEATURES
+    from mergekit_mergeability.decide.features import fitted_with
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from pools import FAMILIES, FITTED
 
-    from mergekit_mergeability.decide.features import FEATURES as EVERY
-
-    chosen = {**FEATURES, **{name: EVERY[name] for name in args.also}}
+    chosen = fitted_with(args.also)
     names, directions = list(chosen), list(chosen.values())
     pools, described = {}, {}
     for family, folder in _families(args.families or FITTED):

@@ -20,11 +20,11 @@ import numpy as np
 
 from mergekit_mergeability.decide.features import (
     CALIBRATED,
-    FEATURES,
     KNOWLEDGE_VALUES,
     RENAMED,
     Features,
     features,
+    fitted_with,
     say,
 )
 from mergekit_mergeability.errors import UserError
@@ -198,7 +198,7 @@ def calibrate(
     pool out) against each feature alone and a permutation null of the whole procedure;
     ``within``: the weights fitted within pools (``maths.calibration.fit``); ``also``: features
     measured but not fitted (``features.UNFITTED``) fitted too, to test them."""
-    chosen = {**CALIBRATED, **{name: FEATURES[name] for name in also}}
+    chosen = fitted_with(also)
     names, directions = list(chosen), list(chosen.values())
     pools, rows, targets, groups, methods = [], [], [], [], set()
     for index, (precheck_path, mergeability_path) in enumerate(pairs):

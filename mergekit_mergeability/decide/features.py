@@ -70,6 +70,13 @@ FEATURES: Dict[str, int] = {
 LETTERED = ("p_gold", "gap", "accuracy", "letter_p_gold", "gold_logprob_per_token")
 UNFITTED = (*LETTERED, "diluted_margin", "partnered_p_gold", "partnered_accuracy")
 CALIBRATED: Dict[str, int] = {name: d for name, d in FEATURES.items() if name not in UNFITTED}
+
+
+def fitted_with(also: Sequence[str] = ()) -> Dict[str, int]:
+    """The calibrated features and their directions, with ``also`` (unfitted ones, to test them) after."""
+    return {**CALIBRATED, **{name: FEATURES[name] for name in also}}
+
+
 Features = Dict[str, Optional[float]]
 RENAMED = {
     "task_p_gold": "scored_p_gold",
