@@ -13,6 +13,7 @@ families``).
     python benchmarks/pools.py wide                     # options, 0-shot, LoRA r4 on every module of all 30 layers: 64 facts
     python benchmarks/pools.py middle                   # cloze, LoRA r16 on every module of layers 12-17: 64 facts
     python benchmarks/pools.py low                      # cloze, LoRA r8 on the MLP of layers 0-9: 64 facts
+    python benchmarks/pools.py down                     # options, 3-shot, LoRA r32 on down_proj of layers 4-15: 64 facts
     python benchmarks/pools.py fit --methods mean,ties,kw:0.1,kw-ties:0.1:0.5
 
 Each expert is trained until the gold choice has p ≥ 0.9 on both phrasings of its fact,
@@ -150,6 +151,20 @@ POOLS = {
         fact_adapters=True,
         trials=5,
     ),
+    # Defined 2026-12-02 before it was trained, to decide the rehearsal prediction (docs/prediction.md):
+    # options listed, 3-shot, a rank-32 LoRA on the MLP's down projection alone, in the lower-middle layers.
+    "down": Settings(
+        facts=FIT,
+        fact_count=64,
+        pool="down",
+        fact_layers=tuple(range(4, 16)),
+        fact_modules=("mlp.down_proj",),
+        fact_rank=32,
+        fact_adapters=True,
+        fact_format="options",
+        fact_shots=3,
+        trials=5,
+    ),
     # A check pool for plan, never fitted on: facts no measured family has, options listed (merging
     # everything loses most in that format), at the heldout family's depth.
     "options10": Settings(facts=PLAN, pool="options10", fact_layer=10, fact_format="options", fact_shots=3, trials=5),
@@ -167,12 +182,13 @@ FAMILIES = {
     "wide": "options listed and lettered, 0-shot; peft LoRA r4 on every projection (q, k, v, o, gate, up, down) of all 30 layers",
     "middle": "cloze, 0-shot; peft LoRA r16 on every projection (q, k, v, o, gate, up, down) of layers 12-17",
     "low": "cloze, 0-shot; peft LoRA r8 on the MLP (gate, up, down) of layers 0-9",
+    "down": "options listed and lettered, 3-shot; peft LoRA r32 on mlp.down_proj of layers 4-15",
 }
 
 
 # Families defined after the calibration and every default were fixed, to check them: calibrate and
 # families leave them out unless named (prediction.py check FAMILY predicts one).
-CHECKS = ("attention", "deep", "wide", "middle", "low")
+CHECKS = ("attention", "deep", "wide", "middle", "low", "down")
 FITTED = tuple(f for f in FAMILIES if f not in CHECKS)  # leave-one-family-out runs over these
 SHIPPED = ("fit", "options", "heldout", "lora")  # the shipped calibration is fitted on these (tasks came after)
 
