@@ -46,15 +46,17 @@ def test_a_share_of_the_update_scores_as_the_model_built_by_hand(expert, tmp_pat
     assert (margin > 0) == (accuracy == 1) or 0 < accuracy < 1
 
 
-@pytest.mark.parametrize("budget", [0, dilution.SUM_BUDGET], ids=["model-by-model", "summed-once"])
-def test_the_partnered_view_scores_as_the_expected_merge_built_by_hand(expert, llama, tmp_path, monkeypatch, budget):
+@pytest.mark.parametrize("room", [0.0, 100.0], ids=["model-by-model", "summed-once"])
+def test_the_partnered_view_scores_as_the_expected_merge_built_by_hand(expert, llama, tmp_path, monkeypatch, room):
     """Three models, one with a probe: its partnered view is θ_base + s·τ_0 + (1 − s)/2·(τ_1 + τ_2),
     built by hand (one of the partners an adapter), whether the others' updates are summed once or
     read for each patch; a model alone has no partnered view."""
     from mergekit_mergeability.sources import resolve, tensors
     from mergekit_mergeability.tiny import make_adapter
 
-    monkeypatch.setattr(dilution, "SUM_BUDGET", budget)
+    monkeypatch.setattr(dilution, "SUM_SHARE", room)  # of the loaded base: the partners' sum held, or not
+    summing, original = [], dilution.summed
+    monkeypatch.setattr(dilution, "summed", lambda *a: summing.append(original(*a)) or summing[-1])
 
     base, folder, instances = expert
     second = derive(base, tmp_path / "second", noise(8, 0.1))
@@ -71,6 +73,7 @@ def test_the_partnered_view_scores_as_the_expected_merge_built_by_hand(expert, l
     models = (ModelInput("m", folder, instances), ModelInput("second", second), ModelInput("adapter", adapter))
     found = Dilution(share).run(DiagnosticInputs(ModelInput("base", base), models)).per_model
     accuracy, p_gold, _ = _scored(by_hand, by_hand, instances)
+    assert [total is None for total in summing] == [room == 0]  # the path the test names was taken
     assert set(found) == {"m"} and found["m"]["partner_share"] == pytest.approx(others)
     assert found["m"]["partnered_accuracy"] == accuracy
     assert found["m"]["partnered_mean_p_gold"] == pytest.approx(p_gold, abs=1e-6)

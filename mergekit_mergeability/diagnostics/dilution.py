@@ -18,8 +18,10 @@ the merge split evenly among the config's other models, paper 1's expected partn
 
     θ_base + s·τ_i + (1 − s)/(N − 1)·Σ_{j≠i} τ_j
 
-with Σ_j τ_j summed once and held in float32 (SUM_BUDGET; above it, each patch reads every model
-that changes a tensor a row block at a time: N² block reads for N models).
+with Σ_j τ_j summed once and held in float32 where it takes at most SUM_SHARE of the loaded base's
+memory and SUM_BUDGET (so a precheck's peak stays within docs/scale.md's 1.3× one model); above
+that, each patch reads every model that changes a tensor a row block at a time: N² block reads for
+N models.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from mergekit_mergeability.sources import Source, TensorReader, load_causal_lm, 
 PARTNERS = 8  # paper 1's protocol, and `mergeability --partners`'s default: the share is 1/9
 BLOCK = 1 << 20  # values per block of rows patched at once
 SUM_BUDGET = 1 << 30  # bytes the partners' summed update may take in memory (float32)
+SUM_SHARE = 0.25  # and at most this share of the loaded base's bytes
 
 
 def changed(base: TensorReader, model: Source) -> Set[str]:
@@ -60,11 +63,11 @@ def changed(base: TensorReader, model: Source) -> Set[str]:
 Shares = Sequence[Tuple[Source, float, Set[str]]]  # each model, its share, the tensors it changes
 
 
-def summed(base: TensorReader, shares: Shares) -> Optional[Dict[str, torch.Tensor]]:
-    """Σ share_j·τ_j per tensor in float32, or None where that would take more than SUM_BUDGET
+def summed(base: TensorReader, shares: Shares, limit: float = SUM_BUDGET) -> Optional[Dict[str, torch.Tensor]]:
+    """Σ share_j·τ_j per tensor in float32, or None where that would take more than ``limit``
     bytes (then each patch reads every model instead)."""
     names = set().union(*(touched for _, _, touched in shares))
-    if 4 * sum(math.prod(base.index[name].shape) for name in names) > SUM_BUDGET:
+    if 4 * sum(math.prod(base.index[name].shape) for name in names) > limit:
         return None
     readers = [(tensors(model), share, touched) for model, share, touched in shares]
     total = {}
@@ -135,7 +138,9 @@ class Dilution:
         others = (1 - self.share) / (len(inputs.models) - 1) if len(inputs.models) > 1 else 0.0
         lines = sum(len(i.continuations) for m in models for i in m.probes)
         passes = 2 if others else 1
-        every = summed(base, [(m.path, others, touched[m.name]) for m in inputs.models]) if others else None
+        loaded = sum(p.numel() * p.element_size() for p in module.parameters())
+        limit = min(SUM_BUDGET, SUM_SHARE * loaded)
+        every = summed(base, [(m.path, others, touched[m.name]) for m in inputs.models], limit) if others else None
         with task(f"dilution: each model at {self.share:.3g} of its update", passes * lines, settings.quiet) as advance:
             for model in models:
                 own = (model.path, self.share, touched[model.name])
