@@ -14,6 +14,7 @@ families``).
     python benchmarks/pools.py middle                   # cloze, LoRA r16 on every module of layers 12-17: 64 facts
     python benchmarks/pools.py low                      # cloze, LoRA r8 on the MLP of layers 0-9: 64 facts
     python benchmarks/pools.py down                     # options, 3-shot, LoRA r32 on down_proj of layers 4-15: 64 facts
+    python benchmarks/pools.py vq                       # options, 1-shot, LoRA r8 on q, v, up of layers 8-19: 64 facts
     python benchmarks/pools.py fit --methods mean,ties,kw:0.1,kw-ties:0.1:0.5
 
 Each expert is trained until the gold choice has p ≥ 0.9 on both phrasings of its fact,
@@ -165,6 +166,20 @@ POOLS = {
         fact_shots=3,
         trials=5,
     ),
+    # Defined 2026-12-03 before it was trained, to decide the scored rehearsal (docs/prediction.md):
+    # options listed after one solved example, LoRA on q, v and up projections of twelve middle layers.
+    "vq": Settings(
+        facts=HELDOUT,
+        fact_count=64,
+        pool="vq",
+        fact_layers=tuple(range(8, 20)),
+        fact_modules=("self_attn.q_proj", "self_attn.v_proj", "mlp.up_proj"),
+        fact_rank=8,
+        fact_adapters=True,
+        fact_format="options",
+        fact_shots=1,
+        trials=5,
+    ),
     # A check pool for plan, never fitted on: facts no measured family has, options listed (merging
     # everything loses most in that format), at the heldout family's depth.
     "options10": Settings(facts=PLAN, pool="options10", fact_layer=10, fact_format="options", fact_shots=3, trials=5),
@@ -183,12 +198,13 @@ FAMILIES = {
     "middle": "cloze, 0-shot; peft LoRA r16 on every projection (q, k, v, o, gate, up, down) of layers 12-17",
     "low": "cloze, 0-shot; peft LoRA r8 on the MLP (gate, up, down) of layers 0-9",
     "down": "options listed and lettered, 3-shot; peft LoRA r32 on mlp.down_proj of layers 4-15",
+    "vq": "options listed and lettered, 1-shot; peft LoRA r8 on q, v and up projections of layers 8-19",
 }
 
 
 # Families defined after the calibration and every default were fixed, to check them: calibrate and
 # families leave them out unless named (prediction.py check FAMILY predicts one).
-CHECKS = ("attention", "deep", "wide", "middle", "low", "down")
+CHECKS = ("attention", "deep", "wide", "middle", "low", "down", "vq")
 FITTED = tuple(f for f in FAMILIES if f not in CHECKS)  # leave-one-family-out runs over these
 SHIPPED = ("fit", "options", "heldout", "lora")  # the shipped calibration is fitted on these (tasks came after)
 
