@@ -194,7 +194,7 @@ def families(args) -> None:
     import numpy as np
 
     from mergekit_mergeability.maths import calibration as fitting
-    from mergekit_mergeability.decide.calibration import measured_pool
+    from mergekit_mergeability.decide.calibration import REHEARSAL, measured_pool
     from mergekit_mergeability.decide.features import fitted_with
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -202,6 +202,7 @@ def families(args) -> None:
 
     chosen = fitted_with(args.also)
     names, directions = list(chosen), list(chosen.values())
+    extra = [n for n in RIVALS if n not in names] if args.rehearsal else []  # columns read, not fitted
     pools, described = {}, {}
     for family, folder in _families(args.families or FITTED):
         described[family] = FAMILIES.get(family, family)
@@ -210,7 +211,7 @@ def families(args) -> None:
             OUT / folder / "mergeability" / "mean" / "mergeability.json",
         )
         if precheck.is_file() and measured.is_file():
-            pools[family] = measured_pool(precheck, measured, names=names)[1:3]
+            pools[family] = measured_pool(precheck, measured, names=[*names, *extra, REHEARSAL])[1:3]
         else:
             console.print(
                 f"[yellow]{family}: not measured yet ({measured}); run `python benchmarks/pools.py {family} --precheck`[/yellow]"
@@ -221,14 +222,23 @@ def families(args) -> None:
     x_all = np.vstack([x for x, _ in pools.values()])
     y_all = np.concatenate([y for _, y in pools.values()])
     groups = [f for f, (_, y) in pools.items() for _ in y]
-    predicted_all = fitting.held_out_predictions(x_all, y_all, groups, names, directions, True, args.within)
+    fitted = x_all[:, : len(names)]
+    predicted_all = fitting.held_out_predictions(fitted, y_all, groups, names, directions, True, args.within)
+    if args.rehearsal:  # nothing of it is fitted: where measured it is the prediction, as in the precheck
+        rehearsed = x_all[:, -1]
+        predicted_all = np.where(np.isnan(rehearsed), predicted_all, rehearsed)
+    rivals = [*names, *extra]  # the single inputs it is compared with (not the one it reads)
     for family, (x, y) in pools.items():
         inside = np.array(groups) == family
-        report["families"][family] = scored = _scored(predicted_all[inside], x, y, args.permutations, names)
+        scored = _scored(predicted_all[inside], x[:, : len(rivals)], y, args.permutations, rivals)
+        report["families"][family] = scored
         scored["description"] = described[family]
         rows.append((family, scored))
     pooled = fitting.within_pools(predicted_all, y_all, groups)
-    null = fitting.permutation_null(x_all, y_all, groups, names, directions, args.null, 0, True, args.within)
+    if args.rehearsal:  # nothing fitted: the null shuffles S within each family against the prediction
+        null = _shuffled(predicted_all, y_all, groups, args.null)
+    else:
+        null = fitting.permutation_null(fitted, y_all, groups, names, directions, args.null, 0, True, args.within)
     report["pooled"] = {
         "spearman": pooled,
         "n": len(y_all),
@@ -238,7 +248,7 @@ def families(args) -> None:
     }
     console.print(_table(rows, "Leave one family out: Spearman with measured S (mean merge, 8 partners × 5 trials)"))
     console.print(
-        f"pooled (within-family Spearman, size-weighted): {pooled:+.2f}, n = {len(y_all)}, permutation p {_p(report['pooled']['p_permutation'])} ({args.null} refits on shuffled targets; 95th percentile {report['pooled']['null_95th_percentile']:+.2f})"
+        f"pooled (within-family Spearman, size-weighted): {pooled:+.2f}, n = {len(y_all)}, permutation p {_p(report['pooled']['p_permutation'])} ({args.null} {'shuffles of S within each family' if args.rehearsal else 'refits on shuffled targets'}; 95th percentile {report['pooled']['null_95th_percentile']:+.2f})"
     )
     for family in pools:
         console.print(f"[dim]{family}: {described[family]}[/dim]")
@@ -247,9 +257,30 @@ def families(args) -> None:
     console.print(f"wrote {out}")
 
 
+# The single inputs the rehearsal is compared with, beside the calibrated ones (benchmarks/pools/prereg/rehearsal2.txt)
+RIVALS = ("partnered_p_gold", "partnered_accuracy")
+
+
+def _shuffled(predicted, y, groups, permutations: int, seed: int = 0):
+    """The pooled within-family Spearman of a fixed prediction against S shuffled within each family."""
+    import numpy as np
+
+    from mergekit_mergeability.maths import calibration as fitting
+
+    rng, groups = np.random.default_rng(seed), np.asarray(groups)
+    null = []
+    for _ in range(permutations):
+        shuffled = y.copy()
+        for g in np.unique(groups):
+            inside = np.flatnonzero(groups == g)
+            shuffled[inside] = rng.permutation(y[inside])
+        null.append(fitting.within_pools(predicted, shuffled, groups))
+    return np.array(null)
+
+
 def _scored(predicted, x, y, permutations: int, names=None) -> dict:
     """A prediction of one family against measured S: its Spearman (bootstrap 95% interval,
-    permutation p), the best single input there (of ``names``, x's columns: by default the
+    permutation p), the best single input there other than one it equals (of ``names``, x's columns: by default the
     calibrated features), and the paired bootstrap interval of the difference."""
     import numpy as np
 
@@ -262,8 +293,11 @@ def _scored(predicted, x, y, permutations: int, names=None) -> dict:
     predicted = np.clip(predicted, 0, 1)
     result = correlate(predicted, y, permutations=permutations, seed=0)
     singles = fitting.single_features(x, y, ["pool"] * len(y), names, directions)
-    best = fitting.best(singles)
-    column = directions[names.index(best)] * x[:, names.index(best)]
+    columns = {n: d * x[:, i] for i, (n, d) in enumerate(zip(names, directions))}
+    # a rival is another input: one the prediction merely equals (a rehearsal read as is) cannot lose to it
+    same = {n for n, c in columns.items() if np.allclose(c, predicted, equal_nan=True)}
+    best = fitting.best({n: v for n, v in singles.items() if n not in same})
+    column = columns[best]
     known = ~np.isnan(column)
     gap, (low, high) = difference(predicted[known], column[known], y[known])
     return {
@@ -296,6 +330,9 @@ def _table(rows, title: str) -> Table:
     return table
 
 
+HOLD = "mergekit_mergeability.diagnostics.dilution as d; d.SUM_SHARE = d.SUM_BUDGET = float('inf')"
+
+
 def refresh(args) -> None:
     """Run one diagnostic again over a measured family (its experts cached: ``pools.py FAMILY
     --methods ""`` retrains them) and write its per-model fields into the family's precheck.json,
@@ -308,9 +345,10 @@ def refresh(args) -> None:
     shutil.rmtree(scratch, ignore_errors=True)
     skips = [flag for name in every if name != args.diagnostic for flag in ("--skip", name)]
     config = OUT / args.family / "configs" / "pool.yml"
-    _run(
-        sys.executable, "-m", "mergekit_mergeability", "precheck", str(config), "--out", str(scratch), *skips, "--quiet"
-    )
+    cli = ["-m", "mergekit_mergeability"]
+    if args.hold_sum:  # the same numbers (tests/test_dilution.py), without the N² reads a user's memory bound forces
+        cli = ["-c", f"import {HOLD}; from mergekit_mergeability.cli import main; main()"]
+    _run(sys.executable, *cli, "precheck", str(config), "--out", str(scratch), *skips, "--quiet")
     fresh = {m["path"]: m.get(args.diagnostic) for m in json.loads((scratch / "precheck.json").read_text())["models"]}
     target = OUT / args.family / "precheck" / "precheck.json"
     report = json.loads(target.read_text())
@@ -336,8 +374,11 @@ def check(args) -> None:
     """The shipped calibration (or ``--calibration``) on a family it was not fitted on, as a user's
     precheck would predict it: each expert's features in that family's precheck.json, the weights as
     shipped; against measured S, with its best single input there."""
+    import numpy as np
+
     from mergekit_mergeability.decide.calibration import Calibration, measured_pool
-    from mergekit_mergeability.decide.features import CALIBRATED
+    from mergekit_mergeability.decide.features import CALIBRATED, features
+    from mergekit_mergeability.files import read_report
 
     calibration = Calibration.load(args.calibration)
     fitted = calibration.document.get("provenance", {}).get("command", "")
@@ -350,14 +391,21 @@ def check(args) -> None:
         OUT / args.family / "precheck" / "precheck.json",
         OUT / args.family / "mergeability" / "mean" / "mergeability.json",
     )
-    _, inputs, _, _ = measured_pool(*reports, names=list(calibration.model.names))
-    names = list(dict.fromkeys([*CALIBRATED, *calibration.model.names]))  # every input fitted, for the best single one
-    _, x, y, _ = measured_pool(*reports, names=names)
-    scored = _scored(calibration.model.predict(inputs), x, y, args.permutations, names)
+    # every input fitted (and, beside a rehearsal, its rivals), for the best single one; not the one it reads
+    names = list(dict.fromkeys([*CALIBRATED, *calibration.model.names, *(RIVALS if calibration.reads_first else ())]))
+    models, x, y, _ = measured_pool(*reports, names=names)
+    table = features(read_report(reports[0], "precheck", ("path", "role"))["models"])
+    predicted = np.array([calibration.predict(table[m])[0] for m in models], dtype=float)
+    scored = _scored(predicted, x, y, args.permutations, names)
     on = re.findall(rf"{OUT.name}/([^/\s]+)/precheck", fitted)
     scored["calibration"] = {"path": str(calibration.path), "fitted_on": on, "command": fitted}
+    rows = [(args.family, scored)]
+    if calibration.reads_first:  # the fitted model alone, as it predicts where the rehearsal was not measured
+        alone = np.array([calibration.fitted(table[m])[0] for m in models], dtype=float)
+        scored["fitted_alone"] = _scored(alone, x, y, args.permutations, names)
+        rows.append((f"{args.family} (knowledge and weights alone)", scored["fitted_alone"]))
     title = f"{args.family}: the calibration fitted on {', '.join(on) or 'its own pools'}, against measured S"
-    console.print(_table([(args.family, scored)], title))
+    console.print(_table(rows, title))
     out = OUT / f"check_{args.family}.json"
     out.write_text(json.dumps(scored, indent=2) + "\n")
     console.print(f"wrote {out}")
@@ -556,6 +604,12 @@ def main():
     held.add_argument(
         "--also", action="append", default=[], help="fit this measured, unfitted feature too (repeatable)"
     )
+    held.add_argument(
+        "--rehearsal",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="the prediction reads the partnered accuracy first where measured (nothing of it fitted)",
+    )
     held.set_defaults(run=families)
     held = commands.add_parser("aims")
     held.add_argument(
@@ -580,6 +634,11 @@ def main():
     again.add_argument("family", help="a pool measured under pools-out, its experts cached")
     again.add_argument("--diagnostic", default="dilution")
     again.add_argument("--tolerance", type=float, default=1e-3, help="largest change allowed in the fields it had")
+    again.add_argument(
+        "--hold-sum",
+        action="store_true",
+        help="hold the partners' summed update in memory whatever its size (a benchmark machine, not a user's bound)",
+    )
     again.set_defaults(run=refresh)
     checked = commands.add_parser("check", help="the shipped calibration on a family it was not fitted on")
     checked.add_argument("family", help="a pool measured under pools-out (e.g. attention)")

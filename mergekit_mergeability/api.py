@@ -206,6 +206,7 @@ def calibrate(
     permutations: int = 500,
     alpha: float = 0.05,
     within: bool = False,
+    rehearsal: bool = True,
     out: Optional[PathLike] = None,
 ) -> Calibration:
     """Fit the precheck's prediction on measured pools: ``pairs`` of (precheck.json, mergeability.json).
@@ -217,14 +218,16 @@ def calibrate(
     kept). A fit that loses to its best single feature, or whose p-value is not below ``alpha``,
     is refused: ``result.refusals`` says why, and nothing is written. ``within``: the weights are
     fitted within pools (each pool's features and scores centred on its own mean), so pools of
-    different kinds and levels teach only how models rank inside a pool. Otherwise, with ``out``,
-    the calibration file is written there (``precheck(settings=PrecheckSettings(calibration=...))``
-    reads it).
+    different kinds and levels teach only how models rank inside a pool. ``rehearsal``: the
+    prediction is each model's own probe on a rehearsed mean merge with its expected partner, read as
+    its task is scored (``features``' ``rehearsal``), where the precheck measured it; the fitted model
+    elsewhere. Otherwise, with ``out``, the calibration file is written there
+    (``precheck(settings=PrecheckSettings(calibration=...))`` reads it).
     """
     from mergekit_mergeability.decide.calibration import calibrate as fit, write
 
     pairs = [(Path(a), Path(b)) for a, b in pairs]
-    report = fit(pairs, target, permutations, within=within)
+    report = fit(pairs, target, permutations, within=within, rehearsal=rehearsal)
     refusals = [
         f"{how}: p = {r['p_permutation']:.3f} is not below --alpha {alpha}"
         for how, r in report["out_of_sample"].items()

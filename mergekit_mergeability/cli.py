@@ -781,8 +781,16 @@ def validate(precheck_json: Path, mergeability_json: Path, target, permutations,
     help="Fit the weights on each pool's models against that pool's own mean (pools of different kinds "
     "and levels then teach only how models rank inside a pool), or on all models at once.",
 )
+@click.option(
+    "--rehearsal/--no-rehearsal",
+    default=api_default("calibrate", "rehearsal"),
+    show_default=True,
+    help="The prediction is each model's own probe on a rehearsed mean merge with its expected partner "
+    "(dilution's partnered pass: p(gold) where the options are listed, accuracy where cloze), where the "
+    "precheck measured it, and the fitted model elsewhere; or the fitted model everywhere.",
+)
 @user_errors
-def calibrate(measured, out: Path, target, permutations, alpha, within):
+def calibrate(measured, out: Path, target, permutations, alpha, within, rehearsal):
     """Fit the precheck's prediction on measured pools: PRECHECK_JSON MERGEABILITY_JSON [more pairs].
 
     \b
@@ -808,6 +816,7 @@ def calibrate(measured, out: Path, target, permutations, alpha, within):
         permutations=permutations,
         alpha=alpha,
         within=within,
+        rehearsal=rehearsal,
         out=out,
     )
     print_calibration(result)

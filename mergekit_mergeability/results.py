@@ -189,6 +189,7 @@ class Calibration(Report):
     domain: Json
     out_of_sample: Json
     beats_best_single_feature: bool
+    reads_first: Optional[str] = None  # "rehearsal": the prediction, where a precheck measured it
     refusals: List[str] = field(default_factory=list, metadata=NOT_IN_JSON)
     written: Optional[str] = field(default=None, metadata=NOT_IN_JSON)
 

@@ -119,6 +119,48 @@ def test_calibrate_writes_a_fit_that_precheck_can_load(tmp_path):
     assert knows[0] > doubts[0] and "↑ p(gold) as the task asks" in knows[1][0]
 
 
+def test_the_rehearsal_is_the_prediction_where_measured_and_the_fitted_model_elsewhere(tmp_path):
+    """A model's partnered accuracy (its probe on a rehearsed merge) is its prediction as it is,
+    clipped to [0, 1], whatever its knowledge and weights say; without it, the fitted model's;
+    ``--no-rehearsal`` reads the fitted model everywhere."""
+    x, y, _ = _planted(n=40)
+    files = _pool_files(tmp_path, x[:20], y[:20], "a") + _pool_files(tmp_path, x[20:], y[20:], "b")
+    loaded = {}
+    for flag in ("--rehearsal", "--no-rehearsal"):
+        out = tmp_path / f"{flag}.json"
+        result = CliRunner().invoke(main, ["calibrate", *files, flag, "--out", str(out), "--permutations", "50"])
+        assert result.exit_code == 0, result.output
+        loaded[flag] = Calibration.load(out)
+    rehearsed, fitted = loaded["--rehearsal"], loaded["--no-rehearsal"]
+    assert rehearsed.reads_first == "rehearsal" and fitted.reads_first is None
+    knows = {"scored_p_gold": 2.0, "relative_norm": -1.0}
+    alone = fitted.predict(knows)[0]
+    assert alone > 0.5 and rehearsed.predict(knows)[0] == alone  # not measured: the fitted model
+    value, reasons = rehearsed.predict({**knows, "rehearsal": 0.25})
+    assert value == 0.25 and reasons == [
+        "rehearsed merge: 0.25 among its partners, as its task is scored",
+        f"knowledge and weights alone: {alone:.2f}",
+    ]
+    assert rehearsed.predict({**knows, "rehearsal": 1.5})[0] == 1.0
+    assert fitted.predict({**knows, "rehearsal": 0.25})[0] == alone
+
+
+def test_the_rehearsal_is_read_as_the_task_is_scored():
+    """Options listed: the rehearsal is the partnered p(gold); cloze (or a report that does not say):
+    the partnered accuracy."""
+    from mergekit_mergeability.decide.features import features
+
+    partnered = {"partnered_accuracy": 0.5, "partnered_mean_p_gold": 0.37}
+    models = [
+        {"path": "listed", "role": "expert", "knowledge": {"scored_format": "options"}, "dilution": partnered},
+        {"path": "cloze", "role": "expert", "knowledge": {"scored_format": "cloze"}, "dilution": partnered},
+        {"path": "unsaid", "role": "expert", "knowledge": {}, "dilution": partnered},
+        {"path": "unprobed", "role": "expert", "knowledge": None, "dilution": None},
+    ]
+    table = features(models)
+    assert [table[m]["rehearsal"] for m in ("listed", "cloze", "unsaid", "unprobed")] == [0.37, 0.5, 0.5, None]
+
+
 def test_calibrate_within_pools_gives_no_weight_to_what_sets_a_pools_level(tmp_path):
     """Pool b keeps 0.5 more than pool a, and its pool cosine is higher by 1: fitted on both
     pools at once the cosine earns weight for the level; fitted within pools it earns none."""

@@ -130,12 +130,15 @@ def test_the_precheck_predicts_from_the_dilution_it_measured(expert, tmp_path):
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
     table = features(report["models"])
     page = (tmp_path / "out" / "report.html").read_text()
-    assert ">among partners</th>" in page
+    assert ">rehearsal</th>" in page
     for model in (m for m in report["models"] if m["role"] == "expert"):
         assert model["features"]["diluted_p_gold"] == model["dilution"]["diluted_mean_p_gold"] is not None
         assert model["features"]["partnered_accuracy"] == model["dilution"]["partnered_accuracy"] is not None
+        # a cloze probe: the rehearsal is its partnered accuracy, and the shipped prediction reads it first
+        assert model["features"]["rehearsal"] == model["dilution"]["partnered_accuracy"]
         assert f'data-value="{model["dilution"]["partnered_accuracy"]}"' in page
         assert not any("taken as typical" in reason for reason in model["reasons"])
         calibrated = Calibration.load(None).predict(table[model["path"]])[0]
+        assert calibrated == pytest.approx(model["dilution"]["partnered_accuracy"])
         if model["kept_share"] >= verdict.KEPT_CAP:
             assert model["predicted_mergeability"] == pytest.approx(calibrated)

@@ -251,6 +251,11 @@ def test_the_domain_check_names_a_format_fitted_only_with_other_shots(tmp_path):
         "probe scored as options, 0-shot; fitted on cloze, 0-shot and options, 3-shot probes only"
     ]
     assert checked["three"] == [] and checked["unsaid"] == []
+    # where the rehearsal was measured it is the prediction, and nothing fitted lies outside a domain
+    rehearsed = {**asked[0], "path": "rehearsed", "dilution": {"partnered_mean_p_gold": 0.4, "partnered_accuracy": 0.5}}
+    reading = Calibration(calibration.model, {**document, "reads_first": "rehearsal"}, fitted)
+    checked = domain_check(reading, [asked[0], rehearsed], features([asked[0], rehearsed]))
+    assert checked["rehearsed"] == [] and checked["zero"] == domain_check(calibration, asked, features(asked))["zero"]
 
 
 def test_a_relative_drop_below_the_shared_blocks_sets_the_cutoff():

@@ -33,6 +33,10 @@ from mergekit_mergeability.maths import calibration as fitting
 from mergekit_mergeability.maths.stats import correlate
 
 DEFAULT = Path(__file__).with_name("calibration.json")
+# What the shipped prediction reads first, where the precheck measured it: the model's own probe on a
+# rehearsal of paper 1's mean merge with its expected partner (``dilution``'s partnered pass). Decided on
+# a family defined before it was trained (docs/prediction.md, "a rehearsal of the merge").
+REHEARSAL = "rehearsal"
 PRECHECK_FIELDS = ("path", "role", "knowledge", "weights")
 
 
@@ -65,8 +69,26 @@ class Calibration:
                 f"--calibration {path}: not a calibration file (written by `mergekit-mergeability calibrate`)"
             ) from None
 
+    @property
+    def reads_first(self) -> Optional[str]:
+        """The measured feature the prediction is, where the precheck measured it (``REHEARSAL``);
+        None: the fitted model alone (calibration files written before 2026-12-03)."""
+        return self.document.get("reads_first")
+
     def predict(self, values: Features) -> Tuple[Optional[float], List[str]]:
-        """Predicted mergeability in [0, 1], and what drove it (the largest contributions)."""
+        """Predicted mergeability in [0, 1], and what drove it: the rehearsal where it was measured
+        (``reads_first``), else the fitted model's largest contributions."""
+        first = values.get(self.reads_first) if self.reads_first else None
+        if first is None:
+            return self.fitted(values)
+        alone, _ = self.fitted(values)
+        reasons = [f"rehearsed merge: {say(self.reads_first, first)}"]
+        if alone is not None:
+            reasons.append(f"knowledge and weights alone: {alone:.2f}")
+        return float(np.clip(first, 0.0, 1.0)), reasons
+
+    def fitted(self, values: Features) -> Tuple[Optional[float], List[str]]:
+        """The fitted model's prediction in [0, 1], and its largest contributions."""
         names = list(self.model.names)
         x = np.array([[np.nan if values.get(n) is None else values[n] for n in names]])
         if np.isnan(x).all():
@@ -155,13 +177,17 @@ def domain_check(
     calibration: "Calibration", models: Sequence[Mapping[str, Any]], table: Mapping[str, Features]
 ) -> Dict[str, List[str]]:
     """Per expert, where its probe or features lie outside what the calibration was fitted
-    on (empty lists: inside; no entry at all: the calibration records no domain)."""
+    on (empty lists: inside, or predicted by the rehearsal the calibration reads first; no entry
+    at all: the calibration records no domain)."""
     fitted = calibration.document.get("domain")
     if not fitted:
         return {}
     checked = {}
     for probe in probe_domain(models):
         outside = []
+        if calibration.reads_first and table.get(probe["path"], {}).get(calibration.reads_first) is not None:
+            checked[probe["path"]] = outside  # predicted by the rehearsal: nothing fitted to lie outside of
+            continue
         if probe["format"] and fitted["formats"] and probe["format"] not in fitted["formats"]:
             outside.append(f"probe scored as {probe['format']}; fitted on {', '.join(fitted['formats'])} probes only")
         elif probe["format"] and probe["shots"] is not None and fitted.get("scored_as"):
@@ -193,11 +219,13 @@ def calibrate(
     seed: int = 0,
     within: bool = False,
     also: Sequence[str] = (),
+    rehearsal: bool = True,
 ) -> Dict[str, Any]:
     """Fit on every pool, and judge the fit out of sample (leave one model out, leave one
     pool out) against each feature alone and a permutation null of the whole procedure;
     ``within``: the weights fitted within pools (``maths.calibration.fit``); ``also``: features
-    measured but not fitted (``features.UNFITTED``) fitted too, to test them."""
+    measured but not fitted (``features.UNFITTED``) fitted too, to test them; ``rehearsal``: the
+    prediction reads ``REHEARSAL`` first where the precheck measured it (the fitted model elsewhere)."""
     chosen = fitted_with(also)
     names, directions = list(chosen), list(chosen.values())
     pools, rows, targets, groups, methods = [], [], [], [], set()
@@ -236,6 +264,7 @@ def calibrate(
         "target": target,
         "fitted": "within pools" if within else "pooled",
         "knowledge_feature": max(knowing, key=knowing.get) if knowing else "scored_p_gold",
+        "reads_first": REHEARSAL if rehearsal else None,
         "method": sorted(m for m, _ in methods if m),
         "partners": sorted(p for _, p in methods if p),
         "model": model.as_dict(),

@@ -23,9 +23,11 @@ Features of model i (each with its prior direction: + means higher is more merge
     partnered_p_gold       +  p(gold) on its own probe with a ninth of its update and the rest
                               of the merge split evenly among the config's other models
     partnered_accuracy     +  accuracy, likewise
+    rehearsal              +  the two read as the task is scored: partnered p(gold) where its
+                              options are listed, partnered accuracy where it is scored cloze
 
-The lettered features (the first five), ``diluted_margin`` and the ``partnered_*`` two are measured and reported, not
-fitted (``CALIBRATED``).
+The lettered features (the first five), ``diluted_margin``, the ``partnered_*`` two and ``rehearsal`` are measured and
+reported, not fitted (``CALIBRATED``); a calibration may read ``rehearsal`` first (``Calibration.reads_first``).
 
 The ``scored_*`` features are one family whatever the format: the same calibration reads
 a cloze pool's cloze knowledge and an options pool's lettered knowledge. Files written
@@ -57,6 +59,7 @@ FEATURES: Dict[str, int] = {
     "diluted_margin": +1,
     "partnered_p_gold": +1,
     "partnered_accuracy": +1,
+    "rehearsal": +1,
 }
 # What the calibration fits on: the base's knowledge as the task is scored, and the weight
 # statistics. The paper's lettered few-shot view is measured and reported (validate ranks it
@@ -68,7 +71,7 @@ FEATURES: Dict[str, int] = {
 # measured and reported, not fitted: it failed the test written down for it on the `wide` family
 # (docs/prediction.md, "a family the prediction does not reach").
 LETTERED = ("p_gold", "gap", "accuracy", "letter_p_gold", "gold_logprob_per_token")
-UNFITTED = (*LETTERED, "diluted_margin", "partnered_p_gold", "partnered_accuracy")
+UNFITTED = (*LETTERED, "diluted_margin", "partnered_p_gold", "partnered_accuracy", "rehearsal")
 CALIBRATED: Dict[str, int] = {name: d for name, d in FEATURES.items() if name not in UNFITTED}
 
 
@@ -104,6 +107,7 @@ SAY = {
     "diluted_margin": "margin at a ninth of its update {:+.2f}",
     "partnered_p_gold": "p(gold) among its partners {:.2f}",
     "partnered_accuracy": "accuracy among its partners {:.2f}",
+    "rehearsal": "{:.2f} among its partners, as its task is scored",
 }
 
 
@@ -138,8 +142,16 @@ def features(models: Sequence[Mapping[str, Any]]) -> Dict[str, Features]:
             "diluted_margin": d.get("diluted_mean_margin"),
             "partnered_p_gold": d.get("partnered_mean_p_gold"),
             "partnered_accuracy": d.get("partnered_accuracy"),
+            "rehearsal": rehearsal(model),
         }
     return table
+
+
+def rehearsal(model: Mapping[str, Any]) -> Optional[float]:
+    """A precheck model's own probe on the rehearsed merge (``dilution``'s partnered pass), read as
+    its task is scored: p(gold) where its options are listed, accuracy where it is cloze."""
+    listed = (model.get("knowledge") or {}).get("scored_format") == "options"
+    return (model.get("dilution") or {}).get("partnered_mean_p_gold" if listed else "partnered_accuracy")
 
 
 def _scored(knowledge: Mapping[str, Any], key: str) -> Optional[float]:

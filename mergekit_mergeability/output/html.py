@@ -10,6 +10,7 @@ import math
 import warnings
 from typing import Any, Dict, List, Optional
 
+from mergekit_mergeability.decide.features import rehearsal
 from mergekit_mergeability.names import shorten
 from mergekit_mergeability.output.terminal import (
     STAGE_NAMES,
@@ -40,7 +41,7 @@ COLUMNS = {  # header: what it means (the header's tooltip)
     "accuracy": "the base's accuracy on the probe, likewise",
     "lettered": "p(gold) asked as Will it Merge? asks it: few-shot, options lettered",
     "at 1/9": "p(gold) on its own probe, as the task scores it, with a ninth of its update: the share a mean merge of 9 gives it",
-    "among partners": "accuracy on its own probe with a ninth of its update and the rest of the merge split among the config's other models (paper 1's expected partner; reported, not fitted)",
+    "rehearsal": "its own probe, as its task is scored (p(gold) where the options are listed, accuracy where cloze), with a ninth of its update and the rest of the merge split among the config's other models (paper 1's expected partner): the prediction, where measured",
     "‖τ‖": "update norm",
     "σ_max": "top singular value of the update",
     "cos(rest)": "cosine between this update and the sum of the others",
@@ -118,9 +119,10 @@ base <code>{esc(str(report["base_model"]))}</code>.</p>
 <h2>Recommended models</h2>
 <ul>{advice}</ul>
 <h2>Models</h2>
-<p><small>Click a column to sort. Predicted mergeability: the expected own-task score after merging with 8 random partners
-(calibration <code>{esc(str(calibration.get("path")))}</code>, fitted on {esc(str(calibration.get("fitted_on_models")))} measured experts;
-leave-one-out Spearman {number(calibration.get("leave_one_out_spearman"))}), capped by the share of its update the merge keeps.</small></p>
+<p><small>Click a column to sort. Predicted mergeability: the expected own-task score after merging with 8 random partners,
+{"the rehearsal where it was measured, else " if calibration.get("reads_first") else ""}the calibration
+<code>{esc(str(calibration.get("path")))}</code>'s fit on knowledge and weights ({esc(str(calibration.get("fitted_on_models")))} measured experts;
+leave-one-out Spearman {number(calibration.get("leave_one_out_spearman"))}); capped by the share of its update the merge keeps.</small></p>
 <table class="sortable"><thead><tr>{"".join(f'<th title="{esc(t)}">{esc(c)}</th>' for c, t in COLUMNS.items())}</tr></thead><tbody>{rows}</tbody></table>
 <ul><small>{places}</small></ul>
 {"".join(figures)}
@@ -145,7 +147,7 @@ def _model_row(model: Dict[str, Any], report: Dict[str, Any]) -> str:
         (accuracy, 2),
         (k.get("mean_p_gold"), 2),
         ((model.get("dilution") or {}).get("diluted_mean_p_gold"), 2),
-        ((model.get("dilution") or {}).get("partnered_accuracy"), 2),
+        (rehearsal(model), 2),
         (w.get("update_norm"), 3),
         (w.get("top_singular_value"), 3),
         (w.get("pool_cosine"), 2),

@@ -218,6 +218,7 @@ def _calibration_summary(calibration: Calibration) -> Dict[str, Any]:
         "fitted_on_models": document.get("models"),
         "domain": document.get("domain"),
         "knowledge_feature": calibration.knowledge_feature,
+        "reads_first": calibration.reads_first,
         "leave_one_out_spearman": held_out.get("spearman"),
         "provenance": document.get("provenance"),
     }
