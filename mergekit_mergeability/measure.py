@@ -65,6 +65,7 @@ def load_inputs(
 ) -> Tuple[Optional[ModelInput], Tuple[ModelInput, ...]]:
     """The config's models with their probes, few-shot examples and the dtype each is loaded
     in (``--dtype auto``: the config's ``dtype:``, else each checkpoint's own; ``load_dtype``)."""
+    from mergekit_mergeability.decide.advice import configured_shares
     from mergekit_mergeability.sources import load_dtype
 
     folder = spec.folder
@@ -76,6 +77,7 @@ def load_inputs(
         else None
     )
     neutral = probes.shots_from(None)
+    shares = configured_shares(spec.document)
     models = []
     for name in spec.models:
         probe, shots = None, neutral
@@ -87,7 +89,7 @@ def load_inputs(
         if name in spec.fewshot:
             with spec.naming(f"{spec.entries[name]}.fewshot"):
                 shots = probes.shots_from(spec.fewshot[name], folder) + neutral
-        models.append(ModelInput(name, sources[name], probe, shots, dtypes[name]))
+        models.append(ModelInput(name, sources[name], probe, shots, dtypes[name], shares.get(name)))
     return base, tuple(models)
 
 

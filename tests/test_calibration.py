@@ -138,7 +138,7 @@ def test_the_rehearsal_is_the_prediction_where_measured_and_the_fitted_model_els
     assert alone > 0.5 and rehearsed.predict(knows)[0] == alone  # not measured: the fitted model
     value, reasons = rehearsed.predict({**knows, "rehearsal": 0.25})
     assert value == 0.25 and reasons == [
-        "rehearsed merge: 0.25 among its partners, as its task is scored",
+        "rehearsed merge: its own task scores 0.25 there",
         f"knowledge and weights alone: {alone:.2f}",
     ]
     assert rehearsed.predict({**knows, "rehearsal": 1.5})[0] == 1.0
@@ -147,7 +147,7 @@ def test_the_rehearsal_is_the_prediction_where_measured_and_the_fitted_model_els
 
 def test_the_rehearsal_is_read_as_the_task_is_scored():
     """Options listed: the rehearsal is the partnered p(gold); cloze (or a report that does not say):
-    the partnered accuracy."""
+    the partnered accuracy; a format it was never decided on (an lm-eval task's): none."""
     from mergekit_mergeability.decide.features import features
 
     partnered = {"partnered_accuracy": 0.5, "partnered_mean_p_gold": 0.37}
@@ -156,9 +156,11 @@ def test_the_rehearsal_is_read_as_the_task_is_scored():
         {"path": "cloze", "role": "expert", "knowledge": {"scored_format": "cloze"}, "dilution": partnered},
         {"path": "unsaid", "role": "expert", "knowledge": {}, "dilution": partnered},
         {"path": "unprobed", "role": "expert", "knowledge": None, "dilution": None},
+        {"path": "task", "role": "expert", "knowledge": {"scored_format": "lm-eval"}, "dilution": partnered},
     ]
     table = features(models)
-    assert [table[m]["rehearsal"] for m in ("listed", "cloze", "unsaid", "unprobed")] == [0.37, 0.5, 0.5, None]
+    names = ("listed", "cloze", "unsaid", "unprobed", "task")
+    assert [table[m]["rehearsal"] for m in names] == [0.37, 0.5, 0.5, None, None]
 
 
 def test_calibrate_within_pools_gives_no_weight_to_what_sets_a_pools_level(tmp_path):

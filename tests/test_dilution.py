@@ -46,11 +46,17 @@ def test_a_share_of_the_update_scores_as_the_model_built_by_hand(expert, tmp_pat
     assert (margin > 0) == (accuracy == 1) or 0 < accuracy < 1
 
 
-@pytest.mark.parametrize("room", [0.0, 100.0], ids=["model-by-model", "summed-once"])
-def test_the_partnered_view_scores_as_the_expected_merge_built_by_hand(expert, llama, tmp_path, monkeypatch, room):
-    """Three models, one with a probe: its partnered view is θ_base + s·τ_0 + (1 − s)/2·(τ_1 + τ_2),
-    built by hand (one of the partners an adapter), whether the others' updates are summed once or
-    read for each patch; a model alone has no partnered view."""
+@pytest.mark.parametrize(
+    ("room", "share"),
+    [(0.0, 1 / 9), (100.0, 0.5)],
+    ids=["model-by-model, three models share a mean merge", "summed-once, its share above a third"],
+)
+def test_the_partnered_view_scores_as_the_expected_merge_built_by_hand(
+    expert, llama, tmp_path, monkeypatch, room, share
+):
+    """Models, one with a probe: its partnered view is θ_base + s'·τ_0 + (1 − s')/(N − 1)·Σ τ_j,
+    s' = max(1/9, 1/N), built by hand (one of the partners an adapter), whether the others' updates
+    are summed once or read for each patch; a model alone has no partnered view."""
     from mergekit_mergeability.sources import resolve, tensors
     from mergekit_mergeability.tiny import make_adapter
 
@@ -63,10 +69,11 @@ def test_the_partnered_view_scores_as_the_expected_merge_built_by_hand(expert, l
     targets = ["model.layers.0.mlp.up_proj.weight", "model.layers.1.self_attn.q_proj.weight"]
     adapter = resolve(str(make_adapter(base, tmp_path / "adapter", targets, rank=2, seed=3, scale=0.3)))
     updates = [state_dict(folder), state_dict(second), tensors(adapter)]
-    share, others = 1 / 9, (1 - 1 / 9) / 2
+    mine = max(share, 1 / 3)  # three models: no more than two partners to draw
+    others = (1 - mine) / 2
 
     def expected(name, tensor):
-        moved = share * (updates[0][name] - tensor) + others * (updates[1][name] - tensor)
+        moved = mine * (updates[0][name] - tensor) + others * (updates[1][name] - tensor)
         return moved + (others * (updates[2][name] - tensor) if name in targets else 0)
 
     by_hand = derive(base, tmp_path / "by_hand", expected)
@@ -75,6 +82,7 @@ def test_the_partnered_view_scores_as_the_expected_merge_built_by_hand(expert, l
     accuracy, p_gold, _ = _scored(by_hand, by_hand, instances)
     assert [total is None for total in summing] == [room == 0]  # the path the test names was taken
     assert set(found) == {"m"} and found["m"]["partner_share"] == pytest.approx(others)
+    assert found["m"]["partnered_share"] == pytest.approx(mine) and found["m"]["share"] == share
     assert found["m"]["partnered_accuracy"] == accuracy
     assert found["m"]["partnered_mean_p_gold"] == pytest.approx(p_gold, abs=1e-6)
     assert found["m"]["partnered_mean_p_gold"] != pytest.approx(found["m"]["diluted_mean_p_gold"], rel=1e-3)
@@ -142,3 +150,42 @@ def test_the_precheck_predicts_from_the_dilution_it_measured(expert, tmp_path):
         assert calibrated == pytest.approx(model["dilution"]["partnered_accuracy"])
         if model["kept_share"] >= verdict.KEPT_CAP:
             assert model["predicted_mergeability"] == pytest.approx(calibrated)
+
+
+def test_a_config_of_few_models_rehearses_its_merge_as_configured(expert, tmp_path):
+    """Two models of a plain weighted sum (task_arithmetic, weights 1 and 0.5): the partnered view
+    is that merge, θ_base + τ_0 + 0.5·τ_1, built by hand; without shares, the mean merge of both."""
+    base, folder, instances = expert
+    second = derive(base, tmp_path / "second", noise(8, 0.1))
+    updates = [state_dict(folder), state_dict(second)]
+
+    def by_hand(shares):
+        return derive(
+            base,
+            tmp_path / f"by_hand_{shares[0]}_{shares[1]}",
+            lambda name, t: shares[0] * (updates[0][name] - t) + shares[1] * (updates[1][name] - t),
+        )
+
+    for shares, merge in (((1.0, 0.5), "configured"), ((None, None), "mean")):
+        models = (ModelInput("m", folder, instances, share=shares[0]), ModelInput("second", second, share=shares[1]))
+        found = Dilution().run(DiagnosticInputs(ModelInput("base", base), models)).per_model["m"]
+        expected = shares if merge == "configured" else (0.5, 0.5)
+        merged = by_hand(expected)
+        accuracy, p_gold, _ = _scored(merged, merged, instances)
+        assert found["rehearsed"] == merge and found["partnered_share"] == pytest.approx(expected[0])
+        assert found["partner_share"] == pytest.approx(expected[1])
+        assert (found["partnered_accuracy"], found["partnered_mean_p_gold"]) == (
+            accuracy,
+            pytest.approx(p_gold, abs=1e-6),
+        )
+
+
+def test_the_configured_shares_are_those_of_a_plain_weighted_sum():
+    from mergekit_mergeability.decide.advice import configured_shares
+
+    models = [{"model": "a", "parameters": {"weight": 1.0}}, {"model": "b", "parameters": {"weight": 3.0}}]
+    document = {"merge_method": "task_arithmetic", "base_model": "base", "models": models}
+    assert configured_shares(document) == {"a": 1.0, "b": 3.0}
+    assert configured_shares({**document, "parameters": {"lambda": 0.5}}) == {"a": 0.5, "b": 1.5}
+    assert configured_shares({**document, "merge_method": "linear"}) == {"a": 0.25, "b": 0.75}  # normalised
+    assert configured_shares({**document, "merge_method": "ties"}) == {}  # trims and elects: not a sum

@@ -196,6 +196,35 @@ def test_validate_reports_correlation_with_null_and_interval(tmp_path):
     assert versus["difference"] == pytest.approx(0) and not versus["beats"]
 
 
+def test_validate_compares_a_rehearsed_prediction_with_the_inputs_it_is_not(tmp_path):
+    """The prediction is the rehearsal (partnered accuracy, a cloze probe): the best single input
+    it is measured against is another one, and the report says which inputs it is."""
+    from mergekit_mergeability.evaluation.validate import validate
+
+    names = [f"./m{i}" for i in range(8)]
+    rehearsed, known = [0.1, 0.3, 0.2, 0.5, 0.4, 0.7, 0.6, 0.9], [0.4, 0.1, 0.3, 0.2, 0.6, 0.5, 0.8, 0.7]
+    models = [
+        {
+            "path": n,
+            "role": "expert",
+            "predicted_mergeability": rehearsed[i],
+            "knowledge": {"scored_accuracy": known[i], "scored_format": "cloze"},
+            "weights": None,
+            "dilution": {"partnered_accuracy": rehearsed[i]},
+        }
+        for i, n in enumerate(names)
+    ]
+    measured = {
+        "method": "task_arithmetic",
+        "models": [{"path": n, "mergeability": i / 10} for i, n in enumerate(names)],
+    }
+    (tmp_path / "p.json").write_text(json.dumps({"models": models}))
+    (tmp_path / "m.json").write_text(json.dumps(measured))
+    versus = validate(tmp_path / "p.json", tmp_path / "m.json", permutations=100)["versus_best_single"]
+    assert set(versus["same_as"]) == {"partnered_accuracy alone", "rehearsal alone"}
+    assert versus["best_single"] == "scored_accuracy alone" and versus["difference"] > 0
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -92,6 +92,22 @@ def configured_weights(document: Mapping[str, Any]) -> Dict[str, float]:
     return {str(e["model"]): as_number((e.get("parameters") or {}).get("weight", shared)) for e in _experts(document)}
 
 
+EXACT_SUMS = ("task_arithmetic", "linear")  # θ_base + Σ share_i·τ_i exactly: the merge itself can be rehearsed
+
+
+def configured_shares(document: Mapping[str, Any]) -> Dict[str, float]:
+    """Each expert's share of its update in the configured merge, θ_base + Σ share_i·τ_i, where the
+    method is that plain sum over one ``models:`` list (lambda × weight, over Σ weight where the
+    method normalises); empty for any other method or layout."""
+    if document.get("merge_method") not in EXACT_SUMS or document.get("slices") or document.get("modules"):
+        return {}
+    update, weights = configured_update(document), configured_weights(document)
+    if update["normalize"] and not update["sum_weights"]:
+        return {}
+    scale = update["lambda"] / (update["sum_weights"] if update["normalize"] else 1.0)
+    return {name: scale * weight for name, weight in weights.items()}
+
+
 def as_number(value) -> float:
     """A parameter as one number: gradient lists by their mean."""
     if isinstance(value, list):

@@ -25,6 +25,7 @@ Features of model i (each with its prior direction: + means higher is more merge
     partnered_accuracy     +  accuracy, likewise
     rehearsal              +  the two read as the task is scored: partnered p(gold) where its
                               options are listed, partnered accuracy where it is scored cloze
+                              (another format: not measured)
 
 The lettered features (the first five), ``diluted_margin``, the ``partnered_*`` two and ``rehearsal`` are measured and
 reported, not fitted (``CALIBRATED``); a calibration may read ``rehearsal`` first (``Calibration.reads_first``).
@@ -107,7 +108,7 @@ SAY = {
     "diluted_margin": "margin at a ninth of its update {:+.2f}",
     "partnered_p_gold": "p(gold) among its partners {:.2f}",
     "partnered_accuracy": "accuracy among its partners {:.2f}",
-    "rehearsal": "{:.2f} among its partners, as its task is scored",
+    "rehearsal": "its own task scores {:.2f} there",
 }
 
 
@@ -147,11 +148,15 @@ def features(models: Sequence[Mapping[str, Any]]) -> Dict[str, Features]:
     return table
 
 
+REHEARSED = {"options": "partnered_mean_p_gold", "cloze": "partnered_accuracy"}  # the formats it was decided on
+
+
 def rehearsal(model: Mapping[str, Any]) -> Optional[float]:
     """A precheck model's own probe on the rehearsed merge (``dilution``'s partnered pass), read as
-    its task is scored: p(gold) where its options are listed, accuracy where it is cloze."""
-    listed = (model.get("knowledge") or {}).get("scored_format") == "options"
-    return (model.get("dilution") or {}).get("partnered_mean_p_gold" if listed else "partnered_accuracy")
+    its task is scored: p(gold) where its options are listed, accuracy where it is cloze; None for a
+    probe of another format (an lm-eval task's, a mix), where it was never tested."""
+    scored = REHEARSED.get((model.get("knowledge") or {}).get("scored_format", "cloze"))
+    return (model.get("dilution") or {}).get(scored) if scored else None
 
 
 def _scored(knowledge: Mapping[str, Any], key: str) -> Optional[float]:

@@ -48,6 +48,7 @@ class ModelInput:
     dtype: Optional[str] = (
         None  # what a pass loads it in (the precheck resolves dtype auto per model); None: the settings'
     )
+    share: Optional[float] = None  # its update's share in the configured merge, where that is a plain sum
 
     def load_dtype(self, settings: "PrecheckSettings") -> str:
         return self.dtype or settings.dtype

@@ -16,7 +16,12 @@ second copy of any model in memory.
 A second pass (``partnered_*``) adds what the model's partners do to its own answer: the rest of
 the merge split evenly among the config's other models, paper 1's expected partner,
 
-    θ_base + s·τ_i + (1 − s)/(N − 1)·Σ_{j≠i} τ_j
+    θ_base + s'·τ_i + (1 − s')/(N − 1)·Σ_{j≠i} τ_j,   s' = max(s, 1/N)
+
+A config of fewer than 9 models has at most N − 1 partners to draw (``mergeability`` refuses
+more), so there the rehearsal is its merge as configured where the method is a plain weighted sum
+(task_arithmetic, linear: θ_base + Σ_j share_j·τ_j, ``ModelInput.share``), else the mean merge of
+all N (``rehearsed``: "mean" or "configured").
 
 with Σ_j τ_j summed once and held in float32 where it takes at most SUM_SHARE of the loaded base's
 memory and SUM_BUDGET (so a precheck's peak stays within docs/scale.md's 1.3× one model); above
@@ -33,7 +38,7 @@ from typing import Dict, Iterator, Optional, Sequence, Set, Tuple
 
 import torch
 
-from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Need
+from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, ModelInput, Need
 from mergekit_mergeability.diagnostics.knowledge import scores
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.maths import knowledge
@@ -125,6 +130,21 @@ class Dilution:
     def __init__(self, share: float = 1 / (PARTNERS + 1)):
         self.share = share
 
+    def rehearsed(self, everyone: Sequence[ModelInput]) -> Tuple[str, Dict[str, float], Dict[str, float]]:
+        """The partnered pass's merge for each model i, θ_base + Σ_j c_j·τ_j + e_i·τ_i, as (which merge,
+        c, e); c empty for one model. A config of more models than the protocol's partners: paper 1's expected
+        partner, c_j = (1 − s')/(N − 1), s' = max(s, 1/N), e_i = s' − c_i. One with fewer, whose method
+        is a plain sum (``ModelInput.share``), has no eight partners to draw: its merge as configured
+        (c_j its share, e = 0); else the mean merge of all N."""
+        count = len(everyone)
+        if count < 2:
+            return "none", {}, {}
+        if count <= PARTNERS and all(m.share is not None for m in everyone):
+            return "configured", {m.name: m.share for m in everyone}, {m.name: 0.0 for m in everyone}
+        mine = max(self.share, 1 / count)
+        others = (1 - mine) / (count - 1)
+        return "mean", {m.name: others for m in everyone}, {m.name: mine - others for m in everyone}
+
     def run(self, inputs: DiagnosticInputs) -> DiagnosticResult:
         result = DiagnosticResult()
         models = [m for m in inputs.models if m.probes]
@@ -134,13 +154,13 @@ class Dilution:
         module, tokenizer = load_causal_lm(inputs.base.path, settings.device, inputs.base.load_dtype(settings))
         base = TensorReader(inputs.base.path)
         touched = {m.name: changed(base, m.path) for m in inputs.models}
-        # the expected partner of paper 1's protocol: the rest of the share split evenly among the others
-        others = (1 - self.share) / (len(inputs.models) - 1) if len(inputs.models) > 1 else 0.0
+        merge, in_sum, extra = self.rehearsed(inputs.models)
         lines = sum(len(i.continuations) for m in models for i in m.probes)
-        passes = 2 if others else 1
+        passes = 2 if in_sum else 1
         loaded = sum(p.numel() * p.element_size() for p in module.parameters())
         limit = min(SUM_BUDGET, SUM_SHARE * loaded)
-        every = summed(base, [(m.path, others, touched[m.name]) for m in inputs.models], limit) if others else None
+        mixture_of = lambda ms: [(m.path, in_sum[m.name], touched[m.name]) for m in ms]  # noqa: E731
+        every = summed(base, mixture_of(inputs.models), limit) if in_sum else None
         with task(f"dilution: each model at {self.share:.3g} of its update", passes * lines, settings.quiet) as advance:
             for model in models:
                 own = (model.path, self.share, touched[model.name])
@@ -152,16 +172,17 @@ class Dilution:
                     "diluted_mean_p_gold": view["mean_p_gold"],
                     "diluted_mean_margin": view["mean_margin"],
                 }
-                if not others:
+                if not in_sum:
                     continue
-                if every is None:  # the others' shares read model by model, for this model alone
-                    mixture = [own, *((m.path, others, touched[m.name]) for m in inputs.models if m is not model)]
-                else:  # s·τ_i + c·Σ_{j≠i} τ_j = (s − c)·τ_i + c·Σ_j τ_j
-                    mixture = [(model.path, self.share - others, touched[model.name])]
-                with mixed(module, base, mixture, every):
+                # Σ_j c_j·τ_j (summed once, or read model by model for this model alone) plus its own extra share
+                mixture = [(model.path, extra[model.name], touched[model.name])] if extra[model.name] else []
+                with mixed(module, base, mixture if every is not None else mixture + mixture_of(inputs.models), every):
                     view = asdict(knowledge.aggregate(scores(module, tokenizer, list(model.probes), advance)))
+                others = [in_sum[m.name] for m in inputs.models if m is not model]
                 result.per_model[model.name].update(
-                    partner_share=others,
+                    rehearsed=merge,
+                    partnered_share=in_sum[model.name] + extra[model.name],
+                    partner_share=sum(others) / len(others),
                     partnered_accuracy=view["accuracy"],
                     partnered_mean_p_gold=view["mean_p_gold"],
                 )

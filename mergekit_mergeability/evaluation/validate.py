@@ -69,8 +69,15 @@ def validate(
 
 
 def _versus_best(rows, predictors, outcome, common, seed) -> Dict[str, Any] | None:
-    """The prediction minus the best single input, over the models both rank."""
-    singles = [r for r in rows if r["predictor"] != PREDICTION]
+    """The prediction minus the best single input other than one it equals (a rehearsal it reads
+    as is cannot lose to itself), over the models both rank."""
+    prediction = predictors[PREDICTION]
+    same = [
+        r["predictor"]
+        for r in rows
+        if r["predictor"] != PREDICTION and all(predictors[r["predictor"]][p] == prediction[p] for p in common)
+    ]
+    singles = [r for r in rows if r["predictor"] not in (PREDICTION, *same)]
     if not singles or not any(r["predictor"] == PREDICTION for r in rows):
         return None
     best = max(singles, key=lambda r: r["spearman"])["predictor"]
@@ -87,6 +94,7 @@ def _versus_best(rows, predictors, outcome, common, seed) -> Dict[str, Any] | No
         "interval": list(interval),
         "beats": interval[0] > 0,
         "n": len(known),
+        "same_as": same,
     }
 
 

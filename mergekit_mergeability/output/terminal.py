@@ -174,6 +174,7 @@ def print_validation(report: Printable) -> None:
         verdict = "beats" if versus["beats"] else "does not clearly beat"
         console.print(
             f"The prediction {verdict} its best single input ({versus['best_single']}): Spearman difference {versus['difference']:+.2f}, 95% interval {low:+.2f} – {high:+.2f} (n = {versus['n']})"
+            + (f"; here the prediction is {', '.join(versus['same_as'])}" if versus.get("same_as") else "")
         )
 
 
