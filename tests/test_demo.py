@@ -131,3 +131,40 @@ def test_a_task_expert_trains_on_its_first_items_and_is_probed_on_the_rest():
     assert [i.gold for i in fact_instances(task, trained=True)] == [" 1", " 2", " 3"]
     fact = {"id": "f", "questions": ["Q1?", "Q2?"], "choices": ["a", "b"], "label": 1}
     assert fact_lines(fact) == fact_lines(fact, trained=True) and len(fact_lines(fact)) == 2
+
+
+def test_a_translator_served_apart_is_not_scored_as_a_merge(tmp_path):
+    """leave_out's per-model file gives the model back as it is (no base_model): the demo scores the
+    merge of the others (recommended.yml), not that file, which evaluate cannot compare with a base."""
+    import types
+
+    import yaml
+
+    from mergekit_mergeability.demo.translation import plans
+
+    document = {
+        "merge_method": "task_arithmetic",
+        "base_model": "base",
+        "models": [{"model": m, "parameters": {"weight": 1.0}} for m in ("a", "b")],
+    }
+    folder = tmp_path / "precheck" / "pair"
+    (folder / "recommended").mkdir(parents=True)
+    (folder / "recommended.yml").write_text(yaml.safe_dump({**document, "models": document["models"][:1]}))
+    (folder / "recommended" / "b.yml").write_text(
+        yaml.safe_dump({"merge_method": "linear", "models": [{"model": "b"}]})
+    )
+    config = tmp_path / "pair.yml"
+    config.write_text(yaml.safe_dump(document))
+
+    def write_config(name, content):
+        path = tmp_path / f"{name}.yml"
+        path.write_text(yaml.safe_dump(content))
+        return path
+
+    demo = types.SimpleNamespace(out=tmp_path, write_config=write_config)
+    advice = [{"file": "recommended.yml", "expert": None}, {"file": "recommended/b.yml", "expert": "b"}]
+    precheck = {"recommendation": {"models": advice}, "layers": {"divergence": [1.0] * 31}}
+    planned = plans(demo, "pair", config, precheck)
+    assert [(label, path.name, expert) for label, path, expert in planned if label == "recommended"] == [
+        ("recommended", "recommended.yml", None)
+    ]
