@@ -219,9 +219,9 @@ def calibrate(
     is refused: ``result.refusals`` says why, and nothing is written. ``within``: the weights are
     fitted within pools (each pool's features and scores centred on its own mean), so pools of
     different kinds and levels teach only how models rank inside a pool. ``rehearsal``: the
-    prediction is each model's own probe on a rehearsed mean merge with its expected partner, read as
-    its task is scored (``features``' ``rehearsal``), where the precheck measured it; the fitted model
-    elsewhere. Otherwise, with ``out``, the calibration file is written there
+    prediction is each model's own probe on a rehearsal of the merge (``dilution``'s partnered pass),
+    read as its task is scored (``features``' ``rehearsal``), where the precheck measured it; the
+    fitted model elsewhere. Otherwise, with ``out``, the calibration file is written there
     (``precheck(settings=PrecheckSettings(calibration=...))`` reads it).
     """
     from mergekit_mergeability.decide.calibration import calibrate as fit, write

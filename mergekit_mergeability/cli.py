@@ -785,9 +785,9 @@ def validate(precheck_json: Path, mergeability_json: Path, target, permutations,
     "--rehearsal/--no-rehearsal",
     default=api_default("calibrate", "rehearsal"),
     show_default=True,
-    help="The prediction is each model's own probe on a rehearsed mean merge with its expected partner "
-    "(dilution's partnered pass: p(gold) where the options are listed, accuracy where cloze), where the "
-    "precheck measured it, and the fitted model elsewhere; or the fitted model everywhere.",
+    help="The prediction is each model's own probe on a rehearsal of the merge (dilution's partnered pass: "
+    "p(gold) where the options are listed, accuracy where cloze), where the precheck measured it, and the "
+    "fitted model elsewhere; or the fitted model everywhere.",
 )
 @user_errors
 def calibrate(measured, out: Path, target, permutations, alpha, within, rehearsal):

@@ -41,7 +41,7 @@ COLUMNS = {  # header: what it means (the header's tooltip)
     "accuracy": "the base's accuracy on the probe, likewise",
     "lettered": "p(gold) asked as Will it Merge? asks it: few-shot, options lettered",
     "at 1/9": "p(gold) on its own probe, as the task scores it, with a ninth of its update: the share a mean merge of 9 gives it",
-    "rehearsal": "its own probe, as its task is scored (p(gold) where the options are listed, accuracy where cloze), with a ninth of its update and the rest of the merge split among the config's other models (paper 1's expected partner): the prediction, where measured",
+    "rehearsal": "its own probe, as its task is scored (p(gold) where the options are listed, accuracy where cloze), on a rehearsal of the merge: a ninth of its update and the rest split among the config's other models (paper 1's expected partner; under 9 models, the merge as configured): the prediction, where measured",
     "‖τ‖": "update norm",
     "σ_max": "top singular value of the update",
     "cos(rest)": "cosine between this update and the sum of the others",
