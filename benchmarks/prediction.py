@@ -267,15 +267,8 @@ def _shuffled(predicted, y, groups, permutations: int, seed: int = 0):
 
     from mergekit_mergeability.maths import calibration as fitting
 
-    rng, groups = np.random.default_rng(seed), np.asarray(groups)
-    null = []
-    for _ in range(permutations):
-        shuffled = y.copy()
-        for g in np.unique(groups):
-            inside = np.flatnonzero(groups == g)
-            shuffled[inside] = rng.permutation(y[inside])
-        null.append(fitting.within_pools(predicted, shuffled, groups))
-    return np.array(null)
+    shuffles = fitting.shuffled_within(y, groups, permutations, seed)
+    return np.array([fitting.within_pools(predicted, shuffled, groups) for shuffled in shuffles])
 
 
 def _scored(predicted, x, y, permutations: int, names=None) -> dict:

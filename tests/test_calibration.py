@@ -119,19 +119,24 @@ def test_calibrate_writes_a_fit_that_precheck_can_load(tmp_path):
     assert knows[0] > doubts[0] and "↑ p(gold) as the task asks" in knows[1][0]
 
 
+def _calibrated_two_pools(tmp_path, x, y, *flags):
+    """``calibrate`` through the CLI on x, y split into two pools of 20, once per flag: each written file, loaded."""
+    files = _pool_files(tmp_path, x[:20], y[:20], "a") + _pool_files(tmp_path, x[20:], y[20:], "b")
+    loaded = []
+    for flag in flags:
+        out = tmp_path / f"{flag}.json"
+        result = CliRunner().invoke(main, ["calibrate", *files, flag, "--out", str(out), "--permutations", "50"])
+        assert result.exit_code == 0, result.output
+        loaded.append(Calibration.load(out))
+    return loaded
+
+
 def test_the_rehearsal_is_the_prediction_where_measured_and_the_fitted_model_elsewhere(tmp_path):
     """A model's partnered accuracy (its probe on a rehearsed merge) is its prediction as it is,
     clipped to [0, 1], whatever its knowledge and weights say; without it, the fitted model's;
     ``--no-rehearsal`` reads the fitted model everywhere."""
     x, y, _ = _planted(n=40)
-    files = _pool_files(tmp_path, x[:20], y[:20], "a") + _pool_files(tmp_path, x[20:], y[20:], "b")
-    loaded = {}
-    for flag in ("--rehearsal", "--no-rehearsal"):
-        out = tmp_path / f"{flag}.json"
-        result = CliRunner().invoke(main, ["calibrate", *files, flag, "--out", str(out), "--permutations", "50"])
-        assert result.exit_code == 0, result.output
-        loaded[flag] = Calibration.load(out)
-    rehearsed, fitted = loaded["--rehearsal"], loaded["--no-rehearsal"]
+    rehearsed, fitted = _calibrated_two_pools(tmp_path, x, y, "--rehearsal", "--no-rehearsal")
     assert rehearsed.reads_first == "rehearsal" and fitted.reads_first is None
     knows = {"scored_p_gold": 2.0, "relative_norm": -1.0}
     alone = fitted.predict(knows)[0]
@@ -170,13 +175,9 @@ def test_calibrate_within_pools_gives_no_weight_to_what_sets_a_pools_level(tmp_p
     level = np.repeat([0.0, 1.0], 20)
     x[:, 2] = level + 0.01 * np.random.default_rng(5).normal(size=40)
     y = y + 0.5 * level
-    files = _pool_files(tmp_path, x[:20], y[:20], "a") + _pool_files(tmp_path, x[20:], y[20:], "b")
     cosine = {}
-    for how in ("--pooled", "--within-pools"):
-        out = tmp_path / f"{how}.json"
-        result = CliRunner().invoke(main, ["calibrate", *files, how, "--out", str(out), "--permutations", "50"])
-        assert result.exit_code == 0, result.output
-        document = Calibration.load(out).document
+    for calibration in _calibrated_two_pools(tmp_path, x, y, "--pooled", "--within-pools"):
+        document = calibration.document
         cosine[document["fitted"]] = {f["name"]: f["weight"] for f in document["model"]["features"]}["pool_cosine"]
     assert cosine["pooled"] > 0.1 and cosine["within pools"] < 0.01
 

@@ -34,8 +34,9 @@ from mergekit_mergeability.maths.stats import correlate
 
 DEFAULT = Path(__file__).with_name("calibration.json")
 # What the shipped prediction reads first, where the precheck measured it: the model's own probe on a
-# rehearsal of paper 1's mean merge with its expected partner (``dilution``'s partnered pass). Decided on
-# a family defined before it was trained (docs/prediction.md, "a rehearsal of the merge").
+# rehearsal of the merge (``dilution``'s partnered pass: paper 1's mean merge with its expected partner,
+# or a small config's merge as configured). Decided on a family defined before it was trained
+# (docs/prediction.md, "a rehearsal of the merge").
 REHEARSAL = "rehearsal"
 PRECHECK_FIELDS = ("path", "role", "knowledge", "weights")
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence
+from typing import Dict, Iterator, Optional, Sequence
 
 import numpy as np
 from scipy.optimize import nnls
@@ -154,18 +154,27 @@ def permutation_null(
     within: bool = False,
 ) -> np.ndarray:
     """Held-out Spearman of the whole fitting procedure on targets shuffled within pools."""
+    groups = np.asarray(groups)
+    return np.array(
+        [
+            within_pools(
+                held_out_predictions(x, shuffled, groups, names, directions, by_group, within), shuffled, groups
+            )
+            for shuffled in shuffled_within(y, groups, permutations, seed)
+        ]
+    )
+
+
+def shuffled_within(y, groups: Sequence[str], permutations: int, seed: int = 0) -> Iterator[np.ndarray]:
+    """``permutations`` copies of ``y``, each shuffled within every pool of ``groups``."""
     rng = np.random.default_rng(seed)
     y, groups = np.asarray(y, dtype=float), np.asarray(groups)
-    null = np.empty(permutations)
-    for p in range(permutations):
+    for _ in range(permutations):
         shuffled = y.copy()
         for g in dict.fromkeys(groups):
             inside = np.flatnonzero(groups == g)
             shuffled[inside] = y[rng.permutation(inside)]
-        null[p] = within_pools(
-            held_out_predictions(x, shuffled, groups, names, directions, by_group, within), shuffled, groups
-        )
-    return null
+        yield shuffled
 
 
 def p_value(observed: float, null: np.ndarray) -> float:
