@@ -287,8 +287,40 @@ def test_a_model_predicted_to_lose_its_task_is_never_merged_blind():
         {"a": 0.1, "b": 0.05}, {"a": 0.5, "b": 0.5}
     )  # leaving all out is no merge: say it, then decide as usual
     assert (every.verdict, every.lost) == ("merge_as_configured", ["b", "a"]) and every.reasons[0].startswith(
-        "every model is predicted to keep under 0.3"
+        "every model is predicted to score under 0.3"
     )
+
+
+def test_a_rehearsed_loss_is_grounds_enough_without_the_bases_knowledge():
+    """Knowledge skipped, the merge rehearsed: b's probe scores 0 there. That is a measured loss,
+    so b is left out, not merged under "drops nothing the precheck can predict"."""
+    from mergekit_mergeability.decide import decide
+
+    def expert(name, accuracy):
+        return {
+            "path": name,
+            "role": "expert",
+            "knowledge": None,
+            "weights": None,
+            "dilution": {"partnered_accuracy": accuracy},
+        }
+
+    decided = decide(
+        [expert("a", 1.0), expert("b", 0.0), expert("c", 1.0)],
+        Calibration.load(None),
+        {"a": 1.0, "b": 1.0, "c": 1.0},
+        {},
+        {},
+        {},
+        base=None,
+        method="task_arithmetic",
+        errors=[],
+        threshold=0.8,
+        overlap_threshold=0.5,
+        signal="cka",
+    )
+    assert decided.predictions["b"].value == 0.0
+    assert (decided.recommendation.verdict, decided.recommendation.left_out) == ("leave_out", ["b"])
 
 
 def test_far_below_its_partners_is_lost_whatever_the_calibrations_level():
@@ -396,10 +428,10 @@ def test_knowledge_weighted_is_recommended_only_where_it_is_predicted_to_beat_ti
     ahead = advice("task_arithmetic", (0.80, 0.78))
     assert (
         ahead.verdict == "knowledge_weighted"
-        and "(predicted to keep 0.80 of each task on average, TIES 0.78)" in ahead.reasons[0]
+        and "(predicted to score 0.80 on each task on average, TIES 0.78)" in ahead.reasons[0]
     )
     behind = advice("task_arithmetic", (0.64, 0.71))
     assert (behind.verdict, behind.method) == ("sign_election", "ties")
-    assert "knowledge_weighted is predicted to keep 0.64 of each task on average and TIES 0.71" in behind.reasons[0]
+    assert "knowledge_weighted is predicted to score 0.64 on each task on average and TIES 0.71" in behind.reasons[0]
     assert advice("ties", (0.64, 0.71)).verdict == "merge_as_configured"  # TIES already
     assert advice("task_arithmetic", None).verdict == "knowledge_weighted"  # nothing predicted: as before

@@ -92,6 +92,7 @@ def decide(
         signal, cutoff_from_curve(curve, threshold, relative_drop=RELATIVE_DROP), selectivity_cutoff
     )
     known = {name: values[calibration.knowledge_feature] for name, values in table.items()}
+    rehearsed = {n for n, v in table.items() if calibration.reads_first and v.get(calibration.reads_first) is not None}
     recommendation = recommend(
         method,
         predictions,
@@ -102,6 +103,7 @@ def decide(
         label=label,
         decided_by=decided_by or "cka",
         against_ties=against_ties,
+        grounded={n for n, k in known.items() if k is not None} | rehearsed,
     )
     return Decision(
         calibration=calibration,

@@ -248,7 +248,7 @@ def _leave_out(lost, document, names, predicted) -> Advice:
     kept = ", ".join(names.get(str(e["model"]), str(e["model"])) for e in _experts(config))
     apart = ", ".join(f"{names.get(m, m)} (predicted {predicted[m]:.2f} in the merge)" for m in lost)
     notes = [
-        f"serve {names.get(m, m)} on its own: merged, it is predicted to keep {predicted[m]:.2f} of its task"
+        f"serve {names.get(m, m)} on its own: merged, it is predicted to score {predicted[m]:.2f} on its task"
         for m in lost
     ]
     return Advice(

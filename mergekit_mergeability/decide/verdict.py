@@ -25,13 +25,13 @@ Verdict, first match wins:
    cut-offs; the reasons name the signal.
 3. ``knowledge_weighted``: some model is predicted below 0.5 and the base's p(gold)
    spreads by ≥ 0.2 across models: weight the weakly-known ones up (on the measured
-   families it lifted the weakest-known third most: README), if it is predicted to keep more
+   families it lifted the weakest-known third most: README), if it is predicted to score more
    than TIES would (the plan's conditional prediction, every expert merged each way; on the
    `options` family it kept less, 0.642 vs 0.711); else TIES (``sign_election``).
 4. ``leave_out``: some model is predicted to lose its task, the prediction rests on
-   measured knowledge, and nothing above protects it: merge the others, keep it apart
-   (one config gives it back as it is). Lost: predicted to keep under LOST (0.3) of its
-   task, or under LOW_PREDICTION and under half of what the others are predicted to keep
+   measured knowledge or a rehearsal, and nothing above protects it: merge the others, keep it apart
+   (one config gives it back as it is). Lost: predicted to score under LOST (0.3) on its
+   own task once merged, or under LOW_PREDICTION and under half of what the others are predicted to score
    (their median). The second reading is there because a calibration's level moves with
    the pools it was fitted on (mean S 0.73 on one measured family, 0.50 on another) while
    its ranking transfers (docs/prediction.md): far below its partners is lost whatever the
@@ -218,7 +218,7 @@ def recommend(
     """``knowledge``: the base's p(gold) per model, as the calibration reads it (None without
     probes); ``label`` names a model in reasons; ``decided_by`` the signal that set the cut-off;
     ``grounded``: the models whose prediction may leave them out (None: those whose knowledge
-    was measured); ``against_ties``: the experts' mean predicted score with knowledge_weighted and
+    was measured; the precheck adds those it rehearsed: their prediction is measured too); ``against_ties``: the experts' mean predicted score with knowledge_weighted and
     with TIES: knowledge_weighted is recommended only where it is predicted to beat TIES."""
     shared = SHARED[decided_by]
     if errors:
@@ -245,10 +245,10 @@ def recommend(
             reason = f"{why}: weight the weakly-known ones up"
             if against_ties is not None:
                 reason += (
-                    f" (predicted to keep {against_ties[0]:.2f} of each task on average, TIES {against_ties[1]:.2f})"
+                    f" (predicted to score {against_ties[0]:.2f} on each task on average, TIES {against_ties[1]:.2f})"
                 )
             return Recommendation(KNOWLEDGE_WEIGHTED, "knowledge_weighted", knowledge=known, reasons=[reason])
-        reason = f"{why}, but knowledge_weighted is predicted to keep {against_ties[0]:.2f} of each task on average and TIES {against_ties[1]:.2f}: elect signs (TIES) instead"
+        reason = f"{why}, but knowledge_weighted is predicted to score {against_ties[0]:.2f} on each task on average and TIES {against_ties[1]:.2f}: elect signs (TIES) instead"
         if method in ("ties", "dare_ties"):
             return Recommendation(MERGE_AS_CONFIGURED, method, reasons=[reason])
         return Recommendation(SIGN_ELECTION, "ties", reasons=[reason])
@@ -260,10 +260,10 @@ def recommend(
             f" and {len(lost) - 3} more" if len(lost) > 3 else ""
         )
         if kept:
-            reason = f"{named} predicted to keep under {LOST} of its task in this merge, or under half of what the others keep, and the base's knowledge does not spread enough to weight it up: merge the others, serve it apart"
+            reason = f"{named} predicted to score under {LOST} on its own task in this merge, or under half of what the others score, and the base's knowledge does not spread enough to weight it up: merge the others, serve it apart"
             return Recommendation(LEAVE_OUT, method, reasons=[reason], left_out=lost)
         # every model lost: leaving them all out is no merge; say so beside whatever comes next
-        warning = f"every model is predicted to keep under {LOST} of its task ({named}), and no other method is indicated: expect the merge to keep little of any"
+        warning = f"every model is predicted to score under {LOST} on its own task ({named}), and no other method is indicated: expect the merge to keep little of any"
         following = recommend(method, {}, {}, cosines, None, [], label, decided_by)
         reasons = [warning] if following.verdict == MERGE_AS_CONFIGURED else [f"{warning};", *following.reasons]
         return Recommendation(following.verdict, following.method, reasons=reasons, pairs=following.pairs, lost=lost)
@@ -275,7 +275,7 @@ def recommend(
 
 
 def _lost(model: str, predictions: Mapping[str, Prediction]) -> bool:
-    """Predicted to keep under LOST of its task, or under LOW_PREDICTION and under RELATIVE_LOST
+    """Predicted to score under LOST on its own task once merged, or under LOW_PREDICTION and under RELATIVE_LOST
     of the others' median prediction."""
     value = predictions[model].value if model in predictions else None
     if value is None:
