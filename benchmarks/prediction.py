@@ -335,13 +335,16 @@ def refresh(args) -> None:
 
     every = ("knowledge", "weights", "dilution", "representations", "selectivity", "compatibility")
     scratch = OUT / args.family / f"refresh_{args.diagnostic}"
-    shutil.rmtree(scratch, ignore_errors=True)
-    skips = [flag for name in every if name != args.diagnostic for flag in ("--skip", name)]
-    config = OUT / args.family / "configs" / "pool.yml"
-    cli = ["-m", "mergekit_mergeability"]
-    if args.hold_sum:  # the same numbers (tests/test_dilution.py), without the N² reads a user's memory bound forces
-        cli = ["-c", f"import {HOLD}; from mergekit_mergeability.cli import main; main()"]
-    _run(sys.executable, *cli, "precheck", str(config), "--out", str(scratch), *skips, "--quiet")
+    if not (args.reuse and (scratch / "precheck.json").is_file()):
+        shutil.rmtree(scratch, ignore_errors=True)
+        skips = [flag for name in every if name != args.diagnostic for flag in ("--skip", name)]
+        config = OUT / args.family / "configs" / "pool.yml"
+        cli = ["-m", "mergekit_mergeability"]
+        if (
+            args.hold_sum
+        ):  # the same numbers (tests/test_dilution.py), without the N² reads a user's memory bound forces
+            cli = ["-c", f"import {HOLD}; from mergekit_mergeability.cli import main; main()"]
+        _run(sys.executable, *cli, "precheck", str(config), "--out", str(scratch), *skips, "--quiet")
     fresh = {m["path"]: m.get(args.diagnostic) for m in json.loads((scratch / "precheck.json").read_text())["models"]}
     target = OUT / args.family / "precheck" / "precheck.json"
     report = json.loads(target.read_text())
@@ -565,6 +568,39 @@ def aims(args) -> None:
         )
 
 
+def gate(args) -> None:
+    """What the precheck's choice between knowledge_weighted and TIES reads (each family's whole
+    pool config rehearsed both ways: every expert's probe on both merges, read as scored), beside
+    the same two methods measured on paper 1's 9-model trials (same partner draws); the two are
+    different merges (the config holds 64 or more), so the second is context, not a check."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from pools import FAMILIES
+
+    from mergekit_mergeability.decide import _against_ties
+
+    table = Table(
+        "family", "experts", "rehearsed: kw", "TIES", "chooses", "9-model trials: kw", "TIES", "lead",
+        title="knowledge_weighted against TIES: the whole config rehearsed, and paper 1's trials",
+    )  # fmt: skip
+    for family, folder in _families(args.families or FAMILIES):
+        report = OUT / folder / "precheck" / "precheck.json"
+        if not report.is_file():
+            continue
+        experts = [m for m in json.loads(report.read_text())["models"] if m["role"] == "expert"]
+        rehearsed, by = _against_ties(experts, None)
+        if rehearsed is None:
+            console.print(f"[yellow]{family}: not rehearsed yet: benchmarks/prediction.py refresh {family}[/yellow]")
+            continue
+        trials = ["–", "–", "–"]
+        labels = ("kw_t0.3", "ties_d0.5")
+        if all((OUT / folder / "mergeability" / label / "mergeability.json").is_file() for label in labels):
+            kw, ties = (sum(s.values()) / len(s) for s in (_mean_s(folder, label) for label in labels))
+            trials = [f"{kw:.3f}", f"{ties:.3f}", "knowledge_weighted" if kw > ties else "TIES"]
+        chosen = "knowledge_weighted" if rehearsed[0] > rehearsed[1] else "TIES"
+        table.add_row(family, str(len(experts)), f"{rehearsed[0]:.3f}", f"{rehearsed[1]:.3f}", chosen, *trials)
+    console.print(table)
+
+
 def _p(p: float) -> str:
     return "< 0.001" if p < 0.001 else f"{p:.3f}"
 
@@ -632,7 +668,18 @@ def main():
         action="store_true",
         help="hold the partners' summed update in memory whatever its size (a benchmark machine, not a user's bound)",
     )
+    again.add_argument(
+        "--reuse",
+        action="store_true",
+        help="write the fields of a finished earlier run (its folder) instead of rerunning",
+    )
     again.set_defaults(run=refresh)
+    gated = commands.add_parser(
+        "gate",
+        help="knowledge_weighted against TIES: the rehearsal of each family's whole config, and its 9-model trials",
+    )
+    gated.add_argument("families", nargs="*", help="FAMILY or FAMILY=FOLDER under pools-out (default: every one)")
+    gated.set_defaults(run=gate)
     checked = commands.add_parser("check", help="the shipped calibration on a family it was not fitted on")
     checked.add_argument("family", help="a pool measured under pools-out (e.g. attention)")
     checked.add_argument("--calibration", type=Path, help="a calibration file (default: the shipped one)")

@@ -189,3 +189,39 @@ def test_the_configured_shares_are_those_of_a_plain_weighted_sum():
     assert configured_shares({**document, "parameters": {"lambda": 0.5}}) == {"a": 0.5, "b": 1.5}
     assert configured_shares({**document, "merge_method": "linear"}) == {"a": 0.25, "b": 0.75}  # normalised
     assert configured_shares({**document, "merge_method": "ties"}) == {}  # trims and elects: not a sum
+
+
+def test_the_compared_merges_score_as_mergekit_merges_them(expert, tmp_path):
+    """Three models with probes: each one's own probe on the whole config merged with
+    knowledge_weighted's defaults (shares by the base's p(gold) on each probe) and with TIES
+    (density 0.5), as the models mergekit's own merge_tensors builds score it."""
+    from mergekit_mergeability.evaluation.inmemory import load_update, merge_updates
+    from mergekit_mergeability.sources import TensorReader
+
+    base, folder, instances = expert
+    others = [derive(base, tmp_path / f"other{i}", noise(20 + i, 0.15, lambda n: ".mlp." in n)) for i in range(2)]
+    probe = ranked_probes(tmp_path / "other.jsonl", base, QUESTIONS, ["Paris", "water", "fox", "dog"], pick=0)
+    models = (
+        ModelInput("m", folder, instances),
+        *(ModelInput(f"o{i}", o, tasks.load(str(probe))) for i, o in enumerate(others)),
+    )
+    found = Dilution().run(DiagnosticInputs(ModelInput("base", base), models)).per_model
+    reader = TensorReader(base)
+    updates = {m.name: load_update(reader, m.path, m.name) for m in models}
+    known = {m.name: _scored(base, base, m.probes)[1] for m in models}
+    assert known["m"] != known["o0"]  # the shares differ
+    parameters = {
+        "knowledge_weighted": ({}, {m.name: {"knowledge": known[m.name]} for m in models}),
+        "ties": ({"density": 0.5}, {m.name: {"weight": 1.0} for m in models}),
+    }
+    for method, (shared, per_model) in parameters.items():
+        merged = merge_updates(reader, updates, method, shared, per_model)
+        by_hand = derive(base, tmp_path / method, lambda name, t: merged[name] - t if name in merged else 0 * t)
+        for m in models:
+            accuracy, p_gold, _ = _scored(by_hand, by_hand, m.probes)
+            assert found[m.name][f"{method}_accuracy"] == accuracy
+            assert found[m.name][f"{method}_mean_p_gold"] == pytest.approx(p_gold, abs=1e-5)
+    alone = (
+        Dilution().run(DiagnosticInputs(ModelInput("base", base), (models[0], ModelInput("x", others[0])))).per_model
+    )
+    assert "ties_accuracy" not in alone["m"]  # a model without a probe: no knowledge, no shares to compare

@@ -435,3 +435,50 @@ def test_knowledge_weighted_is_recommended_only_where_it_is_predicted_to_beat_ti
     assert "knowledge_weighted is predicted to score 0.64 on each task on average and TIES 0.71" in behind.reasons[0]
     assert advice("ties", (0.64, 0.71)).verdict == "merge_as_configured"  # TIES already
     assert advice("task_arithmetic", None).verdict == "knowledge_weighted"  # nothing predicted: as before
+
+
+def test_rehearsed_merges_decide_between_knowledge_weighted_and_ties_before_any_prediction():
+    """Every expert's probe asked on both merges: their mean scores decide (read as each task is
+    scored), whatever the planner predicted; one expert not rehearsed: the prediction decides."""
+    from mergekit_mergeability.decide import decide
+
+    def expert(name, known, kw, ties, listed=False):
+        scored = {
+            "scored_format": "options" if listed else "cloze",
+            "scored_mean_p_gold": known,
+            "scored_accuracy": known,
+        }
+        dilution = {"partnered_accuracy": known, "partnered_mean_p_gold": known}
+        dilution.update({"knowledge_weighted_accuracy": kw, "ties_accuracy": ties} if kw is not None else {})
+        dilution.update({"knowledge_weighted_mean_p_gold": kw / 2, "ties_mean_p_gold": ties / 2} if listed else {})
+        return {"path": name, "role": "expert", "knowledge": scored, "weights": None, "dilution": dilution}
+
+    def decided(experts, predicted):
+        return decide(
+            experts,
+            Calibration.load(None),
+            {e["path"]: 1.0 for e in experts},
+            {},
+            {},
+            {},
+            base=None,
+            method="task_arithmetic",
+            errors=[],
+            threshold=0.8,
+            overlap_threshold=0.5,
+            signal="cka",
+            against_ties=predicted,
+        )
+
+    behind = decided([expert("a", 0.9, 0.5, 1.0), expert("b", 0.1, 1.0, 0.5, listed=True)], (0.8, 0.7))
+    # a: cloze, read as accuracy; b: options listed, read as p(gold) (half its accuracy here)
+    assert behind.against_ties == (0.5, 0.625) and behind.against_ties_by == "rehearsal"
+    assert behind.recommendation.verdict == "sign_election"  # the planner's (0.8, 0.7) is not read
+    reason = "but rehearsed, knowledge_weighted scores 0.50 on each task on average and TIES 0.62"
+    assert reason in behind.recommendation.reasons[0]
+    ahead = decided([expert("a", 0.9, 1.0, 0.5), expert("b", 0.1, 1.0, 0.5)], (0.6, 0.7))
+    assert (ahead.recommendation.verdict, ahead.against_ties_by) == ("knowledge_weighted", "rehearsal")
+    assert "(rehearsed, it scores 1.00 on each task on average, TIES 0.50)" in ahead.recommendation.reasons[0]
+    unrehearsed = decided([expert("a", 0.9, 1.0, 0.5), expert("b", 0.1, None, None)], (0.6, 0.7))
+    assert (unrehearsed.against_ties, unrehearsed.against_ties_by) == ((0.6, 0.7), "conditional prediction")
+    assert unrehearsed.recommendation.verdict == "sign_election"

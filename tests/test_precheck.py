@@ -91,11 +91,13 @@ def _merge(config_path, out):
 @pytest.fixture
 def ungated(monkeypatch):
     """The knowledge_weighted advice without its gate against TIES: these tests are of what the
-    advice holds; whether it beats TIES on two tiny experts is the plan's prediction's to say
-    (tests/test_formats.py and tests/test_plan.py test the gate)."""
+    advice holds; whether it beats TIES on two tiny experts is the rehearsal's (or the plan's
+    prediction's) to say (tests/test_formats.py, test_dilution.py and test_plan.py test the gate)."""
+    import mergekit_mergeability.decide as deciding
     from mergekit_mergeability.planner import decide
 
     monkeypatch.setattr(decide, "knowledge_weighted_against_ties", lambda report, calibration: None)
+    monkeypatch.setattr(deciding, "_against_ties", lambda experts, predicted: (None, None))
 
 
 def test_weakly_known_probes_lead_to_knowledge_weighting(tmp_path, pool, ungated):

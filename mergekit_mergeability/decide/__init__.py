@@ -37,7 +37,8 @@ class Decision:
     decided_by: Optional[str]  # the signal that set the cut-off
     recommendation: Recommendation
     weights: Optional[Dict[str, float]]  # the shares the advice gives (knowledge_weighted), else the configured weights
-    against_ties: Optional[Tuple[float, float]] = None  # mean predicted score: knowledge_weighted, TIES (planner)
+    against_ties: Optional[Tuple[float, float]] = None  # mean score: knowledge_weighted, TIES
+    against_ties_by: Optional[str] = None  # REHEARSED (both merges asked the probes) or PREDICTED (the planner's)
 
 
 def decide(
@@ -80,6 +81,7 @@ def decide(
     )
 
     table = features(experts)
+    against_ties, against_ties_by = _against_ties(experts, against_ties)
     calibrated = {name: Prediction(*calibration.predict(values)) for name, values in table.items()}
     norms = {m["path"]: (m["weights"] or {}).get("update_norm") for m in experts if m["role"] == "expert"}
     kept = kept_shares(configured, norms, cosines)
@@ -103,6 +105,7 @@ def decide(
         label=label,
         decided_by=decided_by or "cka",
         against_ties=against_ties,
+        against_ties_by=against_ties_by,
         grounded={n for n, k in known.items() if k is not None} | rehearsed,
     )
     return Decision(
@@ -123,7 +126,25 @@ def decide(
         recommendation=recommendation,
         weights=_weights(recommendation, configured),
         against_ties=against_ties,
+        against_ties_by=against_ties_by,
     )
+
+
+REHEARSED, PREDICTED = "rehearsal", "conditional prediction"
+
+
+def _against_ties(
+    experts: Sequence[Mapping[str, Any]], predicted: Optional[Tuple[float, float]]
+) -> Tuple[Optional[Tuple[float, float]], Optional[str]]:
+    """knowledge_weighted's and TIES's mean score over the experts, and what says it: the two
+    merges rehearsed (every expert's probe asked on both), else the planner's ``predicted`` one."""
+    from mergekit_mergeability.decide.features import compared
+    from mergekit_mergeability.maths.merging import COMPARED
+
+    scored = [[compared(m, method) for method in COMPARED] for m in experts if m["role"] == "expert"]
+    if scored and all(v is not None for row in scored for v in row):
+        return tuple(sum(column) / len(column) for column in zip(*scored)), REHEARSED
+    return predicted, None if predicted is None else PREDICTED
 
 
 def _weights(recommendation: Recommendation, configured: Mapping[str, float]) -> Optional[Dict[str, float]]:

@@ -159,6 +159,13 @@ def rehearsal(model: Mapping[str, Any]) -> Optional[float]:
     return (model.get("dilution") or {}).get(scored) if scored else None
 
 
+def compared(model: Mapping[str, Any], method: str) -> Optional[float]:
+    """A precheck model's own probe on the whole config merged with ``method`` (``dilution``'s
+    compared merges: knowledge_weighted, ties), read as ``rehearsal`` reads its partnered view."""
+    scored = REHEARSED.get((model.get("knowledge") or {}).get("scored_format", "cloze"))
+    return (model.get("dilution") or {}).get(scored.replace("partnered", method, 1)) if scored else None
+
+
 def _scored(knowledge: Mapping[str, Any], key: str) -> Optional[float]:
     """A knowledge value as the task is scored (``task_*`` in reports before schema 2.2)."""
     return knowledge.get(f"scored_{key}", knowledge.get(f"task_{key}"))

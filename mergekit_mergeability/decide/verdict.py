@@ -25,8 +25,9 @@ Verdict, first match wins:
    cut-offs; the reasons name the signal.
 3. ``knowledge_weighted``: some model is predicted below 0.5 and the base's p(gold)
    spreads by ≥ 0.2 across models: weight the weakly-known ones up (on the measured
-   families it lifted the weakest-known third most: README), if it is predicted to score more
-   than TIES would (the plan's conditional prediction, every expert merged each way; on the
+   families it lifted the weakest-known third most: README), if it scores more than TIES would:
+   rehearsed where the precheck merged the whole config both ways and asked every probe on each
+   (``dilution``), else the plan's conditional prediction (every expert merged each way; on the
    `options` family it kept less, 0.642 vs 0.711); else TIES (``sign_election``).
 4. ``leave_out``: some model is predicted to lose its task, the prediction rests on
    measured knowledge or a rehearsal, and nothing above protects it: merge the others, keep it apart
@@ -214,12 +215,14 @@ def recommend(
     decided_by: str = "cka",
     grounded: Optional[Set[str]] = None,
     against_ties: Optional[Tuple[float, float]] = None,
+    against_ties_by: Optional[str] = None,
 ) -> Recommendation:
     """``knowledge``: the base's p(gold) per model, as the calibration reads it (None without
     probes); ``label`` names a model in reasons; ``decided_by`` the signal that set the cut-off;
     ``grounded``: the models whose prediction may leave them out (None: those whose knowledge
     was measured; the precheck adds those it rehearsed: their prediction is measured too); ``against_ties``: the experts' mean predicted score with knowledge_weighted and
-    with TIES: knowledge_weighted is recommended only where it is predicted to beat TIES."""
+    with TIES, and ``against_ties_by`` what says so ("rehearsal": both merges asked the probes; else
+    a prediction): knowledge_weighted is recommended only where it scores above TIES."""
     shared = SHARED[decided_by]
     if errors:
         return Recommendation(DO_NOT_MERGE, None, reasons=list(errors))
@@ -241,14 +244,15 @@ def recommend(
     spread = max(known.values()) - min(known.values()) if len(known) > 1 else 0.0
     if weak and spread >= KNOWLEDGE_SPREAD and len(known) == len(knowledge):
         why = f"{len(weak)} model(s) predicted below {LOW_PREDICTION} and the base's p(gold) spreads by {spread:.2f}"
+        rehearsed = against_ties_by == "rehearsal"
         if against_ties is None or against_ties[0] > against_ties[1]:
             reason = f"{why}: weight the weakly-known ones up"
             if against_ties is not None:
-                reason += (
-                    f" (predicted to score {against_ties[0]:.2f} on each task on average, TIES {against_ties[1]:.2f})"
-                )
+                said = "rehearsed, it scores" if rehearsed else "predicted to score"
+                reason += f" ({said} {against_ties[0]:.2f} on each task on average, TIES {against_ties[1]:.2f})"
             return Recommendation(KNOWLEDGE_WEIGHTED, "knowledge_weighted", knowledge=known, reasons=[reason])
-        reason = f"{why}, but knowledge_weighted is predicted to score {against_ties[0]:.2f} on each task on average and TIES {against_ties[1]:.2f}: elect signs (TIES) instead"
+        said = "rehearsed, knowledge_weighted scores" if rehearsed else "knowledge_weighted is predicted to score"
+        reason = f"{why}, but {said} {against_ties[0]:.2f} on each task on average and TIES {against_ties[1]:.2f}: elect signs (TIES) instead"
         if method in ("ties", "dare_ties"):
             return Recommendation(MERGE_AS_CONFIGURED, method, reasons=[reason])
         return Recommendation(SIGN_ELECTION, "ties", reasons=[reason])

@@ -23,10 +23,15 @@ more), so there the rehearsal is its merge as configured where the method is a p
 (task_arithmetic, linear: θ_base + Σ_j share_j·τ_j, ``ModelInput.share``), else the mean merge of
 all N (``rehearsed``: "mean" or "configured").
 
-with Σ_j τ_j summed once and held in float32 where it takes at most SUM_SHARE of the loaded base's
-memory and SUM_BUDGET (so a precheck's peak stays within docs/scale.md's 1.3× one model); above
-that, each patch reads every model that changes a tensor a row block at a time: N² block reads for
-N models.
+A third pass (``knowledge_weighted_*``, ``ties_*``), where every model has a probe, rehearses the
+choice the verdict makes between two methods: the whole config merged with knowledge_weighted's
+defaults (shares by the base's p(gold) on each probe) and with TIES (density 0.5, weight 1), each
+model's own probe asked on both.
+
+The partnered pass holds Σ_j τ_j summed once, in float32, where it takes at most SUM_SHARE of the
+loaded base's memory and SUM_BUDGET (so a precheck's peak stays within docs/scale.md's 1.3× one
+model); above that, each patch reads every model that changes a tensor a row block at a time: N²
+block reads for N models.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult
 from mergekit_mergeability.diagnostics.knowledge import scores
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.maths import knowledge
+from mergekit_mergeability.maths.merging import COMPARED, DEFAULT_DENSITY, DEFAULT_TEMPERATURE, elected
+from mergekit_mergeability.maths.merging import knowledge_weights, threshold
 from mergekit_mergeability.progress import task
 from mergekit_mergeability.sources import Source, TensorReader, load_causal_lm, tensors
 
@@ -118,6 +125,35 @@ def mixed(
                 state[name].copy_(base[name])
 
 
+@contextlib.contextmanager
+def trimmed(module: torch.nn.Module, base: TensorReader, members: Shares, density: float) -> Iterator[torch.nn.Module]:
+    """``module`` (the loaded base) as TIES merges ``members`` (model, weight, tensors it changes):
+    each update trimmed to its ``density`` share largest entries, signs elected, the disjoint
+    weighted mean added (``methods.knowledge_weighted.elected``), restored from ``base`` on exit.
+    Each update's trim threshold is found on its whole tensor, one model at a time; the merge is
+    then written in row blocks of about BLOCK values across the stacked updates."""
+    state = module.state_dict()
+    readers = [(tensors(model), weight, touched) for model, weight, touched in members]
+    names = set().union(*(touched for _, _, touched in members))
+    try:
+        with torch.no_grad():
+            for name in names:
+                present = [(reader, weight) for reader, weight, touched in readers if name in touched]
+                whole = base[name].float()
+                cuts = torch.tensor([threshold(reader[name].float() - whole, density) for reader, _ in present])
+                weights = torch.tensor([weight for _, weight in present])
+                for start, stop in base.blocks(name, max(1, BLOCK // len(present))):  # the stack: ~BLOCK values
+                    mine = whole[start:stop]
+                    deltas = torch.stack([reader.rows(name, start, stop).float() - mine for reader, _ in present])
+                    deltas = deltas * (deltas.abs() >= cuts.reshape(-1, *([1] * (deltas.ndim - 1))))
+                    state[name][start:stop].copy_(mine + elected(deltas, weights))
+        yield module
+    finally:
+        with torch.no_grad():
+            for name in names:
+                state[name].copy_(base[name])
+
+
 def diluted(module: torch.nn.Module, base: TensorReader, model: Source, share: float):
     """``module`` as θ_base + share·τ_model (``mixed`` with one model)."""
     return mixed(module, base, [(model, share, changed(base, model))])
@@ -156,7 +192,8 @@ class Dilution:
         touched = {m.name: changed(base, m.path) for m in inputs.models}
         merge, in_sum, extra = self.rehearsed(inputs.models)
         lines = sum(len(i.continuations) for m in models for i in m.probes)
-        passes = 2 if in_sum else 1
+        compare = len(models) == len(inputs.models) > 1  # knowledge_weighted's shares need every model's knowledge
+        passes = (2 if in_sum else 1) + (1 + len(COMPARED) if compare else 0)
         loaded = sum(p.numel() * p.element_size() for p in module.parameters())
         limit = min(SUM_BUDGET, SUM_SHARE * loaded)
         mixture_of = lambda ms: [(m.path, in_sum[m.name], touched[m.name]) for m in ms]  # noqa: E731
@@ -186,4 +223,28 @@ class Dilution:
                     partnered_accuracy=view["accuracy"],
                     partnered_mean_p_gold=view["mean_p_gold"],
                 )
+            if compare:
+                self.compare(module, tokenizer, base, models, touched, advance, result)
         return result
+
+    def compare(self, module, tokenizer, base, models, touched, advance, result: DiagnosticResult) -> None:
+        """The whole config merged with knowledge_weighted's defaults and with TIES (density 0.5,
+        weight 1 each), each model's own probe asked on both: ``knowledge_weighted_*``, ``ties_*``.
+        knowledge_weighted's shares read the base's p(gold) on each probe, as the precheck's advice does."""
+
+        def asked(model) -> dict:
+            return asdict(knowledge.aggregate(scores(module, tokenizer, list(model.probes), advance)))
+
+        known = [asked(model)["mean_p_gold"] for model in models]
+        shares = {
+            "knowledge_weighted": knowledge_weights(known, DEFAULT_TEMPERATURE).tolist(),
+            "ties": [1.0] * len(models),
+        }
+        for method in COMPARED:
+            members = [(m.path, share, touched[m.name]) for m, share in zip(models, shares[method])]
+            with trimmed(module, base, members, DEFAULT_DENSITY):
+                for model in models:
+                    view = asked(model)
+                    result.per_model[model.name].update(
+                        {f"{method}_accuracy": view["accuracy"], f"{method}_mean_p_gold": view["mean_p_gold"]}
+                    )

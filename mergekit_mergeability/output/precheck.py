@@ -76,7 +76,7 @@ def build(measured: Measurements, settings: PrecheckSettings, decision: Decision
         "lost": recommendation.lost,
         "knowledge_weighted_against_ties": None
         if decision.against_ties is None
-        else dict(zip(("knowledge_weighted", "ties"), decision.against_ties)),
+        else {**dict(zip(("knowledge_weighted", "ties"), decision.against_ties)), "by": decision.against_ties_by},
         "configured_update": configured_update(spec.document),
     }
     predicted = {m["path"]: m["predicted_mergeability"] for m in models}
