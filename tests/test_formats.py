@@ -355,6 +355,28 @@ def test_leave_out_advice_is_the_config_without_the_lost_models():
     )
 
 
+def test_sign_election_keeps_a_global_weight_as_the_models_own():
+    """A mean merge of 20 written with one global weight 0.05: the TIES advice keeps it, so with
+    normalize false each agreeing entry adds 0.05 of its update, the configured size, not 20 times
+    it (a per-model weight of 1 overrode the global one); without any weight, each model gets 1."""
+    from mergekit_mergeability.decide.advice import advise
+
+    models = [{"model": m} for m in ("a", "b")]
+    rec = {"verdict": "sign_election", "left_out": [], "knowledge": None, "weights": None, "cutoff": None}
+    names, predicted = {"a": "a", "b": "b"}, {"a": 0.9, "b": 0.8}
+    document = {
+        "merge_method": "task_arithmetic",
+        "base_model": "base",
+        "models": models,
+        "parameters": {"weight": 0.05},
+    }
+    (merged,) = advise(rec, document, names, predicted)
+    assert merged.config["parameters"] == {"weight": 0.05, "normalize": False}
+    assert all("parameters" not in m for m in merged.config["models"])
+    (bare,) = advise(rec, {**document, "parameters": {}}, names, predicted)
+    assert [m["parameters"] for m in bare.config["models"]] == [{"weight": 1.0}, {"weight": 1.0}]
+
+
 @pytest.mark.parametrize("calibration", ["three_families", "shipped"])
 def test_an_expert_whose_upper_blocks_were_rewritten_keeps_them_in_some_recommended_model(tmp_path, llama, calibration):
     """Issue 19's two-expert case: ft1's upper blocks rewritten. Under either calibration some

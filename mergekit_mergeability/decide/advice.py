@@ -223,8 +223,9 @@ def _knowledge_weighted(recommendation, document, names, update) -> Advice:
 def _sign_election(recommendation, document, names, predicted, update) -> Advice:
     normalize = bool(update.get("normalize", True)) if update["total"] is not None else True
     config, notes = _with_method(document, "ties", {"normalize": normalize}, {})
-    for entry in _experts(config):
-        entry.setdefault("parameters", {}).setdefault("weight", 1.0)
+    if "weight" not in config["parameters"]:  # mergekit's ties needs one; a global weight stays the models' own
+        for entry in _experts(config):
+            entry.setdefault("parameters", {}).setdefault("weight", 1.0)
     lost = _dropped(recommendation, names, predicted)
     notes.append(f"normalize: {str(normalize).lower()} keeps the configured update size ({update['note']})")
     return Advice(

@@ -46,6 +46,7 @@ import torch
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, ModelInput, Need
 from mergekit_mergeability.diagnostics.knowledge import scores
 from mergekit_mergeability.errors import UserError
+from mergekit_mergeability.heap import release_freed_memory
 from mergekit_mergeability.maths import knowledge
 from mergekit_mergeability.maths.merging import COMPARED, DEFAULT_DENSITY, DEFAULT_TEMPERATURE, elected
 from mergekit_mergeability.maths.merging import knowledge_weights, threshold
@@ -123,13 +124,14 @@ def mixed(
         with torch.no_grad():
             for name in names:
                 state[name].copy_(base[name])
+        release_freed_memory()
 
 
 @contextlib.contextmanager
 def trimmed(module: torch.nn.Module, base: TensorReader, members: Shares, density: float) -> Iterator[torch.nn.Module]:
     """``module`` (the loaded base) as TIES merges ``members`` (model, weight, tensors it changes):
     each update trimmed to its ``density`` share largest entries, signs elected, the disjoint
-    weighted mean added (``methods.knowledge_weighted.elected``), restored from ``base`` on exit.
+    weighted mean added (``maths.merging.elected``), restored from ``base`` on exit.
     Each update's trim threshold is found on its whole tensor, one model at a time; the merge is
     then written in row blocks of about BLOCK values across the stacked updates."""
     state = module.state_dict()
@@ -152,6 +154,7 @@ def trimmed(module: torch.nn.Module, base: TensorReader, members: Shares, densit
         with torch.no_grad():
             for name in names:
                 state[name].copy_(base[name])
+        release_freed_memory()  # every model's tensor was formed and freed: hand the pages back
 
 
 def diluted(module: torch.nn.Module, base: TensorReader, model: Source, share: float):
