@@ -579,8 +579,8 @@ def gate(args) -> None:
     from mergekit_mergeability.decide import _against_ties
 
     table = Table(
-        "family", "experts", "rehearsed: kw", "TIES", "chooses", "9-model trials: kw", "TIES", "lead",
-        title="knowledge_weighted against TIES: the whole config rehearsed, and paper 1's trials",
+        "family", "experts", "rehearsed: kw", "TIES", "chooses", "9-model trials: kw", "TIES", "leads",
+        title="kw (knowledge_weighted) against TIES: the whole config rehearsed, and paper 1's trials",
     )  # fmt: skip
     for family, folder in _families(args.families or FAMILIES):
         report = OUT / folder / "precheck" / "precheck.json"
@@ -595,8 +595,8 @@ def gate(args) -> None:
         labels = ("kw_t0.3", "ties_d0.5")
         if all((OUT / folder / "mergeability" / label / "mergeability.json").is_file() for label in labels):
             kw, ties = (sum(s.values()) / len(s) for s in (_mean_s(folder, label) for label in labels))
-            trials = [f"{kw:.3f}", f"{ties:.3f}", "knowledge_weighted" if kw > ties else "TIES"]
-        chosen = "knowledge_weighted" if rehearsed[0] > rehearsed[1] else "TIES"
+            trials = [f"{kw:.3f}", f"{ties:.3f}", "kw" if kw > ties else "TIES"]
+        chosen = "kw" if rehearsed[0] > rehearsed[1] else "TIES"
         table.add_row(family, str(len(experts)), f"{rehearsed[0]:.3f}", f"{rehearsed[1]:.3f}", chosen, *trials)
     console.print(table)
 
