@@ -46,7 +46,6 @@ import torch
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, ModelInput, Need
 from mergekit_mergeability.diagnostics.knowledge import scores
 from mergekit_mergeability.errors import UserError
-from mergekit_mergeability.heap import release_freed_memory
 from mergekit_mergeability.maths import knowledge
 from mergekit_mergeability.maths.merging import COMPARED, DEFAULT_DENSITY, DEFAULT_TEMPERATURE, elected
 from mergekit_mergeability.maths.merging import knowledge_weights, threshold
@@ -124,7 +123,6 @@ def mixed(
         with torch.no_grad():
             for name in names:
                 state[name].copy_(base[name])
-        release_freed_memory()
 
 
 @contextlib.contextmanager
@@ -154,7 +152,6 @@ def trimmed(module: torch.nn.Module, base: TensorReader, members: Shares, densit
         with torch.no_grad():
             for name in names:
                 state[name].copy_(base[name])
-        release_freed_memory()  # every model's tensor was formed and freed: hand the pages back
 
 
 def diluted(module: torch.nn.Module, base: TensorReader, model: Source, share: float):
