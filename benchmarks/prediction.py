@@ -340,9 +340,8 @@ def refresh(args) -> None:
         skips = [flag for name in every if name != args.diagnostic for flag in ("--skip", name)]
         config = OUT / args.family / "configs" / "pool.yml"
         cli = ["-m", "mergekit_mergeability"]
-        if (
-            args.hold_sum
-        ):  # the same numbers (tests/test_dilution.py), without the N² reads a user's memory bound forces
+        # --hold-sum: the same numbers (tests/test_dilution.py), without the N² reads a user's memory bound forces
+        if args.hold_sum:
             cli = ["-c", f"import {HOLD}; from mergekit_mergeability.cli import main; main()"]
         _run(sys.executable, *cli, "precheck", str(config), "--out", str(scratch), *skips, "--quiet")
     fresh = {m["path"]: m.get(args.diagnostic) for m in json.loads((scratch / "precheck.json").read_text())["models"]}

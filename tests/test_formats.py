@@ -291,10 +291,30 @@ def test_a_model_predicted_to_lose_its_task_is_never_merged_blind():
     )
 
 
+def _decided(experts, against_ties=None):
+    """``decide`` on experts' metrics alone: the shipped calibration, weight 1 each, no pairs or curves."""
+    from mergekit_mergeability.decide import decide
+
+    return decide(
+        experts,
+        Calibration.load(None),
+        {e["path"]: 1.0 for e in experts},
+        {},
+        {},
+        {},
+        base=None,
+        method="task_arithmetic",
+        errors=[],
+        threshold=0.8,
+        overlap_threshold=0.5,
+        signal="cka",
+        against_ties=against_ties,
+    )
+
+
 def test_a_rehearsed_loss_is_grounds_enough_without_the_bases_knowledge():
     """Knowledge skipped, the merge rehearsed: b's probe scores 0 there. That is a measured loss,
     so b is left out, not merged under "drops nothing the precheck can predict"."""
-    from mergekit_mergeability.decide import decide
 
     def expert(name, accuracy):
         return {
@@ -305,20 +325,7 @@ def test_a_rehearsed_loss_is_grounds_enough_without_the_bases_knowledge():
             "dilution": {"partnered_accuracy": accuracy},
         }
 
-    decided = decide(
-        [expert("a", 1.0), expert("b", 0.0), expert("c", 1.0)],
-        Calibration.load(None),
-        {"a": 1.0, "b": 1.0, "c": 1.0},
-        {},
-        {},
-        {},
-        base=None,
-        method="task_arithmetic",
-        errors=[],
-        threshold=0.8,
-        overlap_threshold=0.5,
-        signal="cka",
-    )
+    decided = _decided([expert("a", 1.0), expert("b", 0.0), expert("c", 1.0)])
     assert decided.predictions["b"].value == 0.0
     assert (decided.recommendation.verdict, decided.recommendation.left_out) == ("leave_out", ["b"])
 
@@ -462,7 +469,6 @@ def test_knowledge_weighted_is_recommended_only_where_it_is_predicted_to_beat_ti
 def test_rehearsed_merges_decide_between_knowledge_weighted_and_ties_before_any_prediction():
     """Every expert's probe asked on both merges: their mean scores decide (read as each task is
     scored), whatever the planner predicted; one expert not rehearsed: the prediction decides."""
-    from mergekit_mergeability.decide import decide
 
     def expert(name, known, kw, ties, listed=False):
         scored = {
@@ -475,32 +481,15 @@ def test_rehearsed_merges_decide_between_knowledge_weighted_and_ties_before_any_
         dilution.update({"knowledge_weighted_mean_p_gold": kw / 2, "ties_mean_p_gold": ties / 2} if listed else {})
         return {"path": name, "role": "expert", "knowledge": scored, "weights": None, "dilution": dilution}
 
-    def decided(experts, predicted):
-        return decide(
-            experts,
-            Calibration.load(None),
-            {e["path"]: 1.0 for e in experts},
-            {},
-            {},
-            {},
-            base=None,
-            method="task_arithmetic",
-            errors=[],
-            threshold=0.8,
-            overlap_threshold=0.5,
-            signal="cka",
-            against_ties=predicted,
-        )
-
-    behind = decided([expert("a", 0.9, 0.5, 1.0), expert("b", 0.1, 1.0, 0.5, listed=True)], (0.8, 0.7))
+    behind = _decided([expert("a", 0.9, 0.5, 1.0), expert("b", 0.1, 1.0, 0.5, listed=True)], (0.8, 0.7))
     # a: cloze, read as accuracy; b: options listed, read as p(gold) (half its accuracy here)
     assert behind.against_ties == (0.5, 0.625) and behind.against_ties_by == "rehearsal"
     assert behind.recommendation.verdict == "sign_election"  # the planner's (0.8, 0.7) is not read
     reason = "but rehearsed, knowledge_weighted scores 0.50 on each task on average and TIES 0.62"
     assert reason in behind.recommendation.reasons[0]
-    ahead = decided([expert("a", 0.9, 1.0, 0.5), expert("b", 0.1, 1.0, 0.5)], (0.6, 0.7))
+    ahead = _decided([expert("a", 0.9, 1.0, 0.5), expert("b", 0.1, 1.0, 0.5)], (0.6, 0.7))
     assert (ahead.recommendation.verdict, ahead.against_ties_by) == ("knowledge_weighted", "rehearsal")
     assert "(rehearsed, it scores 1.00 on each task on average, TIES 0.50)" in ahead.recommendation.reasons[0]
-    unrehearsed = decided([expert("a", 0.9, 1.0, 0.5), expert("b", 0.1, None, None)], (0.6, 0.7))
+    unrehearsed = _decided([expert("a", 0.9, 1.0, 0.5), expert("b", 0.1, None, None)], (0.6, 0.7))
     assert (unrehearsed.against_ties, unrehearsed.against_ties_by) == ((0.6, 0.7), "conditional prediction")
     assert unrehearsed.recommendation.verdict == "sign_election"

@@ -93,6 +93,13 @@ def summed(base: TensorReader, shares: Shares, limit: float = SUM_BUDGET) -> Opt
     return total
 
 
+def _restore(state: Dict[str, torch.Tensor], base: TensorReader, names) -> None:
+    """Write the base's own values back into the patched tensors ``names``."""
+    with torch.no_grad():
+        for name in names:
+            state[name].copy_(base[name])
+
+
 @contextlib.contextmanager
 def mixed(
     module: torch.nn.Module, base: TensorReader, shares: Shares, plus: Optional[Dict[str, torch.Tensor]] = None
@@ -120,9 +127,7 @@ def mixed(
                     state[name][start:stop].copy_(moved)
         yield module
     finally:
-        with torch.no_grad():
-            for name in names:
-                state[name].copy_(base[name])
+        _restore(state, base, names)
 
 
 @contextlib.contextmanager
@@ -149,9 +154,7 @@ def trimmed(module: torch.nn.Module, base: TensorReader, members: Shares, densit
                     state[name][start:stop].copy_(mine + elected(deltas, weights))
         yield module
     finally:
-        with torch.no_grad():
-            for name in names:
-                state[name].copy_(base[name])
+        _restore(state, base, names)
 
 
 def diluted(module: torch.nn.Module, base: TensorReader, model: Source, share: float):
