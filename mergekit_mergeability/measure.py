@@ -65,7 +65,7 @@ def load_inputs(
 ) -> Tuple[Optional[ModelInput], Tuple[ModelInput, ...]]:
     """The config's models with their probes, few-shot examples and the dtype each is loaded
     in (``--dtype auto``: the config's ``dtype:``, else each checkpoint's own; ``load_dtype``)."""
-    from mergekit_mergeability.decide.advice import configured_shares
+    from mergekit_mergeability.decide.advice import configured_shares, configured_weights
     from mergekit_mergeability.sources import load_dtype
 
     folder = spec.folder
@@ -77,7 +77,7 @@ def load_inputs(
         else None
     )
     neutral = probes.shots_from(None)
-    shares = configured_shares(spec.document)
+    shares, weights = configured_shares(spec.document), configured_weights(spec.document)
     models = []
     for name in spec.models:
         probe, shots = None, neutral
@@ -89,7 +89,9 @@ def load_inputs(
         if name in spec.fewshot:
             with spec.naming(f"{spec.entries[name]}.fewshot"):
                 shots = probes.shots_from(spec.fewshot[name], folder) + neutral
-        models.append(ModelInput(name, sources[name], probe, shots, dtypes[name], shares.get(name)))
+        models.append(
+            ModelInput(name, sources[name], probe, shots, dtypes[name], shares.get(name), weights.get(name, 1.0))
+        )
     return base, tuple(models)
 
 
@@ -108,11 +110,12 @@ def measure(
             "the built-in diagnostics did not load (see the warning above); reinstall mergekit-mergeability"
         )
     from mergekit_mergeability.config import tokenizer_source
+    from mergekit_mergeability.decide.advice import update_size
 
     specs = probe_specs(spec, overrides)
     base, models = load_inputs(spec, specs, settings.limit, settings.dtype)
     measured = Measurements(spec, base, models, specs)
-    inputs = DiagnosticInputs(base, models, settings, tokenizer_source(spec.document))
+    inputs = DiagnosticInputs(base, models, settings, tokenizer_source(spec.document), update_size(spec.document))
     skip = set(settings.skip)
     diagnostics = plugin_diagnostics(strict=(BUILTIN,))
     unknown = skip - {d.name for _, d in diagnostics}

@@ -363,14 +363,15 @@ def test_leave_out_advice_is_the_config_without_the_lost_models():
 
 
 def test_sign_election_keeps_a_global_weight_as_the_models_own():
-    """A mean merge of 20 written with one global weight 0.05: the TIES advice keeps it, so with
-    normalize false each agreeing entry adds 0.05 of its update, the configured size, not 20 times
-    it (a per-model weight of 1 overrode the global one); without any weight, each model gets 1."""
+    """A mean merge of 20 written with one global weight 0.05: the TIES advice keeps it as the
+    models' own (a per-model weight of 1 overrode it), trims at density 0.5 and takes the disjoint
+    mean at lambda 1, the configured update size (0.05 × 20); without any weight, each model gets 1."""
     from mergekit_mergeability.decide.advice import advise
 
-    models = [{"model": m} for m in ("a", "b")]
+    experts = [f"m{i}" for i in range(20)]
+    models = [{"model": m} for m in experts]
     rec = {"verdict": "sign_election", "left_out": [], "knowledge": None, "weights": None, "cutoff": None}
-    names, predicted = {"a": "a", "b": "b"}, {"a": 0.9, "b": 0.8}
+    names, predicted = {m: m for m in experts}, {m: 0.9 for m in experts}
     document = {
         "merge_method": "task_arithmetic",
         "base_model": "base",
@@ -378,10 +379,11 @@ def test_sign_election_keeps_a_global_weight_as_the_models_own():
         "parameters": {"weight": 0.05},
     }
     (merged,) = advise(rec, document, names, predicted)
-    assert merged.config["parameters"] == {"weight": 0.05, "normalize": False}
+    assert merged.config["parameters"] == {"weight": 0.05, "density": 0.5, "normalize": True, "lambda": 1.0}
     assert all("parameters" not in m for m in merged.config["models"])
     (bare,) = advise(rec, {**document, "parameters": {}}, names, predicted)
-    assert [m["parameters"] for m in bare.config["models"]] == [{"weight": 1.0}, {"weight": 1.0}]
+    assert [m["parameters"] for m in bare.config["models"]] == [{"weight": 1.0}] * 20
+    assert bare.config["parameters"]["lambda"] == 20.0  # task_arithmetic adds 20 whole updates
 
 
 @pytest.mark.parametrize("calibration", ["three_families", "shipped"])

@@ -422,7 +422,7 @@ def test_a_cancelling_pair_is_do_not_merge_and_leaves_nothing_runnable(tmp_path,
 
 
 def test_partial_conflict_recommends_sign_election_at_the_configured_size(tmp_path, pool):
-    """Item 3: updates at cosine ≈ −0.45 pull against each other: TIES, normalize as configured."""
+    """Item 3: updates at cosine ≈ −0.45 pull against each other: TIES at the configured update size."""
     pull, other = _opposite(1, 0.01, -0.5), _noise(9, 0.01)
     against = derive(pool["base"], tmp_path / "against", lambda n, t: pull(n, t) + other(n, t))
     config = _config(tmp_path, {**pool, "against": against}, ["known", "against"], [None, None])
@@ -434,7 +434,8 @@ def test_partial_conflict_recommends_sign_election_at_the_configured_size(tmp_pa
     rec = report["recommendation"]
     assert (rec["verdict"], rec["method"]) == ("sign_election", "ties")
     recommended = yaml.safe_load((tmp_path / "out" / "recommended.yml").read_text())
-    assert recommended["merge_method"] == "ties" and recommended["parameters"]["normalize"] is False
+    assert recommended["merge_method"] == "ties" and recommended["parameters"]["normalize"] is True
+    assert recommended["parameters"]["lambda"] == rec["configured_update"]["total"] == 2.0  # two models at weight 1
     assert (_merge(tmp_path / "out" / "recommended.yml", tmp_path / "merged") / "config.json").exists()
 
 

@@ -6,8 +6,9 @@ total weight the user's method gives the task vectors,
 
     total = lambda · (Σ_i weight_i, or 1 where the method normalises the weights)
 
-becomes ``scale`` (knowledge_weighted, whose shares sum to 1) or stays as the
-weights and ``normalize`` (ties, layer_selective's lower blocks).
+becomes ``scale`` (knowledge_weighted, whose shares sum to 1) or ``lambda`` (ties, with
+``normalize: true``: its disjoint mean, as the precheck rehearses it), or stays as the weights and
+``normalize`` (layer_selective's lower blocks).
 
 ``layer_selective`` gives one model per expert (paper 3's layer patch): blocks below
 the cut-off merged across all experts, that expert's own blocks, final norm and head
@@ -84,6 +85,13 @@ def configured_update(document: Mapping[str, Any]) -> Dict[str, Any]:
         "sum_weights": sum(weights),
         "note": f"{method}: {how} = {total:g}",
     }
+
+
+def update_size(document: Mapping[str, Any]) -> float:
+    """The scale both recommended merges write (knowledge_weighted's ``scale``, TIES's ``lambda``):
+    the configured update size, 1 where the method does not add task vectors."""
+    total = configured_update(document)["total"]
+    return 1.0 if total is None else total
 
 
 def configured_weights(document: Mapping[str, Any]) -> Dict[str, float]:
@@ -197,7 +205,7 @@ def knowledge_weighted_defaults() -> Dict[str, Any]:
 
 def _knowledge_weighted(recommendation, document, names, update) -> Advice:
     knowledge = recommendation["knowledge"]
-    scale = update["total"] if update["total"] is not None else 1.0
+    scale = update_size(document)
     shared = {**knowledge_weighted_defaults(), "scale": round(scale, 6)}
     per_model = {m: {"knowledge": round(k, 4)} for m, k in knowledge.items()}
     config, notes = _with_method(document, "knowledge_weighted", shared, per_model)
@@ -221,18 +229,22 @@ def _knowledge_weighted(recommendation, document, names, update) -> Advice:
 
 
 def _sign_election(recommendation, document, names, predicted, update) -> Advice:
-    normalize = bool(update.get("normalize", True)) if update["total"] is not None else True
-    config, notes = _with_method(document, "ties", {"normalize": normalize}, {})
+    """TIES as the precheck rehearses it and the pools measured it: each update trimmed to its
+    largest half, signs elected, the disjoint mean (normalize: true) at the configured update size."""
+    scale = update_size(document)
+    shared = {"density": DEFAULT_DENSITY, "normalize": True, "lambda": round(scale, 6)}
+    config, notes = _with_method(document, "ties", shared, {})
     if "weight" not in config["parameters"]:  # mergekit's ties needs one; a global weight stays the models' own
         for entry in _experts(config):
             entry.setdefault("parameters", {}).setdefault("weight", 1.0)
     lost = _dropped(recommendation, names, predicted)
-    notes.append(f"normalize: {str(normalize).lower()} keeps the configured update size ({update['note']})")
+    notes.append(f"lambda {scale:g} keeps the configured update size ({update['note']})")
     return Advice(
         MAIN,
         config,
-        "every expert's update where its sign wins the per-entry vote",
-        "the entries whose sign loses the vote" + (f"; {lost}" if lost else ""),
+        "every expert's largest entries where its sign wins the per-entry vote",
+        f"each update's smallest {1 - DEFAULT_DENSITY:.0%} of entries, and the entries whose sign loses the vote"
+        + (f"; {lost}" if lost else ""),
         notes=notes,
     )
 

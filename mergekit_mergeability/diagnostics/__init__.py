@@ -49,6 +49,7 @@ class ModelInput:
         None  # what a pass loads it in (the precheck resolves dtype auto per model); None: the settings'
     )
     share: Optional[float] = None  # its update's share in the configured merge, where that is a plain sum
+    weight: float = 1.0  # its configured ``weight`` (per model, else global, else 1): the recommended merges keep it
 
     def load_dtype(self, settings: "PrecheckSettings") -> str:
         return self.dtype or settings.dtype
@@ -67,6 +68,9 @@ class DiagnosticInputs:
     # the precheck's settings, typed (device, dtype, limit, layers, the LAPE quantiles, ...)
     settings: "PrecheckSettings" = field(default_factory=_default_settings)
     tokenizer_source: Optional[str] = None  # the config's tokenizer_source: (or tokenizer.source), as written
+    # the configured update size (λ·Σ weight, or λ where the method normalises; 1 where the method
+    # does not add task vectors): the scale both recommended merges, knowledge_weighted and TIES, write
+    update_size: float = 1.0
 
 
 @dataclass

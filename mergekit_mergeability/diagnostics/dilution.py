@@ -24,9 +24,10 @@ more), so there the rehearsal is its merge as configured where the method is a p
 all N (``rehearsed``: "mean" or "configured").
 
 A third pass (``knowledge_weighted_*``, ``ties_*``), where every model has a probe, rehearses the
-choice the verdict makes between two methods: the whole config merged with knowledge_weighted's
-defaults (shares by the base's p(gold) on each probe) and with TIES (density 0.5, weight 1), each
-model's own probe asked on both.
+choice the verdict makes between two methods: the whole config merged as each would be recommended,
+knowledge_weighted's defaults (shares by the base's p(gold) on each probe, times the configured
+weights) and TIES (density 0.5, the configured weights, normalised), both at the configured update
+size, each model's own probe asked on both.
 
 The partnered pass holds Σ_j τ_j summed once, in float32, where it takes at most SUM_SHARE of the
 loaded base's memory and SUM_BUDGET (so a precheck's peak stays within docs/scale.md's 1.3× one
@@ -131,10 +132,13 @@ def mixed(
 
 
 @contextlib.contextmanager
-def trimmed(module: torch.nn.Module, base: TensorReader, members: Shares, density: float) -> Iterator[torch.nn.Module]:
+def trimmed(
+    module: torch.nn.Module, base: TensorReader, members: Shares, density: float, scale: float = 1.0
+) -> Iterator[torch.nn.Module]:
     """``module`` (the loaded base) as TIES merges ``members`` (model, weight, tensors it changes):
     each update trimmed to its ``density`` share largest entries, signs elected, the disjoint
-    weighted mean added (``maths.merging.elected``), restored from ``base`` on exit.
+    weighted mean added times ``scale`` (``maths.merging.elected``; mergekit's ``lambda``),
+    restored from ``base`` on exit.
     Each update's trim threshold is found on its whole tensor, one model at a time; the merge is
     then written in row blocks of about BLOCK values across the stacked updates."""
     state = module.state_dict()
@@ -151,7 +155,7 @@ def trimmed(module: torch.nn.Module, base: TensorReader, members: Shares, densit
                     mine = whole[start:stop]
                     deltas = torch.stack([reader.rows(name, start, stop).float() - mine for reader, _ in present])
                     deltas = deltas * (deltas.abs() >= cuts.reshape(-1, *([1] * (deltas.ndim - 1))))
-                    state[name][start:stop].copy_(mine + elected(deltas, weights))
+                    state[name][start:stop].copy_(mine + scale * elected(deltas, weights))
         yield module
     finally:
         _restore(state, base, names)
@@ -195,7 +199,9 @@ class Dilution:
         touched = {m.name: changed(base, m.path) for m in inputs.models}
         merge, in_sum, extra = self.rehearsed(inputs.models)
         lines = sum(len(i.continuations) for m in models for i in m.probes)
-        compare = len(models) == len(inputs.models) > 1  # knowledge_weighted's shares need every model's knowledge
+        # knowledge_weighted's shares need every model's knowledge, and weights it takes (≥ 0, not all 0)
+        weights = [m.weight for m in inputs.models]
+        compare = len(models) == len(inputs.models) > 1 and min(weights) >= 0 < max(weights)
         passes = (2 if in_sum else 1) + (1 + len(COMPARED) if compare else 0)
         loaded = sum(p.numel() * p.element_size() for p in module.parameters())
         limit = min(SUM_BUDGET, SUM_SHARE * loaded)
@@ -227,25 +233,27 @@ class Dilution:
                     partnered_mean_p_gold=view["mean_p_gold"],
                 )
             if compare:
-                self.compare(module, tokenizer, base, models, touched, advance, result)
+                self.compare(module, tokenizer, base, models, touched, inputs.update_size, advance, result)
         return result
 
-    def compare(self, module, tokenizer, base, models, touched, advance, result: DiagnosticResult) -> None:
-        """The whole config merged with knowledge_weighted's defaults and with TIES (density 0.5,
-        weight 1 each), each model's own probe asked on both: ``knowledge_weighted_*``, ``ties_*``.
-        knowledge_weighted's shares read the base's p(gold) on each probe, as the precheck's advice does."""
+    def compare(self, module, tokenizer, base, models, touched, scale, advance, result: DiagnosticResult) -> None:
+        """The whole config merged as the advice would write each method, each model's own probe
+        asked on both (``knowledge_weighted_*``, ``ties_*``): knowledge_weighted's defaults, its shares
+        from the base's p(gold) on each probe times the configured weights, and TIES at density 0.5
+        with the configured weights; both at the configured update size ``scale``."""
 
         def asked(model) -> dict:
             return asdict(knowledge.aggregate(scores(module, tokenizer, list(model.probes), advance)))
 
         known = [asked(model)["mean_p_gold"] for model in models]
+        weights = [m.weight for m in models]
         shares = {
-            "knowledge_weighted": knowledge_weights(known, DEFAULT_TEMPERATURE).tolist(),
-            "ties": [1.0] * len(models),
+            "knowledge_weighted": knowledge_weights(known, DEFAULT_TEMPERATURE, weights).tolist(),
+            "ties": weights,
         }
         for method in COMPARED:
             members = [(m.path, share, touched[m.name]) for m, share in zip(models, shares[method])]
-            with trimmed(module, base, members, DEFAULT_DENSITY):
+            with trimmed(module, base, members, DEFAULT_DENSITY, scale):
                 for model in models:
                     view = asked(model)
                     result.per_model[model.name].update(
