@@ -90,8 +90,11 @@ def configured_update(document: Mapping[str, Any]) -> Dict[str, Any]:
 def update_size(document: Mapping[str, Any]) -> float:
     """The scale both recommended merges write (knowledge_weighted's ``scale``, TIES's ``lambda``):
     the configured update size, 1 where the method does not add task vectors."""
-    total = configured_update(document)["total"]
-    return 1.0 if total is None else total
+    return _size(configured_update(document))
+
+
+def _size(update: Mapping[str, Any]) -> float:
+    return 1.0 if update["total"] is None else update["total"]
 
 
 def configured_weights(document: Mapping[str, Any]) -> Dict[str, float]:
@@ -205,7 +208,7 @@ def knowledge_weighted_defaults() -> Dict[str, Any]:
 
 def _knowledge_weighted(recommendation, document, names, update) -> Advice:
     knowledge = recommendation["knowledge"]
-    scale = update_size(document)
+    scale = _size(update)
     shared = {**knowledge_weighted_defaults(), "scale": round(scale, 6)}
     per_model = {m: {"knowledge": round(k, 4)} for m, k in knowledge.items()}
     config, notes = _with_method(document, "knowledge_weighted", shared, per_model)
@@ -231,7 +234,7 @@ def _knowledge_weighted(recommendation, document, names, update) -> Advice:
 def _sign_election(recommendation, document, names, predicted, update) -> Advice:
     """TIES as the precheck rehearses it and the pools measured it: each update trimmed to its
     largest half, signs elected, the disjoint mean (normalize: true) at the configured update size."""
-    scale = update_size(document)
+    scale = _size(update)
     shared = {"density": DEFAULT_DENSITY, "normalize": True, "lambda": round(scale, 6)}
     config, notes = _with_method(document, "ties", shared, {})
     if "weight" not in config["parameters"]:  # mergekit's ties needs one; a global weight stays the models' own
