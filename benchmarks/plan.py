@@ -321,6 +321,7 @@ METHODS = {  # label as benchmarks/pools.py writes it -> the merge it ran (knowl
     # pools.py's kw:T runs the method's defaults but τ: ties at density 0.5 (kw-ties:T:0.5 is the same merge)
     "kw_t0.1": ("knowledge_weighted", {"temperature": 0.1, "ties": True, "density": 0.5}),
     "kw_t0.3": ("knowledge_weighted", {"temperature": 0.3, "ties": True, "density": 0.5}),
+    "kw_t1": ("knowledge_weighted", {"temperature": 1.0, "ties": True, "density": 0.5}),
     "kw_ties_t0.1_d0.5": ("knowledge_weighted", {"temperature": 0.1, "ties": True, "density": 0.5}),
     "kw_ties_t0.3_d0.5": ("knowledge_weighted", {"temperature": 0.3, "ties": True, "density": 0.5}),
     "kw_ties_t0.3_d0.2": ("knowledge_weighted", {"temperature": 0.3, "ties": True, "density": 0.2}),

@@ -576,6 +576,7 @@ def gate(args) -> None:
     from pools import FAMILIES
 
     from mergekit_mergeability.decide import _against_ties
+    from mergekit_mergeability.maths.merging import DEFAULT_TEMPERATURE
 
     table = Table(
         "family", "experts", "rehearsed: kw", "TIES", "chooses", "9-model trials: kw", "TIES", "leads",
@@ -591,7 +592,7 @@ def gate(args) -> None:
             console.print(f"[yellow]{family}: not rehearsed yet: benchmarks/prediction.py refresh {family}[/yellow]")
             continue
         trials = ["–", "–", "–"]
-        labels = ("kw_t0.3", "ties_d0.5")
+        labels = (f"kw_t{DEFAULT_TEMPERATURE:g}", "ties_d0.5")  # the default's trials
         if all((OUT / folder / "mergeability" / label / "mergeability.json").is_file() for label in labels):
             kw, ties = (sum(s.values()) / len(s) for s in (_mean_s(folder, label) for label in labels))
             trials = [f"{kw:.3f}", f"{ties:.3f}", "kw" if kw > ties else "TIES"]

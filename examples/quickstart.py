@@ -36,7 +36,7 @@ def configs(models):
             "merge_method": "knowledge_weighted",
             "base_model": base,
             "models": [{**e, "parameters": {"knowledge": k}} for e, k in zip(experts, KNOWLEDGE.values())],
-            "parameters": {"temperature": 0.3},
+            "parameters": {"temperature": 1.0},
         },
         "layer_selective (cutoff 2, upper = expert2)": {
             "merge_method": "layer_selective",
@@ -79,9 +79,9 @@ def main():
         merged = state_dict(merged_dir)
         table.add_row(label, *(f"{kept(merged, weights['base'], weights[k]):.2f}" for k in KNOWLEDGE))
     console.print(table)
-    w = knowledge_weights(list(KNOWLEDGE.values()), temperature=0.3)
+    w = knowledge_weights(list(KNOWLEDGE.values()), temperature=1.0)
     console.print(
-        "knowledge weights at temperature 0.3: " + ", ".join(f"{k} {x:.2f}" for k, x in zip(KNOWLEDGE, w.tolist()))
+        "knowledge weights at temperature 1: " + ", ".join(f"{k} {x:.2f}" for k, x in zip(KNOWLEDGE, w.tolist()))
     )
     console.print(f"configs and merged models are in {out}/")
 

@@ -99,22 +99,28 @@ def test_the_ends_are_the_base_and_the_expert_and_the_share_moves_between(expert
     assert p[0.5] != pytest.approx(p[0.0], rel=1e-3) and p[0.5] != pytest.approx(p[1.0], rel=1e-3)
 
 
-def test_an_adapter_is_diluted_through_its_factors_and_the_base_is_restored_exactly(llama, tmp_path):
+def test_an_adapter_is_diluted_through_its_factors_and_the_base_is_never_written(llama, tmp_path):
+    """The rehearsed tensors are swapped in: the loaded base's own keep their values throughout (a
+    base mapped from its files stays mapped), and are the module's again afterwards."""
     from mergekit_mergeability.sources import TensorReader, load_causal_lm, resolve, tensors
     from mergekit_mergeability.tiny import make_adapter
 
     targets = ["model.layers.0.mlp.up_proj.weight", "model.layers.1.self_attn.q_proj.weight"]
     adapter = resolve(str(make_adapter(llama["base"], tmp_path / "adapter", targets, rank=2, seed=3, scale=0.3)))
     module, _ = load_causal_lm(llama["base"])
-    before = {name: tensor.clone() for name, tensor in module.state_dict().items()}
+    own = module.state_dict()
+    before = {name: tensor.clone() for name, tensor in own.items()}
     formed = tensors(adapter)
     with diluted(module, TensorReader(llama["base"]), adapter, 0.25) as inside:
         state = inside.state_dict()
         for name in targets:
             assert torch.allclose(state[name], before[name] + 0.25 * (formed[name] - before[name]), atol=1e-6)
+            assert torch.equal(own[name], before[name])
         untouched = "model.layers.2.mlp.down_proj.weight"
         assert torch.equal(state[untouched], before[untouched])
-    assert all(torch.equal(module.state_dict()[name], tensor) for name, tensor in before.items())
+    after = module.state_dict()
+    assert all(after[name].data_ptr() == own[name].data_ptr() for name in targets)
+    assert all(torch.equal(after[name], tensor) for name, tensor in before.items())
 
 
 def test_the_precheck_predicts_from_the_dilution_it_measured(expert, tmp_path):

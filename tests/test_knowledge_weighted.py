@@ -113,6 +113,23 @@ def test_trim_keeps_the_same_entries_as_mergekit_magnitude_sparsification(densit
     assert torch.equal(trim(delta, density), sparsify(delta, density=density, method=SparsificationMethod.magnitude))
 
 
+@pytest.mark.parametrize("density", [0.0, 0.01, 0.3, 0.5, 0.99, 1.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_threshold_read_in_blocks_is_the_kth_largest_magnitude(density, dtype):
+    """The radix select over row blocks against a full sort: the keep-th largest |value| (keep =
+    max(1, ⌊density·n⌋)), on values with ties, zeros and both signs, split in uneven blocks."""
+    from mergekit_mergeability.maths.merging import threshold, threshold_in_blocks
+
+    g = torch.Generator().manual_seed(5)
+    delta = (torch.randn(301, 17, generator=g) * 1e-3).to(dtype)
+    delta[delta.abs() < 5e-4] = 0
+    delta[7] = delta[3]  # tied values
+    keep = max(1, int(density * delta.numel()))
+    expected = delta.float().abs().reshape(-1).sort(descending=True).values[keep - 1].item()
+    assert threshold(delta, density) == expected
+    assert threshold_in_blocks(lambda: iter(delta.split(40)), density) == expected
+
+
 @pytest.mark.parametrize("density", [0.0, 0.1, 0.5, 0.9, 1.0])
 @pytest.mark.parametrize("rescale", [None, "l1"])
 def test_in_memory_trials_trim_as_mergekit_does(density, rescale):

@@ -41,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import asdict
-from typing import Dict, Iterator, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, Iterator, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -50,9 +50,9 @@ from mergekit_mergeability.diagnostics.knowledge import scores
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.maths import knowledge
 from mergekit_mergeability.maths.merging import COMPARED, DEFAULT_DENSITY, DEFAULT_TEMPERATURE, elected
-from mergekit_mergeability.maths.merging import knowledge_weights, threshold
+from mergekit_mergeability.maths.merging import knowledge_weights, threshold_in_blocks
 from mergekit_mergeability.progress import task
-from mergekit_mergeability.sources import Source, TensorReader, load_causal_lm, tensors
+from mergekit_mergeability.sources import Source, TensorReader, load_causal_lm, patched, tensors
 
 PARTNERS = 8  # paper 1's protocol, and `mergeability --partners`'s default: the share is 1/9
 BLOCK = 1 << 20  # values per block of rows patched at once
@@ -95,11 +95,9 @@ def summed(base: TensorReader, shares: Shares, limit: float = SUM_BUDGET) -> Opt
     return total
 
 
-def _restore(state: Dict[str, torch.Tensor], base: TensorReader, names) -> None:
-    """Write the base's own values back into the patched tensors ``names``."""
-    with torch.no_grad():
-        for name in names:
-            state[name].copy_(base[name])
+def update(base: TensorReader, model: TensorReader, name: str) -> Callable[[], Iterator[torch.Tensor]]:
+    """A tensor's update θ_model − θ_base, as its row blocks of ~BLOCK values in float32, each call anew."""
+    return lambda: (model.rows(name, a, b).float() - base.rows(name, a, b).float() for a, b in base.blocks(name, BLOCK))
 
 
 @contextlib.contextmanager
@@ -107,7 +105,7 @@ def mixed(
     module: torch.nn.Module, base: TensorReader, shares: Shares, plus: Optional[Dict[str, torch.Tensor]] = None
 ) -> Iterator[torch.nn.Module]:
     """``module`` (the loaded base) as θ_base + Σ share_j·(θ_j − θ_base) over ``shares``, plus
-    ``plus`` (a ``summed`` update) where given, restored from ``base`` on exit. Written in row
+    ``plus`` (a ``summed`` update) where given, its own tensors back on exit. Written in row
     blocks of ~1M values, so no model's tensor is ever held whole in float32."""
     state, plus = module.state_dict(), plus or {}
     readers = [(tensors(model), share, touched) for model, share, touched in shares]
@@ -117,19 +115,19 @@ def mixed(
             raise UserError(
                 f"model {model}: tensor {name} is not in the loaded base; the config's models share one architecture"
             )
-    try:
-        with torch.no_grad():
-            for name in names:
-                for start, stop in base.blocks(name, BLOCK):
-                    mine = base.rows(name, start, stop).float()
-                    moved = mine + plus[name][start:stop] if name in plus else mine.clone()
-                    for reader, share, touched in readers:
-                        if name in touched:
-                            moved += share * (reader.rows(name, start, stop).float() - mine)
-                    state[name][start:stop].copy_(moved)
+    fresh = {}
+    with torch.no_grad():
+        for name in names:
+            fresh[name] = torch.empty_like(state[name])
+            for start, stop in base.blocks(name, BLOCK):
+                mine = base.rows(name, start, stop).float()
+                moved = mine + plus[name][start:stop] if name in plus else mine.clone()
+                for reader, share, touched in readers:
+                    if name in touched:
+                        moved += share * (reader.rows(name, start, stop).float() - mine)
+                fresh[name][start:stop].copy_(moved)
+    with patched(module, fresh):
         yield module
-    finally:
-        _restore(state, base, names)
 
 
 @contextlib.contextmanager
@@ -138,28 +136,28 @@ def trimmed(
 ) -> Iterator[torch.nn.Module]:
     """``module`` (the loaded base) as TIES merges ``members`` (model, weight, tensors it changes):
     each update trimmed to its ``density`` share largest entries, signs elected, the disjoint
-    weighted mean added times ``scale`` (``maths.merging.elected``; mergekit's ``lambda``),
-    restored from ``base`` on exit.
-    Each update's trim threshold is found on its whole tensor, one model at a time; the merge is
-    then written in row blocks of about BLOCK values across the stacked updates."""
+    weighted mean added times ``scale`` (``maths.merging.elected``; mergekit's ``lambda``), its own
+    tensors back on exit. Each update's trim threshold is found over its row blocks
+    (``threshold_in_blocks``), the merge then written in row blocks of about BLOCK values across
+    the stacked updates: no tensor is held whole in float32."""
     state = module.state_dict()
     readers = [(tensors(model), weight, touched) for model, weight, touched in members]
     names = set().union(*(touched for _, _, touched in members))
-    try:
-        with torch.no_grad():
-            for name in names:
-                present = [(reader, weight) for reader, weight, touched in readers if name in touched]
-                whole = base[name].float()
-                cuts = torch.tensor([threshold(reader[name].float() - whole, density) for reader, _ in present])
-                weights = torch.tensor([weight for _, weight in present])
-                for start, stop in base.blocks(name, max(1, BLOCK // len(present))):  # the stack: ~BLOCK values
-                    mine = whole[start:stop]
-                    deltas = torch.stack([reader.rows(name, start, stop).float() - mine for reader, _ in present])
-                    deltas = deltas * (deltas.abs() >= cuts.reshape(-1, *([1] * (deltas.ndim - 1))))
-                    state[name][start:stop].copy_(mine + scale * elected(deltas, weights))
+    fresh = {}
+    with torch.no_grad():
+        for name in names:
+            present = [(reader, weight) for reader, weight, touched in readers if name in touched]
+            cuts = torch.tensor([threshold_in_blocks(update(base, reader, name), density) for reader, _ in present])
+            cuts = cuts.reshape(-1, *([1] * state[name].dim()))
+            weights = torch.tensor([weight for _, weight in present])
+            fresh[name] = torch.empty_like(state[name])
+            for start, stop in base.blocks(name, max(1, BLOCK // len(present))):  # the stack: ~BLOCK values
+                mine = base.rows(name, start, stop).float()
+                deltas = torch.stack([reader.rows(name, start, stop).float() - mine for reader, _ in present])
+                deltas = deltas * (deltas.abs() >= cuts)
+                fresh[name][start:stop].copy_(mine + scale * elected(deltas, weights))
+    with patched(module, fresh):
         yield module
-    finally:
-        _restore(state, base, names)
 
 
 def diluted(module: torch.nn.Module, base: TensorReader, model: Source, share: float):

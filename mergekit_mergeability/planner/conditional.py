@@ -46,6 +46,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from mergekit_mergeability.maths import calibration as fitting
+from mergekit_mergeability.maths.merging import DEFAULT_TEMPERATURE
 from mergekit_mergeability.decide.features import CALIBRATED, features as expert_features
 from mergekit_mergeability.decide.verdict import KEPT_CAP
 
@@ -229,7 +230,7 @@ def member_weights(pool: Pool, members: Sequence[int], merge: Merge) -> np.ndarr
         raw = np.array([given.get(pool.names[i], 1.0) for i in members], dtype=float)
         return raw * merge.scale
     if merge.method == KNOWLEDGE_WEIGHTED:
-        logits = (1 - known_values(pool, members)) / (merge.temperature or 0.3)
+        logits = (1 - known_values(pool, members)) / (merge.temperature or DEFAULT_TEMPERATURE)
         shares = np.exp(logits - logits.max())
         return merge.scale * shares / shares.sum()
     if merge.trims:  # ties: weight 1 each, the disjoint mean divides by the agreeing weights
