@@ -10,8 +10,9 @@ A fact the base already knows keeps its answer whatever the share; a fact it doe
 kept only as far as the update overshoots what teaching it needed. The base's knowledge alone
 does not say that overshoot, and for an update spread over many matrices its size says it
 poorly (docs/prediction.md). One pass per model over its probe lines, on the loaded base with
-the share patched in a tensor at a time and restored from the base's files: no merge and no
-second copy of any model in memory.
+the share written a row block at a time into fresh tensors swapped in for the ones it touches
+(``sources.patched``): no merge, and the base's own tensors never written, so a base mapped from
+its files stays mapped and the pass adds one copy of the touched tensors at most.
 
 A second pass (``partnered_*``) adds what the model's partners do to its own answer: the rest of
 the merge split evenly among the config's other models, paper 1's expected partner,
@@ -52,7 +53,7 @@ from mergekit_mergeability.maths import knowledge
 from mergekit_mergeability.maths.merging import COMPARED, DEFAULT_DENSITY, DEFAULT_TEMPERATURE, elected
 from mergekit_mergeability.maths.merging import knowledge_weights, threshold_in_blocks
 from mergekit_mergeability.progress import task
-from mergekit_mergeability.sources import Source, TensorReader, load_causal_lm, patched, tensors
+from mergekit_mergeability.sources import Source, TensorReader, empty_like_each, load_causal_lm, patched, tensors
 
 PARTNERS = 8  # paper 1's protocol, and `mergeability --partners`'s default: the share is 1/9
 BLOCK = 1 << 20  # values per block of rows patched at once
@@ -115,10 +116,9 @@ def mixed(
             raise UserError(
                 f"model {model}: tensor {name} is not in the loaded base; the config's models share one architecture"
             )
-    fresh = {}
+    fresh = empty_like_each({name: state[name] for name in names})
     with torch.no_grad():
         for name in names:
-            fresh[name] = torch.empty_like(state[name])
             for start, stop in base.blocks(name, BLOCK):
                 mine = base.rows(name, start, stop).float()
                 moved = mine + plus[name][start:stop] if name in plus else mine.clone()
@@ -143,14 +143,13 @@ def trimmed(
     state = module.state_dict()
     readers = [(tensors(model), weight, touched) for model, weight, touched in members]
     names = set().union(*(touched for _, _, touched in members))
-    fresh = {}
+    fresh = empty_like_each({name: state[name] for name in names})
     with torch.no_grad():
         for name in names:
             present = [(reader, weight) for reader, weight, touched in readers if name in touched]
             cuts = torch.tensor([threshold_in_blocks(update(base, reader, name), density) for reader, _ in present])
             cuts = cuts.reshape(-1, *([1] * state[name].dim()))
             weights = torch.tensor([weight for _, weight in present])
-            fresh[name] = torch.empty_like(state[name])
             for start, stop in base.blocks(name, max(1, BLOCK // len(present))):  # the stack: ~BLOCK values
                 mine = base.rows(name, start, stop).float()
                 deltas = torch.stack([reader.rows(name, start, stop).float() - mine for reader, _ in present])
