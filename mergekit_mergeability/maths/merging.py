@@ -38,7 +38,7 @@ RADIX = 1 << 16  # a float32's bits are read as two digits of 16
 
 def threshold(delta: torch.Tensor, density: float) -> float:
     """The magnitude at or above which ``delta``'s entries are the ``density`` share largest (at least one)."""
-    return threshold_in_blocks(lambda: iter((delta,)), density)
+    return threshold_in_blocks(lambda: iter(delta.reshape(-1).split(1 << 20)), density)
 
 
 def threshold_in_blocks(blocks: Callable[[], Iterator[torch.Tensor]], density: float) -> float:
