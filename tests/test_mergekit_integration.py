@@ -44,7 +44,7 @@ def test_stock_mergekit_yaml_runs_knowledge_weighted(llama, tmp_path):
         base="base",
         parameters={
             "knowledge": {"expert0": 0.85, "expert1": 0.30},
-            "temperature": 0.3,
+            "temperature": 1.0,
             "ties": True,
             "density": 0.5,
             "scale": 1.0,
@@ -98,7 +98,7 @@ def test_interpolate_config_moves_the_lower_layers_halfway_and_keeps_the_base_ab
     [
         (("knowledge: 0.30", "knowledge: 1.30"), "'knowledge' of model"),
         (("    parameters:\n      knowledge: 0.30\n", ""), "needs parameter 'knowledge'"),
-        (("temperature: 0.3", "temperature: 0"), "'temperature'"),
+        (("temperature: 1.0", "temperature: 0"), "'temperature'"),
         (("base_model: ./models/base\n", ""), "requires a base"),
     ],
 )
