@@ -31,10 +31,9 @@ weights) and TIES (density 0.5, the configured weights, normalised), both at the
 size, each model's own probe asked on both.
 
 The partnered pass holds Σ_j τ_j summed once, in float32, where it takes at most SUM_SHARE of the
-loaded base's memory and SUM_BUDGET (meant to keep a precheck's peak within docs/scale.md's 1.3×
-one model, which the passes together miss: 2.02× measured 2026-12-03, in-place patches of a mapped
-base becoming anonymous memory among the likely causes); above that, each patch reads every model
-that changes a tensor a row block at a time: N² block reads for N models.
+loaded base's memory and SUM_BUDGET (with the copy each pass builds, a precheck's peak of a full
+fine-tune at 1.1B measured 1.31× one model, docs/scale.md's target 1.3×); above that, each patch
+reads every model that changes a tensor a row block at a time: N² block reads for N models.
 """
 
 from __future__ import annotations
