@@ -233,24 +233,19 @@ def patched(module: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> Ite
 
     The given tensors are swapped in, not copied over the module's own: a model mapped from its
     files stays mapped, where a write in place would copy every page it touches into the
-    process's memory for good (docs/scale.md)."""
-    import torch
-
-    slots = {**dict(module.named_parameters(remove_duplicate=False)), **dict(module.named_buffers())}
+    process's memory for good (docs/scale.md). Assigning ``.data`` records no gradient."""
+    slots = dict(module.named_parameters(remove_duplicate=False)) | dict(module.named_buffers())
     unknown = [n for n in tensors if n not in slots]
     if unknown:
         raise UserError(f"tensor {unknown[0]} is not in the loaded model; is the pool's base the same architecture?")
     own: List = []
     try:
-        with torch.no_grad():
-            for name, value in tensors.items():
-                slot = slots[name]
-                if tuple(value.shape) != tuple(slot.shape):
-                    raise UserError(
-                        f"tensor {name}: shape {tuple(value.shape)}, the loaded model's {tuple(slot.shape)}"
-                    )
-                own.append((slot, slot.data))
-                slot.data = value.to(slot.device, slot.dtype)
+        for name, value in tensors.items():
+            slot = slots[name]
+            if tuple(value.shape) != tuple(slot.shape):
+                raise UserError(f"tensor {name}: shape {tuple(value.shape)}, the loaded model's {tuple(slot.shape)}")
+            own.append((slot, slot.data))
+            slot.data = value.to(slot.device, slot.dtype)
         yield module
     finally:
         for slot, data in reversed(own):  # reversed: a tied tensor named twice gets its first (own) value back
