@@ -15,6 +15,7 @@ Each measurement is the median of --repeats runs, in one process, alternating.
 """
 
 import argparse
+import contextlib
 import math
 import statistics
 import subprocess
@@ -47,19 +48,41 @@ def rss_anon_mib() -> float:
 
 
 class PeakMemory:
-    """Samples RssAnon every 5 ms while the block runs (file-backed mmap pages excluded)."""
+    """Samples RssAnon every 5 ms while the block runs (file-backed mmap pages excluded).
+    ``phase(label)`` also records where a part of the block starts, peaks and ends (``phases``:
+    label, depth, then MiB above the block's start; a phase may hold others)."""
 
     def __enter__(self):
         self.start = rss_anon_mib()
-        self.peak, self._running = self.start, True
+        self.peak = self.start
+        self.phases = []  # [label, depth, start, peak, end], in the order they start
+        self._open = []  # [peak] of each phase now running
+        self._running = True
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
         return self
 
     def _sample(self):
         while self._running:
-            self.peak = max(self.peak, rss_anon_mib())
+            now = rss_anon_mib()
+            self.peak = max(self.peak, now)
+            for running in list(self._open):
+                running[0] = max(running[0], now)
             time.sleep(0.005)
+
+    @contextlib.contextmanager
+    def phase(self, label: str):
+        begun = rss_anon_mib()
+        running = [begun]
+        entry = [label, len(self._open), begun - self.start]
+        self.phases.append(entry)
+        self._open.append(running)
+        try:
+            yield
+        finally:
+            self._open.pop()  # phases nest, so the last opened ends first
+            end = rss_anon_mib()
+            entry += [max(running[0], end) - self.start, end - self.start]
 
     def __exit__(self, *exc):
         self._running = False

@@ -17,6 +17,7 @@ worst case). Building the four models writes ~8.8 GB (bf16) to --work; keep it t
 """
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -110,6 +111,50 @@ def whole_precheck(paths: dict, probe: Path, out: Path, skip=()) -> None:
     api.precheck(spec, settings=PrecheckSettings(device="cpu", quiet=True, limit=LINES, skip=tuple(skip)), out=out)
 
 
+def phased(peak: PeakMemory) -> None:
+    """Record each part of the precheck as a phase of ``peak``: loading, planning, every
+    diagnostic, the decision, the report; within the rehearsal, its loading and each merge it
+    builds (held while its probes are asked)."""
+    from mergekit_mergeability import measure
+    from mergekit_mergeability.diagnostics import dilution
+    from mergekit_mergeability.output import precheck as reports
+    from mergekit_mergeability.plugins import plugin_diagnostics
+
+    def wrap(owner, attribute: str, label=lambda args: "") -> None:
+        inner = getattr(owner, attribute)
+
+        def run(*args, **kwargs):
+            with peak.phase(label(args) or attribute):
+                return inner(*args, **kwargs)
+
+        setattr(owner, attribute, run)
+
+    def wrap_context(owner, attribute: str) -> None:
+        inner = getattr(owner, attribute)
+
+        @contextlib.contextmanager
+        def run(*args, **kwargs):
+            with peak.phase(attribute), inner(*args, **kwargs) as value:
+                yield value
+
+        setattr(owner, attribute, run)
+
+    for owner, attribute in (
+        (measure, "load_inputs"),
+        (measure, "plan"),
+        (measure, "decision"),
+        (reports, "build"),
+        (reports, "write"),
+        (dilution, "load_causal_lm"),
+        (dilution, "summed"),
+    ):
+        wrap(owner, attribute)
+    for _, diagnostic in plugin_diagnostics():
+        wrap(type(diagnostic), "run", lambda args: args[0].name)
+    wrap_context(dilution, "mixed")
+    wrap_context(dilution, "trimmed")
+
+
 def main():
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--layers", type=int, default=22)
@@ -127,7 +172,9 @@ def main():
     if args.memory_of:
         paths = {p.name: p for p in sorted(args.memory_of.iterdir()) if (p / "config.json").is_file()}
         with PeakMemory() as peak:
+            phased(peak)
             whole_precheck(paths, probes(args.memory_of), args.memory_of / "precheck-out", args.skip)
+        print(json.dumps(peak.phases))
         print(peak.growth)
         return
     with workdir(args.work, "mm-bench-scale-") as work:
@@ -156,10 +203,18 @@ def main():
             text=True,
             check=True,
         )
-        growth = float(done.stdout.split()[-1]) / 1024
+        *_, phases, growth = done.stdout.splitlines()
+        growth = float(growth) / 1024
         print(
             f"2. whole precheck with {LINES} probe lines per model (--dtype auto): peak anonymous memory {growth:.2f} GiB = {growth / size:.2f}x one model (target <= 1.3x)"
         )
+        print("   by phase, GiB above the start (start, peak, end):")
+        for label, depth, *mib in json.loads(phases):
+            print(
+                f"   {'  ' * depth + label:<20}"
+                + "".join(f"{m / 1024:7.2f}" for m in mib)
+                + f"  peak {mib[1] / 1024 / size:.2f}x"
+            )
 
 
 if __name__ == "__main__":
