@@ -53,6 +53,7 @@ from mergekit_mergeability.maths.merging import COMPARED, DEFAULT_DENSITY, DEFAU
 from mergekit_mergeability.maths.merging import knowledge_weights, threshold_in_blocks
 from mergekit_mergeability.progress import task
 from mergekit_mergeability.sources import Source, TensorReader, empty_like_each, load_causal_lm, patched, tensors
+from mergekit_mergeability.sources.heap import map_large_allocations
 
 PARTNERS = 8  # paper 1's protocol, and `mergeability --partners`'s default: the share is 1/9
 BLOCK = 1 << 20  # values per block of rows patched at once
@@ -191,6 +192,7 @@ class Dilution:
         if not models:
             return result
         settings = inputs.settings
+        map_large_allocations()  # each pass's blocks go back to the system, not to the heap
         module, tokenizer = load_causal_lm(inputs.base.path, settings.device, inputs.base.load_dtype(settings))
         base = TensorReader(inputs.base.path)
         touched = {m.name: changed(base, m.path) for m in inputs.models}

@@ -10,7 +10,7 @@ mergekit's magnitude trimming (TIES's) keeps each tensor's top values by a selec
 its full sort (``selected_magnitudes``): the same mask, ~8× faster on a 1M-value tensor, where the
 sort was most of a TIES trial's time (knowledge_weighted trims this way already).
 
-After each patched pass the freed heap goes back to the system (``release_freed_memory``, called by
+After each patched pass the freed heap goes back to the system (``sources.heap.release_freed_memory``, called by
 ``Scorer.patch``): glibc keeps what a merge's tensors freed, and on a pool of LoRA experts that grew
 to gigabytes.
 """
@@ -18,14 +18,13 @@ to gigabytes.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
 from typing import Any, Dict, Iterator, Mapping, Optional, Sequence
 
 import torch
 
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.sources import Source, TensorReader, tensors
+
 
 Update = Mapping[str, torch.Tensor]  # tensor name -> the model's full tensor, for changed tensors only
 
@@ -42,25 +41,6 @@ def load_update(base: TensorReader, source: Source, name: str) -> Update:
             f"model {name}: tensor {sorted(missing)[0]} of the base is missing; pools share one architecture"
         )
     return {t: model[t] for t in base.index if not torch.equal(model[t], base[t])}
-
-
-@functools.cache
-def _glibc():
-    try:
-        library = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc (macOS, musl): nothing to hand back this way
-        return None
-    return library if hasattr(library, "malloc_trim") else None
-
-
-def release_freed_memory() -> None:
-    """Hand the heap's freed pages back to the system (glibc's ``malloc_trim``). A merge frees its
-    tensors, but glibc keeps the pages for reuse, so a process merging a pool's trials one after
-    another holds far more than it uses: on 12 LoRA experts of SmolLM2-135M, 2.0 GB of anonymous
-    memory between trials instead of 0.55 GB (docs/scale.md). A no-op where the C library is not glibc."""
-    library = _glibc()
-    if library is not None:
-        library.malloc_trim(0)
 
 
 def merge_updates(

@@ -7,7 +7,7 @@ from typing import Any, Callable, Dict, Mapping
 
 import torch
 
-from mergekit_mergeability.evaluation.inmemory import release_freed_memory
+from mergekit_mergeability.sources.heap import release_freed_memory
 from mergekit_mergeability.settings import RunSettings
 from mergekit_mergeability.sources import Source, auto_device, load_causal_lm, merged, patched, same_model, update_of
 from mergekit_mergeability.sources.cache import Cache, fingerprint

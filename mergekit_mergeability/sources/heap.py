@@ -1,0 +1,42 @@
+"""The C heap: what glibc keeps of freed memory, and handing it back. Each call is a no-op where
+the C library is not glibc (macOS, musl)."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h)
+MAPPED_FROM = 4 << 20  # bytes: one block of 1M float32 values, the passes' unit of work
+
+
+@functools.cache
+def _glibc():
+    try:
+        library = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (macOS, musl): nothing to hand back this way
+        return None
+    return library if hasattr(library, "malloc_trim") else None
+
+
+def release_freed_memory() -> None:
+    """Hand the heap's freed pages back to the system (glibc's ``malloc_trim``). A merge frees its
+    tensors, but glibc keeps the pages for reuse, so a process merging a pool's trials one after
+    another holds far more than it uses: on 12 LoRA experts of SmolLM2-135M, 2.0 GB of anonymous
+    memory between trials instead of 0.55 GB (docs/scale.md)."""
+    library = _glibc()
+    if library is not None:
+        library.malloc_trim(0)
+
+
+def map_large_allocations(size: int = MAPPED_FROM) -> None:
+    """Have glibc map each allocation of ``size`` bytes or more on its own, and unmap it when freed.
+
+    By default glibc raises that threshold to the largest block freed so far (up to 32 MiB), and
+    from then on a pass's 4 MiB blocks come from the heap, which keeps what they leave: measured at
+    1.1B, each rehearsal pass of the precheck held 0.3–0.7 GiB more than the merge it built, and
+    0.05–0.1 GiB more with this (docs/scale.md). Process-wide and lasting; it also stops glibc's
+    raising of the threshold."""
+    library = _glibc()
+    if library is not None:
+        library.mallopt(M_MMAP_THRESHOLD, size)
