@@ -32,7 +32,7 @@ size, each model's own probe asked on both.
 
 The partnered pass holds Σ_j τ_j summed once, in float32, where it takes at most SUM_SHARE of the
 loaded base's memory and SUM_BUDGET (with the copy each pass builds, a precheck's peak of a full
-fine-tune at 1.1B measured 1.31× and 1.37× one model, docs/scale.md's target 1.3×); above that, each patch
+fine-tune at 1.1B measured 1.16× one model, docs/scale.md's target 1.3×); above that, each patch
 reads every model that changes a tensor a row block at a time: N² block reads for N models.
 """
 
