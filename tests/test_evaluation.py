@@ -426,17 +426,23 @@ def test_the_cache_can_be_turned_off(pool, tmp_path, monkeypatch, option):
     assert list(work.iterdir()) == [] and not (tmp_path / "xdg").exists()
 
 
+ANONYMOUS = """
+def anonymous():
+    status = open("/proc/self/status").read().splitlines()
+    return int(next(l for l in status if l.startswith("RssAnon")).split()[1]) // 1024
+"""  # the interpreter's anonymous memory in MiB, for the scripts below
+
+
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
 def test_the_heap_a_merge_freed_goes_back_to_the_system():
     # In a fresh interpreter (this one's allocator has been tuned by what the suite imported): a
     # merge's formed tensors, SmolLM2's MLP width. After the first round glibc raises its mmap
     # threshold, so later rounds come from the heap and stay held when freed, until released.
-    script = """
+    script = (
+        ANONYMOUS
+        + """
 import torch
 from mergekit_mergeability.sources.heap import release_freed_memory
-def anonymous():
-    status = open("/proc/self/status").read().splitlines()
-    return int(next(l for l in status if l.startswith("RssAnon")).split()[1]) // 1024
 for _ in range(3):
     tensors = [torch.ones(576, 1536) for _ in range(60)]  # 200 MiB
     del tensors
@@ -444,23 +450,24 @@ for _ in range(3):
     release_freed_memory()
     print(held, anonymous())
 """
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     held, left = map(int, done.stdout.split()[-2:])  # the last round
     assert held - left > 100, done.stdout
 
 
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 def test_blocks_mapped_on_their_own_go_back_when_freed():
     # In a fresh interpreter: rounds of 1M-value float32 blocks (the passes' unit), each round
     # freed. By default glibc serves the later rounds from its heap, between small tensors that
     # stay, and keeps them; with map_large_allocations each block is unmapped when freed.
-    script = """
+    script = (
+        ANONYMOUS
+        + """
 import sys, torch
 from mergekit_mergeability.sources.heap import map_large_allocations
 if sys.argv[1] == "mapped":
-    map_large_allocations()
-def anonymous():
-    status = open("/proc/self/status").read().splitlines()
-    return int(next(l for l in status if l.startswith("RssAnon")).split()[1]) // 1024
+    map_large_allocations(4 << 20)
 start, kept = anonymous(), []
 for _ in range(3):
     blocks = []
@@ -470,6 +477,7 @@ for _ in range(3):
     del blocks
 print(anonymous() - start)
 """
+    )
     held = {
         way: int(subprocess.run([sys.executable, "-c", script, way], capture_output=True, text=True, check=True).stdout)
         for way in ("default", "mapped")

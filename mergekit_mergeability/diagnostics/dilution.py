@@ -192,7 +192,7 @@ class Dilution:
         if not models:
             return result
         settings = inputs.settings
-        map_large_allocations()  # each pass's blocks go back to the system, not to the heap
+        map_large_allocations(4 * BLOCK)  # each pass's float32 blocks go back to the system, not to the heap
         module, tokenizer = load_causal_lm(inputs.base.path, settings.device, inputs.base.load_dtype(settings))
         base = TensorReader(inputs.base.path)
         touched = {m.name: changed(base, m.path) for m in inputs.models}

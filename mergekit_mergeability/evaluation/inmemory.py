@@ -25,7 +25,6 @@ import torch
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.sources import Source, TensorReader, tensors
 
-
 Update = Mapping[str, torch.Tensor]  # tensor name -> the model's full tensor, for changed tensors only
 
 

@@ -7,7 +7,6 @@ import ctypes
 import functools
 
 M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h)
-MAPPED_FROM = 4 << 20  # bytes: one block of 1M float32 values, the passes' unit of work
 
 
 @functools.cache
@@ -29,14 +28,14 @@ def release_freed_memory() -> None:
         library.malloc_trim(0)
 
 
-def map_large_allocations(size: int = MAPPED_FROM) -> None:
+def map_large_allocations(size: int) -> None:
     """Have glibc map each allocation of ``size`` bytes or more on its own, and unmap it when freed.
 
     By default glibc raises that threshold to the largest block freed so far (up to 32 MiB), and
-    from then on a pass's 4 MiB blocks come from the heap, among small tensors that stay, and the
-    heap keeps what they leave: measured at 1.1B, the precheck peaked at 1.32× one model with
-    glibc's default and 1.17× with this (docs/scale.md). Process-wide and lasting; it also stops
-    glibc's raising of the threshold."""
+    from then on a pass's working blocks (4 MiB in the rehearsal) come from the heap, among small
+    tensors that stay, and the heap keeps what they leave: measured at 1.1B, the precheck peaked
+    at 1.32× one model with glibc's default and 1.17× with this (docs/scale.md). Process-wide and
+    lasting; it also stops glibc's raising of the threshold."""
     library = _glibc()
     if library is not None:
         library.mallopt(M_MMAP_THRESHOLD, size)
