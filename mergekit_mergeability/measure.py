@@ -9,7 +9,7 @@ to the report (``output.precheck``: ``build`` writes the decision down, ``write`
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -80,17 +80,18 @@ def load_inputs(
     shares, weights = configured_shares(spec.document), configured_weights(spec.document)
     models = []
     for name in spec.models:
-        probe, shots = None, neutral
+        probe, shots, task = None, neutral, None
         if name in specs:
             with (
                 spec.naming(f"{spec.entries[name]}.probe") if specs[name] == spec.probes.get(name) else nullcontext()
             ):  # --probe names itself
                 probe = tasks.load(specs[name], limit, folder)
+                task = tasks.scoring_task(specs[name], folder)
         if name in spec.fewshot:
             with spec.naming(f"{spec.entries[name]}.fewshot"):
                 shots = probes.shots_from(spec.fewshot[name], folder) + neutral
         models.append(
-            ModelInput(name, sources[name], probe, shots, dtypes[name], shares.get(name), weights.get(name, 1.0))
+            ModelInput(name, sources[name], probe, shots, dtypes[name], shares.get(name), weights.get(name, 1.0), task)
         )
     return base, tuple(models)
 
@@ -129,7 +130,7 @@ def measure(
             measured.skipped.append(diagnostic.name)
             continue
         if diagnostic.name != COMPATIBILITY and not planned:  # the models fit together: would mergekit take the config?
-            plan(measured)
+            inputs = replace(inputs, merge=plan(measured))
             planned = True
         if diagnostic.name in skip:
             measured.skipped.append(diagnostic.name)
@@ -160,16 +161,19 @@ def measure(
     return measured
 
 
-def plan(measured: Measurements) -> None:
-    """Plan the merge as mergekit would (``planning.dry_run``), before the heavy passes: a config
-    the merge would refuse is one line now, not a recommendation that fails later. Only for local
-    folders: hub models would need their configs fetched, plain adapter folders are ours alone."""
-    from mergekit_mergeability.plugins.planning import dry_run
+def plan(measured: Measurements) -> Optional[Dict[str, Any]]:
+    """The merge as mergekit plans it (``planned.plan``), before the heavy passes: a config the
+    merge would refuse is one line now, not a recommendation that fails later; the rehearsal
+    merges its tensors in memory. Only for local folders and adapters on them (hub models would
+    need their configs fetched); None otherwise."""
     from mergekit_mergeability.config import absolute
+    from mergekit_mergeability.planned import plan as planned
+    from mergekit_mergeability.sources import update_of
 
     sources = {m.name: m.path for m in ([measured.base] if measured.base else []) + list(measured.models)}
-    if all(isinstance(path, Path) for path in sources.values()):
-        dry_run(absolute(measured.spec.document, sources), measured.spec.source)
+    if not all(isinstance(update_of(path) or path, Path) for path in sources.values()):
+        return None
+    return planned(absolute(measured.spec.document, sources), measured.spec.source)
 
 
 def _first_line(error: Exception) -> str:

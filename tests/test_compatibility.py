@@ -26,6 +26,7 @@ def test_the_builtin_plugin_contributes_it_through_the_hook():
         "compatibility",
         "weights",
         "knowledge",
+        "fluency",
         "dilution",
         "representations",
         "selectivity",

@@ -186,6 +186,88 @@ def test_a_config_of_few_models_rehearses_its_merge_as_configured(expert, tmp_pa
         )
 
 
+@pytest.mark.parametrize("method", ["ties", "dare_ties", "breadcrumbs"])
+def test_a_config_of_few_models_rehearses_the_merge_mergekit_writes(expert, tmp_path, method):
+    """Two models merged with a method that trims (no plain sum): the partnered view is the config's
+    own merge, planned by mergekit and built in memory, scored as mergekit's written merge scores."""
+    from mergekit.config import MergeConfiguration
+    from mergekit.merge import run_merge
+    from mergekit.options import MergeOptions
+
+    from mergekit_mergeability.planned import plan
+
+    base, folder, instances = expert
+    second = derive(base, tmp_path / "second", noise(8, 0.1))
+    density = 1.0 if method == "dare_ties" else 0.5  # DARE at density 1 draws nothing: mergekit's own merge
+    document = {
+        "merge_method": method,
+        "base_model": str(base),
+        "dtype": "float32",
+        "models": [{"model": str(m), "parameters": {"weight": 1.0, "density": density}} for m in (folder, second)],
+    }
+    run_merge(MergeConfiguration.model_validate(document), str(tmp_path / "out"), MergeOptions(write_model_card=False))
+    models = (ModelInput("m", folder, instances), ModelInput("second", second, instances))
+    inputs = DiagnosticInputs(ModelInput("base", base), models, merge=plan(document, "config.yml"))
+    found = Dilution().run(inputs).per_model
+    written = derive(base, tmp_path / "written", lambda name, t: state_dict(tmp_path / "out")[name] - t)
+    accuracy, p_gold, _ = _scored(written, written, instances)
+    for name in ("m", "second"):
+        assert found[name]["rehearsed"] == "written" and "partnered_share" not in found[name]
+        assert found[name]["partnered_accuracy"] == accuracy
+        assert found[name]["partnered_mean_p_gold"] == pytest.approx(p_gold, abs=1e-6)
+    mean = Dilution().run(DiagnosticInputs(ModelInput("base", base), models)).per_model["m"]
+    assert mean["rehearsed"] == "mean"  # not planned: the stand-in, which scores otherwise
+    assert mean["partnered_mean_p_gold"] != pytest.approx(p_gold, rel=1e-3)
+
+
+def test_an_lm_eval_task_probe_is_rehearsed_through_lm_eval_with_its_own_metric(expert, tmp_path):
+    """A probe that is an lm-eval task YAML: on the merge as written, lm-eval's own requests in
+    memory score what lm-eval scores on the merge mergekit writes, read with the task's metric."""
+    import json
+
+    from mergekit.config import MergeConfiguration
+    from mergekit.merge import run_merge
+    from mergekit.options import MergeOptions
+
+    from mergekit_mergeability.planned import plan
+    from mergekit_mergeability.sources import load_causal_lm
+    from mergekit_mergeability.tasks import harness, scoring_task
+
+    base, folder, _ = expert
+    second = derive(base, tmp_path / "second", noise(8, 0.1))
+    data = tmp_path / "animals.jsonl"
+    rows = [
+        {"question": f"{q} ({i})", "choices": ["cow", "cat", "duck", "dog"], "label": i % 4}
+        for i, q in enumerate(QUESTIONS)
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task_yaml = tmp_path / "animals.yaml"
+    task_yaml.write_text(
+        "task: animals\ndataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {data}\n"
+        "test_split: test\noutput_type: multiple_choice\n"
+        'doc_to_text: "{{question}}\\nAnswer:"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: label\n'
+        "metric_list:\n  - metric: acc\n"
+    )
+    document = {
+        "merge_method": "ties",
+        "base_model": str(base),
+        "dtype": "float32",
+        "models": [{"model": str(m), "parameters": {"weight": 1.0, "density": 0.5}} for m in (folder, second)],
+    }
+    run_merge(MergeConfiguration.model_validate(document), str(tmp_path / "out"), MergeOptions(write_model_card=False))
+    task = scoring_task(str(task_yaml))
+    models = (ModelInput("m", folder, tasks.load(str(task_yaml)), task=task), ModelInput("second", second))
+    inputs = DiagnosticInputs(ModelInput("base", base), models, merge=plan(document, "config.yml"))
+    found = Dilution().run(inputs).per_model["m"]
+    written = derive(base, tmp_path / "written", lambda name, t: state_dict(tmp_path / "out")[name] - t)
+    model, tokenizer = load_causal_lm(written)
+    expected = harness.score(model, tokenizer, task)
+    assert found["rehearsed"] == "written" and found["task_metric"] == expected["primary"] == "acc"
+    assert found["partnered_task_score"] == pytest.approx(expected["score"])
+    assert 0 < expected["score"] < 1  # a score that can tell a wrong model from a right one
+
+
 def test_the_configured_shares_are_those_of_a_plain_weighted_sum():
     from mergekit_mergeability.decide.advice import configured_shares
 

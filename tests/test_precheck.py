@@ -211,7 +211,14 @@ def test_incompatible_models_stop_from_headers_alone(tmp_path, pool, families):
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
     assert report["recommendation"]["verdict"] == "do_not_merge"
     assert "architectures" in " ".join(report["recommendation"]["reasons"])
-    assert report["skipped_diagnostics"] == ["weights", "knowledge", "dilution", "representations", "selectivity"]
+    assert report["skipped_diagnostics"] == [
+        "weights",
+        "knowledge",
+        "fluency",
+        "dilution",
+        "representations",
+        "selectivity",
+    ]
     assert report["stop"]
 
 

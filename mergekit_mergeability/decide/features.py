@@ -148,13 +148,14 @@ def features(models: Sequence[Mapping[str, Any]]) -> Dict[str, Features]:
     return table
 
 
-REHEARSED = {"options": "partnered_mean_p_gold", "cloze": "partnered_accuracy"}  # the formats it was decided on
+# the formats it was decided on; an lm-eval task's own metric on the rehearsed merge (acc, exact_match, ...)
+REHEARSED = {"options": "partnered_mean_p_gold", "cloze": "partnered_accuracy", "lm-eval": "partnered_task_score"}
 
 
 def rehearsal(model: Mapping[str, Any]) -> Optional[float]:
     """A precheck model's own probe on the rehearsed merge (``dilution``'s partnered pass), read as
-    its task is scored: p(gold) where its options are listed, accuracy where it is cloze; None for a
-    probe of another format (an lm-eval task's, a mix), where it was never tested."""
+    its task is scored: p(gold) where its options are listed, accuracy where it is cloze, the task's
+    own metric where it is an lm-eval task; None for a mix of formats, where it was never tested."""
     scored = REHEARSED.get((model.get("knowledge") or {}).get("scored_format", "cloze"))
     return (model.get("dilution") or {}).get(scored) if scored else None
 

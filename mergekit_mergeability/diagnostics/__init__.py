@@ -50,6 +50,7 @@ class ModelInput:
     )
     share: Optional[float] = None  # its update's share in the configured merge, where that is a plain sum
     weight: float = 1.0  # its configured ``weight`` (per model, else global, else 1): the recommended merges keep it
+    task: Optional[Any] = None  # the lm-eval task (tasks.lmeval.Task) its probe is, scored with the task's own metric
 
     def load_dtype(self, settings: "PrecheckSettings") -> str:
         return self.dtype or settings.dtype
@@ -71,6 +72,9 @@ class DiagnosticInputs:
     # the configured update size (λ·Σ weight, or λ where the method normalises; 1 where the method
     # does not add task vectors): the scale both recommended merges, knowledge_weighted and TIES, write
     update_size: float = 1.0
+    # the config's merge as mergekit plans it, output tensor -> planned.Planned (``planned.plan``);
+    # None where it was not planned here (a hub model's config would be fetched)
+    merge: Optional[Dict[str, Any]] = None
 
 
 @dataclass

@@ -20,9 +20,15 @@ the merge split evenly among the config's other models, paper 1's expected partn
     θ_base + s'·τ_i + (1 − s')/(N − 1)·Σ_{j≠i} τ_j,   s' = max(s, 1/N)
 
 A config of fewer than 9 models has at most N − 1 partners to draw (``mergeability`` refuses
-more), so there the rehearsal is its merge as configured where the method is a plain weighted sum
-(task_arithmetic, linear: θ_base + Σ_j share_j·τ_j, ``ModelInput.share``), else the mean merge of
-all N (``rehearsed``: "mean" or "configured").
+more), so there the rehearsal is the merge as written: mergekit's plan of the config
+(``planned``: its method, parameters, gradients and slices, tensor by tensor) built in memory on
+the tensors the updates touch, every model's probe asked on it (``rehearsed``: "written"). Where
+the plan is not at hand (a hub model), or its output is not the base's architecture (slices that
+drop or repeat layers), or a touched tensor's vocabulary is rebuilt by ``tokenizer_source``: the
+merge as configured where the method is a plain weighted sum (task_arithmetic, linear:
+θ_base + Σ_j share_j·τ_j, ``ModelInput.share``; "configured"), else the mean merge of all N
+("mean"). Each output tensor of the written merge is built whole, as mergekit builds it: the
+pass holds every model's copy of one tensor in float32 at a time, besides the merged tensors.
 
 A third pass (``knowledge_weighted_*``, ``ties_*``), where every model has a probe, rehearses the
 choice the verdict makes between two methods: the whole config merged as each would be recommended,
@@ -41,7 +47,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import asdict
-from typing import Callable, Dict, Iterator, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -51,6 +57,7 @@ from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.maths import knowledge
 from mergekit_mergeability.maths.merging import COMPARED, DEFAULT_DENSITY, DEFAULT_TEMPERATURE, elected
 from mergekit_mergeability.maths.merging import knowledge_weights, threshold_in_blocks
+from mergekit_mergeability.planned import Planned, merged
 from mergekit_mergeability.progress import task
 from mergekit_mergeability.sources import Source, TensorReader, empty_like_each, load_causal_lm, patched, tensors
 from mergekit_mergeability.sources.heap import map_large_allocations
@@ -159,9 +166,57 @@ def trimmed(
         yield module
 
 
+@contextlib.contextmanager
+def as_written(
+    module: torch.nn.Module, plan: Dict[str, Planned], models: Sequence[Source], names: Set[str]
+) -> Iterator[torch.nn.Module]:
+    """``module`` (the loaded base) as the config's own merge (``plan``, mergekit's) on the tensors
+    ``names`` (those the updates touch; every other is the base's, what a merge of equal inputs
+    gives), each merged by mergekit's task from the tensors of ``models`` (the base among them),
+    its own tensors back on exit."""
+    readers = {str(model): tensors(model) for model in models}
+
+    def read(model: str, name: str) -> Optional[torch.Tensor]:
+        reader = readers[model]
+        return reader[name] if name in reader.index else None
+
+    state = module.state_dict()
+    for name in sorted(names - set(state)):
+        raise UserError(f"tensor {name} is not in the loaded base; the config's models share one architecture")
+    fresh = empty_like_each({name: state[name] for name in names})
+    with torch.no_grad():
+        for name in names:
+            fresh[name].copy_(merged(plan[name], read))
+    with patched(module, fresh):
+        yield module
+
+
+def writable(plan: Optional[Dict[str, Planned]], base: TensorReader, names: Set[str]) -> bool:
+    """Whether the merge as planned can be built on the loaded base: its output has the base's
+    tensors, and each tensor the updates touch is read as stored."""
+    return plan is not None and set(plan) == set(base.index) and all(plan[name].plain for name in names)
+
+
 def diluted(module: torch.nn.Module, base: TensorReader, model: Source, share: float):
     """``module`` as θ_base + share·τ_model (``mixed`` with one model)."""
     return mixed(module, base, [(model, share, changed(base, model))])
+
+
+def partnered(module, tokenizer, model: ModelInput, advance, settings) -> Dict[str, Any]:
+    """A model's own probe on the rehearsed merge ``module`` is: asked as the precheck asks it
+    (``partnered_*``), and where the probe is an lm-eval task, also run through lm-eval's own
+    requests on the module in memory and read with the task's own metric (``partnered_task_score``,
+    ``task_metric``: acc, acc_norm, exact_match, bleu or chrF through sacrebleu, the last two over
+    100 so that every score lies in [0, 1]), ``--limit`` items."""
+    from mergekit_mergeability.tasks.harness import TRANSLATION_METRICS, score
+
+    view = asdict(knowledge.aggregate(scores(module, tokenizer, list(model.probes), advance)))
+    found: Dict[str, Any] = {"partnered_accuracy": view["accuracy"], "partnered_mean_p_gold": view["mean_p_gold"]}
+    if model.task is not None:
+        scored = score(module, tokenizer, model.task, settings.limit, settings.batch_size, str(module.device))
+        scale = 100 if scored["primary"] in TRANSLATION_METRICS else 1
+        found.update(partnered_task_score=scored["score"] / scale, task_metric=scored["primary"])
+    return found
 
 
 class Dilution:
@@ -171,15 +226,20 @@ class Dilution:
     def __init__(self, share: float = 1 / (PARTNERS + 1)):
         self.share = share
 
-    def rehearsed(self, everyone: Sequence[ModelInput]) -> Tuple[str, Dict[str, float], Dict[str, float]]:
+    def rehearsed(
+        self, everyone: Sequence[ModelInput], written: bool = False
+    ) -> Tuple[str, Dict[str, float], Dict[str, float]]:
         """The partnered pass's merge for each model i, θ_base + Σ_j c_j·τ_j + e_i·τ_i, as (which merge,
         c, e); c empty for one model. A config of more models than the protocol's partners: paper 1's expected
-        partner, c_j = (1 − s')/(N − 1), s' = max(s, 1/N), e_i = s' − c_i. One with fewer, whose method
-        is a plain sum (``ModelInput.share``), has no eight partners to draw: its merge as configured
-        (c_j its share, e = 0); else the mean merge of all N."""
+        partner, c_j = (1 − s')/(N − 1), s' = max(s, 1/N), e_i = s' − c_i. One with fewer has no eight
+        partners to draw: the merge as written where it can be built (``written``: "written", c and e
+        empty, the merge is mergekit's), else where its method is a plain sum (``ModelInput.share``)
+        its merge as configured (c_j its share, e = 0), else the mean merge of all N."""
         count = len(everyone)
         if count < 2:
             return "none", {}, {}
+        if count <= PARTNERS and written:
+            return "written", {}, {}
         if count <= PARTNERS and all(m.share is not None for m in everyone):
             return "configured", {m.name: m.share for m in everyone}, {m.name: 0.0 for m in everyone}
         mine = max(self.share, 1 / count)
@@ -196,12 +256,13 @@ class Dilution:
         module, tokenizer = load_causal_lm(inputs.base.path, settings.device, inputs.base.load_dtype(settings))
         base = TensorReader(inputs.base.path)
         touched = {m.name: changed(base, m.path) for m in inputs.models}
-        merge, in_sum, extra = self.rehearsed(inputs.models)
+        names = set().union(*touched.values())
+        merge, in_sum, extra = self.rehearsed(inputs.models, writable(inputs.merge, base, names))
         lines = sum(len(i.continuations) for m in models for i in m.probes)
         # knowledge_weighted's shares need every model's knowledge, and weights it takes (≥ 0, not all 0)
         weights = [m.weight for m in inputs.models]
         compare = len(models) == len(inputs.models) > 1 and min(weights) >= 0 < max(weights)
-        passes = (2 if in_sum else 1) + (1 + len(COMPARED) if compare else 0)
+        passes = (2 if in_sum or merge == "written" else 1) + (1 + len(COMPARED) if compare else 0)
         loaded = sum(p.numel() * p.element_size() for p in module.parameters())
         limit = min(SUM_BUDGET, SUM_SHARE * loaded)
         mixture_of = lambda ms: [(m.path, in_sum[m.name], touched[m.name]) for m in ms]  # noqa: E731
@@ -222,15 +283,22 @@ class Dilution:
                 # Σ_j c_j·τ_j (summed once, or read model by model for this model alone) plus its own extra share
                 mixture = [(model.path, extra[model.name], touched[model.name])] if extra[model.name] else []
                 with mixed(module, base, mixture if every is not None else mixture + mixture_of(inputs.models), every):
-                    view = asdict(knowledge.aggregate(scores(module, tokenizer, list(model.probes), advance)))
+                    view = partnered(module, tokenizer, model, advance, settings)
                 others = [in_sum[m.name] for m in inputs.models if m is not model]
                 result.per_model[model.name].update(
                     rehearsed=merge,
                     partnered_share=in_sum[model.name] + extra[model.name],
                     partner_share=sum(others) / len(others),
-                    partnered_accuracy=view["accuracy"],
-                    partnered_mean_p_gold=view["mean_p_gold"],
+                    **view,
                 )
+            if merge == "written":
+                with as_written(module, inputs.merge, [inputs.base.path, *(m.path for m in inputs.models)], names):
+                    for model in models:
+                        result.per_model[model.name].update(
+                            rehearsed=merge,
+                            **partnered(module, tokenizer, model, advance, settings),
+                            **({} if model.share is None else {"partnered_share": model.share}),
+                        )
             if compare:
                 self.compare(module, tokenizer, base, models, touched, inputs.update_size, advance, result)
         return result

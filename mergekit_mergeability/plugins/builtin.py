@@ -15,10 +15,11 @@ def mergeability_merge_methods():
 def mergeability_diagnostics():
     from mergekit_mergeability.diagnostics.compatibility import Compatibility
     from mergekit_mergeability.diagnostics.dilution import Dilution
+    from mergekit_mergeability.diagnostics.fluency import Fluency
     from mergekit_mergeability.diagnostics.knowledge import Knowledge
     from mergekit_mergeability.diagnostics.representations import Representations
     from mergekit_mergeability.diagnostics.selectivity import Selectivity
     from mergekit_mergeability.diagnostics.weights import WeightStatistics
 
     # cheapest first: a precheck stops at the first error, before the heavy passes
-    return [Compatibility(), WeightStatistics(), Knowledge(), Dilution(), Representations(), Selectivity()]
+    return [Compatibility(), WeightStatistics(), Knowledge(), Fluency(), Dilution(), Representations(), Selectivity()]

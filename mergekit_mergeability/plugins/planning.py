@@ -9,7 +9,6 @@ compare values across models or against the model depth, before anything is writ
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
@@ -87,24 +86,6 @@ def check_before_planning(planner) -> None:
     _check_plugin_method(planner, plugin_methods())
 
 
-_dry_runs = [0]  # the precheck's own plans of the merge in progress (``dry_run``)
-
-
-def dry_running() -> bool:
-    """Whether the planner at work is the precheck's dry run (the gate then stays out: it would
-    precheck the precheck)."""
-    return _dry_runs[0] > 0
-
-
-@contextlib.contextmanager
-def _dry_run():
-    _dry_runs[0] += 1
-    try:
-        yield
-    finally:
-        _dry_runs[0] -= 1
-
-
 def _check_plugin_method(planner, plugin_methods) -> None:
     method = planner._method
     if not any(method is ours for _, ours in plugin_methods):
@@ -115,28 +96,3 @@ def _check_plugin_method(planner, plugin_methods) -> None:
     check = getattr(method, "check_config", None)
     if check is not None:
         check(views)
-
-
-def dry_run(document: Dict[str, Any], source) -> None:
-    """Plan the merge as ``mergekit-yaml`` would, reading only the models' config.json files
-    (no tensor read, nothing written): a config the merge would refuse (an unknown method, a
-    missing base or parameter, a layer cut-off beyond the model) is refused now, in one line,
-    rather than after the precheck has measured and recommended it."""
-    from mergekit.architecture import get_architecture_info
-    from mergekit.config import MergeConfiguration
-    from mergekit.merge import _model_out_config
-    from mergekit.options import MergeOptions
-    from mergekit.plan import MergePlanner
-
-    options = MergeOptions()
-    try:
-        config = MergeConfiguration.model_validate(document)
-        architecture = get_architecture_info(config, options)
-        with _dry_run():  # the plan's own check, not a precheck inside the precheck
-            planner = MergePlanner(config, architecture, options, _model_out_config(config, architecture))
-            planner.plan_to_disk(out_path="never-written")  # tasks only: nothing runs until an executor does
-    except UserError as error:
-        raise UserError(f"{source}: the merge would stop: {error}") from None
-    except (ValueError, RuntimeError, KeyError, AssertionError) as error:
-        line = (str(error).splitlines() or [type(error).__name__])[0]
-        raise UserError(f"{source}: mergekit would refuse this merge: {line}") from None

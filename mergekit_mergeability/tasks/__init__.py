@@ -15,6 +15,15 @@ from mergekit_mergeability.tasks import lmeval
 from mergekit_mergeability.tasks.probes import Instance, existing_file, scored_lines
 
 
+def scoring_task(spec: str, relative_to: Optional[Path] = None) -> Optional[lmeval.Task]:
+    """The lm-eval task a probe spec names (a task YAML, name or group), which scores it with its
+    own metric; None for a JSONL probe file."""
+    path = existing_file(spec, relative_to)
+    if path is not None and path.suffix == ".jsonl":
+        return None
+    return lmeval.resolve(spec, relative_to, what="probe")
+
+
 def load(spec: str, limit: Optional[int] = None, relative_to: Optional[Path] = None) -> List[Instance]:
     """The first ``limit`` instances of a probe spec (see ``probes``' docstring)."""
     path = existing_file(spec, relative_to)

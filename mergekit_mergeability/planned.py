@@ -1,0 +1,143 @@
+"""The config as ``mergekit-yaml`` would merge it: planned by mergekit, merged one tensor at a time in memory.
+
+mergekit's planner resolves, for each output tensor, the method, its parameters (global, per
+model, per slice, gradients over the layers, filters) and which tensor of each model it reads;
+its ``ExecuteMergeMethodTask`` merges them. ``merged`` runs that same task on tensors the caller
+reads (so an adapter's are formed from its factors, and a hub model's come from its files), for
+the output tensors the caller asks for: the merge as written, with nothing written to disk.
+
+Methods that draw at random (DARE, DELLA) draw from a generator seeded per tensor (``SEED``):
+the rehearsal is one draw of the merge ``mergekit-yaml`` would make, the same draw each time,
+not the draw a given ``mergekit-yaml --random-seed`` run makes (that depends on the order its
+executor visits the tensors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
+
+from mergekit_mergeability.errors import UserError
+
+SEED = 0  # the random methods' seed, mixed with each tensor's name
+
+_planning = [0]  # the precheck's own plans of a merge in progress
+
+
+def dry_running() -> bool:
+    """Whether the planner at work is the precheck's own (the pre-merge gate then stays out: it
+    would precheck the precheck)."""
+    return _planning[0] > 0
+
+
+@contextlib.contextmanager
+def _ours() -> Iterator[None]:
+    _planning[0] += 1
+    try:
+        yield
+    finally:
+        _planning[0] -= 1
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One output tensor of the merge: what mergekit would read and how it would merge it."""
+
+    name: str
+    reads: Tuple[Tuple[Any, Tuple[str, ...], bool], ...]  # (mergekit's ModelReference, its tensor's names, optional)
+    task: Any  # mergekit's ExecuteMergeMethodTask for this tensor
+    dtype: Optional[str]  # what the inputs are cast to (the config's dtype:)
+    out_dtype: Optional[str]  # what the result is cast to (out_dtype:)
+    plain: bool  # read as stored: no vocabulary permuted by a tokenizer_source, none truncated
+
+
+def plan(document: Mapping[str, Any], source: Any) -> Dict[str, Planned]:
+    """Every output tensor of ``document`` (a config whose model references mergekit can read:
+    local folders, ``base+adapter``, hub ids) as mergekit plans it, reading only the models'
+    config.json files. A config the merge would refuse is refused here in one line naming
+    ``source`` (an unknown method, a missing base or parameter, a cut-off beyond the model)."""
+    from mergekit.architecture import get_architecture_info
+    from mergekit.config import MergeConfiguration
+    from mergekit.io.tasks import GatherTensors
+    from mergekit.merge import _model_out_config
+    from mergekit.options import MergeOptions
+    from mergekit.plan import MergePlanner
+
+    options = MergeOptions()
+    try:
+        config = MergeConfiguration.model_validate(dict(document))
+        architecture = get_architecture_info(config, options)
+        with _ours(), _adapters_read_as_their_bases(config):
+            planner = MergePlanner(config, architecture, options, _model_out_config(config, architecture))
+            # mergekit 0.1.5's plan_in_memory wraps each task in a ReturnTensor that pydantic refuses
+            # (Task[Optional[Tensor]] is not a Task[Tensor]); its plan is the same list of tasks
+            planner._plan()  # tasks only: nothing runs until they are executed
+    except UserError as error:
+        raise UserError(f"{source}: the merge would stop: {error}") from None
+    except (ValueError, RuntimeError, KeyError, AssertionError) as error:
+        line = (str(error).splitlines() or [type(error).__name__])[0]
+        raise UserError(f"{source}: mergekit would refuse this merge: {line}") from None
+    planned = {}
+    for weight, task in planner._tensors:
+        gather = task.gather_tensors
+        plain = isinstance(gather, GatherTensors)
+        weights = gather.weight_info if plain else gather.gather_tensors.weight_info
+        reads = tuple(
+            (model, (info.name, *(info.aliases or ()), *(info.tied_names or ())), bool(info.optional))
+            for model, info in weights.items()
+        )
+        dtype = (gather if plain else gather.gather_tensors).dtype
+        out_dtype = weight.force_dtype or config.out_dtype
+        planned[weight.name] = Planned(weight.name, reads, task, dtype, out_dtype, plain and not _forced(weights))
+    return planned
+
+
+@contextlib.contextmanager
+def _adapters_read_as_their_bases(config) -> Iterator[None]:
+    """While planning, mergekit looks up whether an optional tensor (a tied head) exists in each
+    model's index; for a ``base+adapter`` it would first merge the adapter into a copy of its base
+    on disk. An adapter has its base's tensors, so its base's index answers, and nothing is written."""
+    from mergekit.common import ModelReference
+    from mergekit.io.tasks import LoaderCache
+
+    cache = LoaderCache()
+    added = [model for model in config.referenced_models() if model.lora is not None and model not in cache.loaders]
+    for model in added:
+        cache.loaders[model] = cache.get(ModelReference(model=model.model))
+    try:
+        yield
+    finally:
+        for model in added:
+            cache.loaders.pop(model, None)
+
+
+def _forced(weights) -> bool:
+    return any(info.force_dtype for info in weights.values())
+
+
+def merged(planned: Planned, read: Callable[[str, str], Optional[Any]]) -> Any:
+    """The merged tensor, as mergekit's task computes it, from the inputs ``read(model reference,
+    tensor name)`` gives (None: the model has no tensor of that name)."""
+    import torch
+    from mergekit.common import dtype_from_name
+
+    if not planned.plain:
+        raise UserError(f"tensor {planned.name}: its vocabulary is rebuilt by tokenizer_source; not rehearsed")
+    inputs = {}
+    for model, names, optional in planned.reads:
+        tensor = next((t for t in (read(str(model), name) for name in names) if t is not None), None)
+        if tensor is None:
+            if optional:
+                continue
+            raise UserError(f"model {model}: has no tensor {names[0]}, which the merge reads")
+        if planned.dtype:
+            tensor = tensor.to(dtype_from_name(planned.dtype))
+        inputs[model] = tensor
+    with torch.random.fork_rng():
+        torch.manual_seed(SEED + zlib.crc32(planned.name.encode()))
+        result = planned.task.execute(tensors=inputs)
+    if result is not None and planned.out_dtype:
+        result = result.to(dtype_from_name(planned.out_dtype))
+    return result

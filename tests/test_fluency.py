@@ -1,0 +1,115 @@
+"""Gibberish caught before the merge: the merge as written, built in memory, read for perplexity on
+a shipped general text against the base and each parent."""
+
+import json
+
+import pytest
+import torch
+import transformers
+import yaml
+
+from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
+from mergekit_mergeability.diagnostics.fluency import FALLS_APART, TEXT, Fluency, perplexity, windows
+from mergekit_mergeability.planned import plan
+from mergekit_mergeability.resources import shipped
+from mergekit_mergeability.tiny import config, derive, train_tokenizer
+
+from conftest import noise, precheck_cli
+
+UPPER = (".layers.2.", ".layers.3.")  # the upper two of four blocks
+SCALE = 50.0
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny Llama taught the shipped text for a few steps, so that its perplexity means something."""
+    root = tmp_path_factory.mktemp("fluency")
+    tok = train_tokenizer()
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config("llama", len(tok)))
+    text = windows(tok, shipped(TEXT).read_text(), 64)
+    optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(100):
+        optimiser.zero_grad()
+        model(input_ids=text, labels=text).loss.backward()
+        optimiser.step()
+    model.save_pretrained(root / "base")
+    tok.save_pretrained(root / "base")
+    return root / "base"
+
+
+def rescaled(up: float):
+    """An update that multiplies the upper blocks' MLP up_proj and attention v_proj by ``up``, and
+    their down_proj and o_proj by 1/up: the same function (down(act(gate)·up) is linear in each,
+    and so is o(attention·v)), far from the base in weight space."""
+
+    def update(name, tensor):
+        if not any(u in name for u in UPPER):
+            return 0 * tensor
+        if "mlp.up_proj" in name or "self_attn.v_proj" in name:
+            return (up - 1) * tensor
+        if "mlp.down_proj" in name or "self_attn.o_proj" in name:
+            return (1 / up - 1) * tensor
+        return 0 * tensor
+
+    return update
+
+
+def _config(tmp_path, base, experts, method="task_arithmetic"):
+    document = {
+        "merge_method": method,
+        "base_model": str(base),
+        "models": [{"model": str(e), "parameters": {"weight": 0.5}} for e in experts],
+    }
+    path = tmp_path / "config.yml"
+    path.write_text(yaml.safe_dump(document))
+    return path, document
+
+
+def _inputs(base, experts, document):
+    models = tuple(ModelInput(str(e), e) for e in experts)
+    return DiagnosticInputs(ModelInput(str(base), base), models, merge=plan(document, "config.yml"))
+
+
+def test_each_rescaled_expert_is_the_base_and_their_merge_falls_apart(trained, tmp_path):
+    experts = [derive(trained, tmp_path / "a", rescaled(SCALE)), derive(trained, tmp_path / "b", rescaled(1 / SCALE))]
+    _, document = _config(tmp_path, trained, experts)
+    result = Fluency().run(_inputs(trained, experts, document))
+    found = list(result.per_model.values())
+    for values in found:
+        assert values["perplexity"] == pytest.approx(values["base_perplexity"], rel=1e-3)
+    assert found[0]["merged_perplexity"] > FALLS_APART * found[0]["base_perplexity"]
+    (error,) = [f for f in result.findings if f.severity == "error"]
+    assert "falls apart" in error.message and f"{found[0]['merged_perplexity']:.4g}" in error.message
+
+
+def test_a_sound_merge_stays_near_its_parents(trained, tmp_path):
+    experts = [derive(trained, tmp_path / f"e{i}", noise(i, 0.01)) for i in range(2)]
+    _, document = _config(tmp_path, trained, experts, "ties")
+    result = Fluency().run(_inputs(trained, experts, document))
+    values = next(iter(result.per_model.values()))
+    worst = max(v["perplexity"] for v in result.per_model.values())
+    assert values["merged_perplexity"] < 1.2 * max(worst, values["base_perplexity"])
+    assert not [f for f in result.findings if f.severity == "error"]
+    assert values["base_perplexity"] < 0.5 * len(train_tokenizer())  # trained: far below a uniform guess
+
+
+def test_the_precheck_says_do_not_merge_from_perplexity_alone_without_probes(trained, tmp_path):
+    experts = [derive(trained, tmp_path / "a", rescaled(SCALE)), derive(trained, tmp_path / "b", rescaled(1 / SCALE))]
+    path, _ = _config(tmp_path, trained, experts)
+    result = precheck_cli(path, tmp_path / "out")
+    report = json.loads((tmp_path / "out" / "precheck.json").read_text())
+    assert report["recommendation"]["verdict"] == "do_not_merge", result.output
+    assert any("falls apart" in reason for reason in report["recommendation"]["reasons"])
+    assert "falls apart" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "out" / "recommended.yml").exists()
+
+
+def test_perplexity_is_exp_of_the_mean_token_loss(trained):
+    model = transformers.AutoModelForCausalLM.from_pretrained(trained)
+    tok = transformers.AutoTokenizer.from_pretrained(trained)
+    text = windows(tok, shipped(TEXT).read_text(), 32)
+    assert text.shape[1] == 32 and text.shape[0] > 10
+    with torch.no_grad():
+        loss = model(input_ids=text, labels=text).loss.item()  # transformers' own mean over the shifted tokens
+    assert perplexity(model, text) == pytest.approx(torch.tensor(loss).exp().item(), rel=1e-5)

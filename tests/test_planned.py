@@ -1,0 +1,142 @@
+"""Known answers for ``planned``: the merge as written, built tensor by tensor in memory, is what
+mergekit itself writes for the same config (max abs difference ≤ 1e-6 in float32)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from mergekit.config import MergeConfiguration
+from mergekit.merge import run_merge
+from mergekit.options import MergeOptions
+
+import mergekit_mergeability  # noqa: F401  (registers our methods)
+from mergekit_mergeability import planned
+from mergekit_mergeability.errors import UserError
+from mergekit_mergeability.sources import tensors
+from mergekit_mergeability.tiny import make_adapter, make_family, state_dict
+
+EXPERTS = ("expert0", "expert1", "expert2")
+# method -> (global parameters, per-model parameters for each expert, whether the config names a base)
+CONFIGS = {
+    "task_arithmetic": ({"lambda": 0.9}, [{"weight": 0.7}, {"weight": 0.4}, {"weight": 0.2}], True),
+    "linear": ({"normalize": True}, [{"weight": 0.5}, {"weight": 0.3}, {"weight": 0.2}], False),
+    "ties": ({"normalize": True}, [{"weight": 1.0, "density": 0.5}] * 3, True),
+    "dare_ties": ({}, [{"weight": 0.5, "density": 0.6}] * 3, True),
+    "dare_linear": ({}, [{"weight": 0.5, "density": 0.6}] * 3, True),
+    "della": ({}, [{"weight": 0.5, "density": 0.6, "epsilon": 0.1}] * 3, True),
+    "breadcrumbs": ({}, [{"weight": 0.5, "density": 0.8, "gamma": 0.05}] * 3, True),
+    "model_stock": ({}, [{}] * 3, True),
+    "sce": ({"select_topk": 0.5}, [{"weight": 1.0}] * 3, True),
+    "knowledge_weighted": ({}, [{"knowledge": 0.8}, {"knowledge": 0.3}, {"knowledge": 0.5}], True),
+    "layer_selective": ({"cutoff": 2}, [{}, {"upper": True}, {}], True),
+}
+RANDOM = {"dare_ties", "dare_linear", "della"}  # they draw which entries to drop
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory):
+    return make_family(tmp_path_factory.mktemp("three"), experts=3)
+
+
+def document(method, family, experts=EXPERTS):
+    shared, per_model, with_base = CONFIGS[method]
+    config = {
+        "merge_method": method,
+        "dtype": "float32",
+        "models": [{"model": str(family[e]), "parameters": p} for e, p in zip(experts, per_model)],
+    }
+    if shared:
+        config["parameters"] = shared
+    if with_base:
+        config["base_model"] = str(family["base"])
+    return config
+
+
+def in_memory(config, readers):
+    plan = planned.plan(config, "config.yml")
+    return {name: planned.merged(tensor, lambda model, n: _read(readers[model], n)) for name, tensor in plan.items()}
+
+
+def _read(reader, name):
+    return reader[name] if name in reader.index else None
+
+
+def written(config, out: Path):
+    run_merge(MergeConfiguration.model_validate(config), str(out), MergeOptions(write_model_card=False, quiet=True))
+    return state_dict(out)
+
+
+def _readers(family):
+    return {str(path): tensors(path) for path in family.values()}
+
+
+@pytest.mark.parametrize("method", sorted(set(CONFIGS) - RANDOM))
+def test_each_method_in_memory_is_what_mergekit_writes(three, tmp_path, method):
+    config = document(method, three)
+    ours, theirs = in_memory(config, _readers(three)), written(config, tmp_path / "out")
+    assert ours.keys() == theirs.keys()
+    base = state_dict(three["base"])
+    moved = 0
+    for name, tensor in theirs.items():
+        assert (ours[name] - tensor).abs().max() <= 1e-6, name
+        moved += not torch.equal(tensor, base[name])
+    assert moved > len(theirs) // 2  # the merge is not the base: the comparison can tell methods apart
+
+
+@pytest.mark.parametrize("method", sorted(RANDOM))
+def test_random_methods_draw_the_same_merge_each_time_and_at_density_1_none(three, tmp_path, method):
+    config = document(method, three)
+    readers = _readers(three)
+    first, again = in_memory(config, readers), in_memory(config, readers)
+    assert all(torch.equal(first[n], again[n]) for n in first)
+    full = yaml.safe_load(yaml.safe_dump(config).replace("density: 0.6", "density: 1.0"))
+    ours, theirs = in_memory(full, readers), written(full, tmp_path / "out")
+    assert all((ours[n] - t).abs().max() <= 1e-6 for n, t in theirs.items())
+    assert any(not torch.equal(first[n], ours[n]) for n in first)  # density 0.6 dropped entries
+
+
+def test_stock_mergekit_yaml_writes_the_ties_merge_rehearsed(three, tmp_path):
+    path = tmp_path / "ties.yml"
+    config = document("ties", three)
+    path.write_text(yaml.safe_dump(config))
+    binary = Path(sys.executable).parent / "mergekit-yaml"
+    done = subprocess.run([binary, path, tmp_path / "out", "--no-write-model-card"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    theirs, ours = state_dict(tmp_path / "out"), in_memory(config, _readers(three))
+    assert all((ours[n] - t).abs().max() <= 1e-6 for n, t in theirs.items())
+
+
+def test_an_adapter_is_merged_from_its_factors_without_writing_its_merged_model(three, tmp_path):
+    """``base+adapter``: mergekit would merge the adapter into a copy of its base on disk; the
+    plan reads its base's index instead, and the rehearsal forms its tensors from the factors."""
+    from mergekit_mergeability.sources import resolve
+
+    targets = ["model.layers.1.mlp.up_proj.weight", "model.layers.2.self_attn.q_proj.weight"]
+    adapter = make_adapter(three["base"], tmp_path / "adapter", targets, seed=3)
+    source = resolve(str(adapter), tmp_path, base=three["base"])
+    config = {
+        "merge_method": "task_arithmetic",
+        "base_model": str(three["base"]),
+        "models": [
+            {"model": str(three["expert0"]), "parameters": {"weight": 0.5}},
+            {"model": str(source), "parameters": {"weight": 0.5}},
+        ],
+    }
+    readers = {**_readers(three), str(source): tensors(source)}
+    before = sorted(p.name for p in tmp_path.iterdir())
+    ours = in_memory(config, readers)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    base, expert = state_dict(three["base"]), state_dict(three["expert0"])
+    for name in targets:
+        formed = tensors(source)[name]
+        torch.testing.assert_close(ours[name], base[name] + 0.5 * (expert[name] - base[name] + formed - base[name]))
+
+
+def test_a_config_mergekit_refuses_is_one_line_naming_the_file(three):
+    config = document("ties", three)
+    del config["base_model"]
+    with pytest.raises(UserError, match=r"^config.yml: mergekit would refuse this merge: .*base"):
+        planned.plan(config, "config.yml")
