@@ -119,7 +119,7 @@ def measure(
     inputs = DiagnosticInputs(base, models, settings, tokenizer_source(spec.document), update_size(spec.document))
     skip = set(settings.skip)
     diagnostics = plugin_diagnostics(strict=(BUILTIN,))
-    unknown = skip - {d.name for _, d in diagnostics}
+    unknown = skip - {d.name for _, d in diagnostics} - {"menu"}
     if unknown:
         raise UserError(
             f"--skip {', '.join(sorted(unknown))}: no such diagnostic; the diagnostics are {', '.join(d.name for _, d in diagnostics)}"
@@ -158,6 +158,12 @@ def measure(
             # a third party's bug must not cost the user the built-in signals: a warning, listed
             measured.failed.append(diagnostic.name)
             measured.results[diagnostic.name] = DiagnosticResult(findings=[Finding("warning", message)])
+    from mergekit_mergeability import menu
+
+    if planned and menu.NAME not in skip:
+        rehearsed = menu.rehearse(measured, inputs)
+        if rehearsed is not None:
+            measured.results[menu.NAME] = rehearsed
     return measured
 
 
@@ -207,8 +213,10 @@ def decision(
     (None: the shipped one) and the cut-off's thresholds and signal. ``against_ties``: given the
     experts as precheck.json holds them (``models``, ``pairs``), knowledge_weighted's and TIES's
     predicted mean score (``planner.decide.knowledge_weighted_against_ties``, which api passes)."""
+    from mergekit_mergeability import menu
     from mergekit_mergeability.decide import decide
     from mergekit_mergeability.decide.advice import configured_weights
+    from mergekit_mergeability.decide.verdict import choose_method
     from mergekit_mergeability.decide.calibration import Calibration
     from mergekit_mergeability.names import short_names
 
@@ -229,6 +237,7 @@ def decision(
         if expert["weights"] is not None:
             expert["weights"] = {**expert["weights"], "layer_update_norm": layers.get(expert["path"])}
     weights = results["weights"].per_pair if "weights" in results else {}
+    knowledge = {e["path"]: (e["knowledge"] or {}).get("scored_mean_p_gold") for e in experts}
     pairs = [{"a": a, "b": b, **values} for (a, b), values in weights.items()]
     return decide(
         experts,
@@ -245,4 +254,5 @@ def decision(
         signal=settings.cutoff_signal,
         label=names.get,
         against_ties=against_ties({"models": experts, "pairs": pairs}) if against_ties else None,
+        choice=choose_method(menu.scored(results[menu.NAME]), knowledge) if menu.NAME in results else None,
     )

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, 
 if TYPE_CHECKING:
     from mergekit_mergeability.decide.calibration import Calibration
     from mergekit_mergeability.decide.features import Features
-    from mergekit_mergeability.decide.verdict import Prediction, Recommendation
+    from mergekit_mergeability.decide.verdict import MethodChoice, Prediction, Recommendation
 
 Pair = Tuple[str, str]
 
@@ -57,6 +57,7 @@ def decide(
     signal: str,
     label: Callable[[str], str] = str,
     against_ties: Optional[Tuple[float, float]] = None,
+    choice: Optional[MethodChoice] = None,
 ) -> Decision:
     """The decision on a pool's measurements.
 
@@ -65,7 +66,9 @@ def decide(
     the task-vector cosine per pair; ``cka`` and ``overlaps``: per pair, per layer, the unbiased CKA
     and the group-specific neurons' overlap; ``errors``: the error findings (any: do_not_merge);
     ``label`` names a model in reasons; ``against_ties``: the experts' mean predicted score merged
-    with knowledge_weighted's defaults and with TIES (``planner.decide``), None if not predicted."""
+    with knowledge_weighted's defaults and with TIES (``planner.decide``), None if not predicted;
+    ``choice``: the config as written and the menu rehearsed (``verdict.choose_method``), which then
+    chooses the method."""
     from mergekit_mergeability.decide.calibration import domain_check
     from mergekit_mergeability.decide.features import features
     from mergekit_mergeability.decide.verdict import (
@@ -107,6 +110,7 @@ def decide(
         against_ties=against_ties,
         against_ties_by=against_ties_by,
         grounded={n for n, k in known.items() if k is not None} | rehearsed,
+        choice=choice,
     )
     return Decision(
         calibration=calibration,
@@ -151,7 +155,7 @@ def _weights(recommendation: Recommendation, configured: Mapping[str, float]) ->
     """The knowledge_weighted shares the advice gives, else the configured weights."""
     from mergekit_mergeability.decide.verdict import KNOWLEDGE_WEIGHTED
 
-    if recommendation.verdict == KNOWLEDGE_WEIGHTED:
+    if recommendation.method == KNOWLEDGE_WEIGHTED and recommendation.knowledge:
         from mergekit_mergeability.methods.knowledge_weighted import DEFAULT_TEMPERATURE, knowledge_weights
 
         names = list(recommendation.knowledge)

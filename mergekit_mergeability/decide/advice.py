@@ -36,6 +36,7 @@ from mergekit_mergeability.decide.verdict import (
     KNOWLEDGE_WEIGHTED,
     LAYER_SELECTIVE,
     LEAVE_OUT,
+    METHOD_BY_REHEARSAL,
     SIGN_ELECTION,
 )
 
@@ -146,6 +147,9 @@ def advise(
         return [_knowledge_weighted(recommendation, document, names, update)]
     if verdict == SIGN_ELECTION:
         return [_sign_election(recommendation, document, names, predicted, update)]
+    if verdict == METHOD_BY_REHEARSAL:
+        chosen = recommendation["method_choice"]["chosen"]
+        return [menu(document, recommendation.get("knowledge") or {}, names)[chosen]]
     if verdict == LAYER_SELECTIVE:
         return _layer_selective(recommendation["cutoff"], document, names, predicted)
     if verdict == LEAVE_OUT:
@@ -231,25 +235,75 @@ def _knowledge_weighted(recommendation, document, names, update) -> Advice:
     return Advice(MAIN, config, keeps, drops, notes=notes)
 
 
-def _sign_election(recommendation, document, names, predicted, update) -> Advice:
+def menu(document, knowledge: Mapping[str, float], names: Mapping[str, str] = {}) -> Dict[str, Advice]:
+    """The merges the precheck rehearses beside the config as written to choose a method, each as
+    ``recommended.yml`` would write it: the mean merge (task_arithmetic, each update 1/N), TIES and
+    DARE-TIES (density 0.5, the configured weights, normalised, lambda the configured update size),
+    and knowledge_weighted's defaults where ``knowledge`` (the base's p(gold)) covers every expert."""
+    update = configured_update(document)
+    found = {
+        "mean": _mean(document, names),
+        "ties": _sign_election({}, document, names, {}, update),
+        "dare_ties": _sign_election({}, document, names, {}, update, "dare_ties"),
+    }
+    experts = [str(e["model"]) for e in _experts(document)]
+    weights = configured_weights(document)
+    # knowledge_weighted's shares need every expert's knowledge, and weights it takes (≥ 0, not all 0)
+    if experts and all(knowledge.get(e) is not None and weights[e] >= 0 for e in experts) and max(weights.values()) > 0:
+        from mergekit_mergeability.methods.knowledge_weighted import knowledge_weights
+
+        shares = knowledge_weights([knowledge[e] for e in experts], DEFAULT_TEMPERATURE, [weights[e] for e in experts])
+        recommendation = {
+            "knowledge": {e: knowledge[e] for e in experts},
+            "weights": dict(zip(experts, shares.tolist())),
+        }
+        found["knowledge_weighted"] = _knowledge_weighted(recommendation, document, names, update)
+    return found
+
+
+def _mean(document, names) -> Advice:
+    """The mean merge: task_arithmetic, each update 1/N (paper 1's merge, at N models)."""
+    experts = list(dict.fromkeys(str(e["model"]) for e in _experts(document)))
+    per_model = {e: {"weight": round(1 / len(experts), 6)} for e in experts}
+    config, notes = _with_method(document, "task_arithmetic", {"lambda": 1.0, "normalize": False}, per_model)
+    for scope in (config, *model_entries(config)):  # every update whole: no configured density trims it
+        (scope.get("parameters") or {}).pop("density", None)
+    every = ", ".join(names.get(e, e) for e in experts)
+    return Advice(
+        MAIN,
+        config,
+        f"the mean of every update ({every}): each at 1/{len(experts)}",
+        "(N − 1)/N of each update",
+        notes=notes,
+    )
+
+
+def _sign_election(recommendation, document, names, predicted, update, method: str = "ties") -> Advice:
     """TIES as the precheck rehearses it and the pools measured it: each update trimmed to its
-    largest half, signs elected, the disjoint mean (normalize: true) at the configured update size."""
+    largest half, signs elected, the disjoint mean (normalize: true) at the configured update size;
+    DARE-TIES (``method``) the same with a random half dropped and the rest rescaled instead."""
     scale = _size(update)
     shared = {"density": DEFAULT_DENSITY, "normalize": True, "lambda": round(scale, 6)}
-    config, notes = _with_method(document, "ties", shared, {})
+    config, notes = _with_method(document, method, shared, {})
     if "weight" not in config["parameters"]:  # mergekit's ties needs one; a global weight stays the models' own
         for entry in _experts(config):
             entry.setdefault("parameters", {}).setdefault("weight", 1.0)
     lost = _dropped(recommendation, names, predicted)
     notes.append(f"lambda {scale:g} keeps the configured update size ({update['note']})")
-    return Advice(
-        MAIN,
-        config,
-        "every expert's largest entries where its sign wins the per-entry vote",
-        f"each update's smallest {1 - DEFAULT_DENSITY:.0%} of entries, and the entries whose sign loses the vote"
-        + (f"; {lost}" if lost else ""),
-        notes=notes,
-    )
+    if method == "dare_ties":
+        notes.append(
+            "DARE drops entries at random: the precheck rehearsed one draw, and each mergekit-yaml run draws anew"
+        )
+        keeps = "a random half of every expert's entries, rescaled, where its sign wins the per-entry vote"
+        drops = (
+            f"a random {1 - DEFAULT_DENSITY:.0%} of each update's entries, and the entries whose sign loses the vote"
+        )
+    else:
+        keeps = "every expert's largest entries where its sign wins the per-entry vote"
+        drops = (
+            f"each update's smallest {1 - DEFAULT_DENSITY:.0%} of entries, and the entries whose sign loses the vote"
+        )
+    return Advice(MAIN, config, keeps, drops + (f"; {lost}" if lost else ""), notes=notes)
 
 
 def _leave_out(lost, document, names, predicted) -> Advice:

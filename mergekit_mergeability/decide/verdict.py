@@ -71,6 +71,7 @@ DEFAULT_THRESHOLD = 0.8
 # A first guess, not fitted: paper 3 reports ≈ 0.12 where fine-tuning redistributed them.
 DEFAULT_OVERLAP_THRESHOLD = 0.5
 
+METHOD_BY_REHEARSAL = "method_by_rehearsal"
 MERGE_AS_CONFIGURED, KNOWLEDGE_WEIGHTED, LAYER_SELECTIVE, LEAVE_OUT, SIGN_ELECTION, DO_NOT_MERGE = (
     "merge_as_configured",
     "knowledge_weighted",
@@ -94,6 +95,43 @@ class Prediction:
     reasons: List[str] = field(default_factory=list)
 
 
+AS_WRITTEN = "as_written"
+# the merges rehearsed beside the config as written (``advice.menu`` writes each), by the method each runs
+MENU = {"mean": "task_arithmetic", "ties": "ties", "dare_ties": "dare_ties", "knowledge_weighted": "knowledge_weighted"}
+
+
+@dataclass
+class MethodChoice:
+    """The config as written and the menu, each merged in memory and every member's probe asked on it."""
+
+    kept: Dict[str, float]  # candidate -> the mean over members of each one's own-probe score
+    per_model: Dict[str, Dict[str, float]]  # candidate -> member -> its own-probe score
+    best: str
+    margin: float  # best − as written
+    interval: Tuple[float, float]  # paired bootstrap 95% over the probe items
+    chosen: str  # best where the interval's lower end is above 0, else as written
+    items: int  # probe items per candidate
+    knowledge: Dict[str, float] = field(default_factory=dict)  # the base's p(gold) knowledge_weighted was given
+
+
+def choose_method(
+    scores: Mapping[str, Mapping[str, Sequence[float]]], knowledge: Mapping[str, float] = {}
+) -> MethodChoice:
+    """``scores``: candidate -> member -> its probe's items, each read as its task is scored. The
+    candidate that keeps most on average over members, chosen over the config as written only where
+    a paired bootstrap over the items (resampled within each member) puts its margin above 0."""
+    from mergekit_mergeability.maths.stats import grouped_difference
+
+    members = list(scores[AS_WRITTEN])
+    per_model = {c: {m: statistics.fmean(items[m]) for m in members} for c, items in scores.items()}
+    kept = {c: statistics.fmean(values.values()) for c, values in per_model.items()}
+    best = max(kept, key=lambda c: (kept[c], c == AS_WRITTEN))  # a tie stays as written
+    margin, interval = grouped_difference([scores[best][m] for m in members], [scores[AS_WRITTEN][m] for m in members])
+    chosen = best if best != AS_WRITTEN and interval[0] > 0 else AS_WRITTEN
+    items = sum(len(scores[AS_WRITTEN][m]) for m in members)
+    return MethodChoice(kept, per_model, best, margin, interval, chosen, items, dict(knowledge))
+
+
 @dataclass
 class Recommendation:
     verdict: str
@@ -104,6 +142,7 @@ class Recommendation:
     pairs: List[Pair] = field(default_factory=list)  # the pairs the verdict is about (cancel, conflict)
     left_out: List[str] = field(default_factory=list)  # the models kept apart (leave_out)
     lost: List[str] = field(default_factory=list)  # predicted under LOST, yet merged: the advice names them as dropped
+    choice: Optional[MethodChoice] = None  # the method chosen by rehearsal, where the menu was rehearsed
 
 
 def kept_shares(
@@ -216,13 +255,16 @@ def recommend(
     grounded: Optional[Set[str]] = None,
     against_ties: Optional[Tuple[float, float]] = None,
     against_ties_by: Optional[str] = None,
+    choice: Optional[MethodChoice] = None,
 ) -> Recommendation:
     """``knowledge``: the base's p(gold) per model, as the calibration reads it (None without
     probes); ``label`` names a model in reasons; ``decided_by`` the signal that set the cut-off;
     ``grounded``: the models whose prediction may leave them out (None: those whose knowledge
     was measured; the precheck adds those it rehearsed: their prediction is measured too); ``against_ties``: the experts' mean predicted score with knowledge_weighted and
     with TIES, and ``against_ties_by`` what says so ("rehearsal": both merges asked the probes; else
-    a prediction): knowledge_weighted is recommended only where it scores above TIES."""
+    a prediction): knowledge_weighted is recommended only where it scores above TIES; ``choice``: the
+    config as written and the menu rehearsed (a config of 2 to 8 models, each with a probe), which
+    then chooses the method."""
     shared = SHARED[decided_by]
     if errors:
         return Recommendation(DO_NOT_MERGE, None, reasons=list(errors))
@@ -239,6 +281,8 @@ def recommend(
     if cutoff is not None:
         reason = f"{shared} stay shared up to block {cutoff - 1} and diverge above: merge blocks 0–{cutoff - 1}, keep each expert's own blocks above"
         return Recommendation(LAYER_SELECTIVE, "layer_selective", cutoff, reasons=[reason])
+    if choice is not None:
+        return by_rehearsal(choice, method)
     known = {m: k for m, k in knowledge.items() if k is not None}
     weak = [m for m, p in predictions.items() if p.value is not None and p.value < LOW_PREDICTION]
     spread = max(known.values()) - min(known.values()) if len(known) > 1 else 0.0
@@ -276,6 +320,22 @@ def recommend(
         reason = f"{label(a)} and {label(b)} pull against each other (task-vector cosine {cosines[a, b]:+.2f}): elect signs per entry (TIES)"
         return Recommendation(SIGN_ELECTION, "ties", reasons=[reason], pairs=conflicting)
     return Recommendation(MERGE_AS_CONFIGURED, method, reasons=["no signal of a loss that another method would avoid"])
+
+
+def by_rehearsal(choice: MethodChoice, method: str) -> Recommendation:
+    """The method the rehearsed menu chose: a candidate over the config as written only where it
+    keeps more beyond the probes' noise."""
+    listing = ", ".join(f"{c.replace('_', ' ')} {v:.2f}" for c, v in sorted(choice.kept.items(), key=lambda cv: -cv[1]))
+    noise = f"{choice.margin:+.3f}, 95% interval {choice.interval[0]:+.3f} to {choice.interval[1]:+.3f} over {choice.items} probe items"
+    if choice.chosen == AS_WRITTEN:
+        if choice.best == AS_WRITTEN:
+            reason = f"rehearsed, the config as written keeps the most on its models' own probes ({listing})"
+        else:
+            reason = f"rehearsed, {choice.best.replace('_', ' ')} keeps more than the config as written by {noise}: within the probes' noise, keep the config as written ({listing})"
+        return Recommendation(MERGE_AS_CONFIGURED, method, reasons=[reason], choice=choice)
+    reason = f"rehearsed, {choice.best.replace('_', ' ')} keeps {choice.kept[choice.best]:.2f} on its models' own probes against {choice.kept[AS_WRITTEN]:.2f} as written ({noise}; {listing})"
+    knowledge = choice.knowledge if choice.best == "knowledge_weighted" else {}
+    return Recommendation(METHOD_BY_REHEARSAL, MENU[choice.best], knowledge=knowledge, reasons=[reason], choice=choice)
 
 
 def _lost(model: str, predictions: Mapping[str, Prediction]) -> bool:

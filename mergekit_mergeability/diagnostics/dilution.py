@@ -261,7 +261,8 @@ class Dilution:
         lines = sum(len(i.continuations) for m in models for i in m.probes)
         # knowledge_weighted's shares need every model's knowledge, and weights it takes (≥ 0, not all 0)
         weights = [m.weight for m in inputs.models]
-        compare = len(models) == len(inputs.models) > 1 and min(weights) >= 0 < max(weights)
+        # (a config whose merge as written is rehearsed has its method chosen by the menu instead: ``menu``)
+        compare = len(models) == len(inputs.models) > 1 and min(weights) >= 0 < max(weights) and merge != "written"
         passes = (2 if in_sum or merge == "written" else 1) + (1 + len(COMPARED) if compare else 0)
         loaded = sum(p.numel() * p.element_size() for p in module.parameters())
         limit = min(SUM_BUDGET, SUM_SHARE * loaded)

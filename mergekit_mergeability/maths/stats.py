@@ -33,6 +33,19 @@ def mean_interval(values: Sequence[float], seed: int = 0, resamples: int = 2_000
     return float(values.mean()), (float(low), float(high))
 
 
+def grouped_difference(
+    a: Sequence[Sequence[float]], b: Sequence[Sequence[float]], resamples: int = 2_000, seed: int = 0
+) -> Tuple[float, Tuple[float, float]]:
+    """The mean over groups of each group's mean of a − b (paired item by item), with a percentile
+    bootstrap 95% interval that resamples the items within each group (the same items for a and b,
+    so the noise they share cancels)."""
+    rng = np.random.default_rng(seed)
+    pairs = [np.asarray(x, dtype=float) - np.asarray(y, dtype=float) for x, y in zip(a, b)]
+    boot = np.mean([d[rng.integers(0, len(d), size=(resamples, len(d)))].mean(axis=1) for d in pairs], axis=0)
+    low, high = np.percentile(boot, [2.5, 97.5])
+    return float(np.mean([d.mean() for d in pairs])), (float(low), float(high))
+
+
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     """Spearman's ρ; 0 when either side is constant (a resample can draw one value only)."""
     if np.ptp(np.asarray(x, dtype=float)) == 0 or np.ptp(np.asarray(y, dtype=float)) == 0:

@@ -32,6 +32,7 @@ VERDICT_COLOURS = {
     "layer_selective": "#1565c0",
     "leave_out": "#8d6e63",
     "sign_election": "#6a1b9a",
+    "method_by_rehearsal": "#1565c0",
     "do_not_merge": "#c62828",
 }
 COLUMNS = {  # header: what it means (the header's tooltip)

@@ -5,6 +5,7 @@ layer_selective; each runs as is with the stock ``mergekit-yaml``) and ``report.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 import math
 import shutil
 from pathlib import Path
@@ -78,6 +79,7 @@ def build(measured: Measurements, settings: PrecheckSettings, decision: Decision
         if decision.against_ties is None
         else {**dict(zip(("knowledge_weighted", "ties"), decision.against_ties)), "by": decision.against_ties_by},
         "configured_update": configured_update(spec.document),
+        "method_choice": None if recommendation.choice is None else asdict(recommendation.choice),
     }
     predicted = {m["path"]: m["predicted_mergeability"] for m in models}
     rec["models"] = [_describe(a) for a in advise(rec, spec.document, names, predicted)]
