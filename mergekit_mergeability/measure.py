@@ -230,6 +230,7 @@ def decision(
             "knowledge": metrics(results, "knowledge", m.name),
             "weights": metrics(results, "weights", m.name),
             "dilution": metrics(results, "dilution", m.name),
+            "fluency": metrics(results, "fluency", m.name),
         }
         for m in measured.models
     ]

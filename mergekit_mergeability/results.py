@@ -64,6 +64,7 @@ class PrecheckModel(Report):
     knowledge: Optional[Json]  # the base model on this model's probes
     weights: Optional[Json]  # task-vector statistics
     dilution: Optional[Json]  # its own probe at a ninth of its update (the share a mean merge of 9 gives it)
+    fluency: Optional[Json]  # the merge as written on a shipped general text: perplexities, its signature kept
     features: Optional[Json]  # the calibration's features
     kept_share: Optional[float]
     predicted_mergeability: Optional[float]  # its own-task score after merging, predicted (experts)
@@ -94,6 +95,7 @@ class Recommendation(Report):
     # {knowledge_weighted, ties}: the experts' mean predicted score merged each way (None: not predicted)
     knowledge_weighted_against_ties: Optional[Json]
     configured_update: Optional[Json]
+    method_choice: Optional[Json]  # the config as written and the menu, rehearsed (None: not rehearsed)
     models: List[Json]  # {file, expert, keeps, drops, notes} per recommended config
 
 

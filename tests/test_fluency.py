@@ -9,7 +9,15 @@ import transformers
 import yaml
 
 from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
-from mergekit_mergeability.diagnostics.fluency import FALLS_APART, TEXT, Fluency, perplexity, windows
+from mergekit_mergeability.diagnostics.fluency import (
+    FALLS_APART,
+    TEXT,
+    Fluency,
+    perplexity,
+    signature_kept,
+    token_logprobs,
+    windows,
+)
 from mergekit_mergeability.planned import plan
 from mergekit_mergeability.resources import shipped
 from mergekit_mergeability.tiny import config, derive, train_tokenizer
@@ -112,4 +120,34 @@ def test_perplexity_is_exp_of_the_mean_token_loss(trained):
     assert text.shape[1] == 32 and text.shape[0] > 10
     with torch.no_grad():
         loss = model(input_ids=text, labels=text).loss.item()  # transformers' own mean over the shifted tokens
-    assert perplexity(model, text) == pytest.approx(torch.tensor(loss).exp().item(), rel=1e-5)
+    assert perplexity(token_logprobs(model, text)) == pytest.approx(torch.tensor(loss).exp().item(), rel=1e-5)
+
+
+def test_the_signature_kept_is_the_merges_shift_projected_on_the_models_own():
+    base = torch.zeros(20)
+    model = torch.linspace(-1, 1, 20)
+    assert signature_kept(model, base, model) == pytest.approx(1.0)
+    assert signature_kept(model, base, base) == pytest.approx(0.0)
+    assert signature_kept(model, base, 0.5 * model) == pytest.approx(0.5)
+    assert signature_kept(model, base, -model) == pytest.approx(-1.0)
+    # only the model's largest shifts count: a merge that moves the other tokens changes nothing
+    elsewhere = torch.where(model.abs() >= 0.95, model, torch.full_like(model, 5.0))
+    assert signature_kept(model, base, elsewhere, share=0.1) == pytest.approx(1.0)
+
+
+def test_a_config_without_probes_gets_a_prediction_per_model_from_its_derived_signature(trained, tmp_path):
+    """Three fine-tunes, no probes: each predicted from the share of its own shift on the shipped
+    text that the merge keeps, which differs where their updates differ."""
+    scales = {"small": 0.01, "large_a": 0.05, "large_b": 0.05}
+    experts = [derive(trained, tmp_path / name, noise(i, s)) for i, (name, s) in enumerate(scales.items())]
+    path, _ = _config(tmp_path, trained, experts)
+    result = precheck_cli(path, tmp_path / "out")
+    report = json.loads((tmp_path / "out" / "precheck.json").read_text())
+    models = [m for m in report["models"] if m["role"] == "expert"]
+    predicted = [m["predicted_mergeability"] for m in models]
+    assert len(set(predicted)) == 3, predicted
+    for model in models:
+        kept = model["fluency"]["signature_kept"]
+        assert model["predicted_mergeability"] == pytest.approx(min(max(kept, 0), 1))
+        assert model["reasons"][0].startswith("no probe: derived from its own shift on a shipped general text")
+    assert "no probe: derived" in result.output

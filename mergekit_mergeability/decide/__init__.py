@@ -76,6 +76,7 @@ def decide(
         Prediction,
         cutoff_from_curve,
         decide_cutoff,
+        derived,
         divergence_curve,
         effective_threshold,
         kept_shares,
@@ -88,7 +89,7 @@ def decide(
     calibrated = {name: Prediction(*calibration.predict(values)) for name, values in table.items()}
     norms = {m["path"]: (m["weights"] or {}).get("update_norm") for m in experts if m["role"] == "expert"}
     kept = kept_shares(configured, norms, cosines)
-    predictions = predict(calibrated, kept)
+    predictions = derived(predict(calibrated, kept), experts)
     outside = domain_check(calibration, experts, table)
     curve = divergence_curve(cka, base)
     overlap = divergence_curve(overlaps, base)

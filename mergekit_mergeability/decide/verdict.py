@@ -23,6 +23,11 @@ Verdict, first match wins:
    blocks above (paper 3's layer patch). Opt-in (``cutoff_signal``): the Jaccard overlap
    of their group-specific neurons (LAPE) against its threshold, or the lower of the two
    cut-offs; the reasons name the signal.
+   Where the menu was rehearsed (a config of 2 to 8 models, each with a probe, whose merge can be
+   built in memory: ``choose_method``), it decides from here on: ``method_by_rehearsal``, the
+   candidate (the mean merge, TIES, DARE-TIES, knowledge_weighted's defaults) whose models keep most
+   on their own probes, where a paired bootstrap over the items puts its margin over the config as
+   written above 0; else ``merge_as_configured``, with the margin said.
 3. ``knowledge_weighted``: some model is predicted below 0.5 and the base's p(gold)
    spreads by ≥ 0.2 across models: weight the weakly-known ones up (on the measured
    families it lifted the weakest-known third most: README), if it scores more than TIES would:
@@ -47,7 +52,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from mergekit_mergeability.maths.cka import shared_depth
 
@@ -173,6 +178,19 @@ def predict(calibrated: Mapping[str, Prediction], kept: Mapping[str, float]) -> 
         reason = f"the other updates cancel {1 - max(share, 0):.0%} of its own along its direction (kept {share:.2f})"
         predictions[model] = Prediction(min(prediction.value, max(share, 0.0)), [*prediction.reasons, reason])
     return predictions
+
+
+def derived(predictions: Mapping[str, Prediction], experts: Sequence[Mapping[str, Any]]) -> Dict[str, Prediction]:
+    """A model without a probe predicted by the probe the precheck derived for it: of its own shift
+    from the base on the shipped general text's tokens it moves most, the share the merge as written
+    keeps (``fluency``'s ``signature_kept``, clipped to [0, 1]); the others as they are."""
+    found = dict(predictions)
+    for model in experts:
+        kept = (model.get("fluency") or {}).get("signature_kept")
+        if model.get("knowledge") is None and kept is not None and model["path"] in found:
+            reason = f"no probe: derived from its own shift on a shipped general text, of which the merge as written keeps {kept:.2f} (not yet measured against mergeability)"
+            found[model["path"]] = Prediction(min(max(kept, 0.0), 1.0), [reason])
+    return found
 
 
 def interference(cosines: Mapping[Pair, float]) -> Tuple[List[Pair], List[Pair]]:

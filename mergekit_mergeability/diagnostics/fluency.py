@@ -12,6 +12,17 @@ A merge that falls apart is an error finding: the verdict is ``do_not_merge``, w
 before any GPU merge runs. The factor was set before any merge was measured with it: a merge of
 sound fine-tunes lands near its parents (a few percent either way), gibberish lands many times
 above them, and twice the worst parent leaves room for both.
+
+The same passes give each model a probe it did not have to write, its *signature*: the tokens of
+the text where its own log-prob of the next token moves furthest from the base's (the top
+SIGNATURE_SHARE of |ℓ_i − ℓ_base|), and how much of that shift the merge keeps,
+
+    signature_kept_i = Σ_S (ℓ_merge − ℓ_base)(ℓ_i − ℓ_base) / Σ_S (ℓ_i − ℓ_base)²
+
+1 where the merge moves those tokens as the model does, 0 where it is back at the base. Where a
+model has no probe, the precheck reports it as that model's derived prediction (clipped to
+[0, 1]), and says so; the rule was written down before it was measured against mergeability
+(docs/precheck.md), and it has not been measured yet.
 """
 
 from __future__ import annotations
@@ -28,17 +39,33 @@ from mergekit_mergeability.resources import shipped
 from mergekit_mergeability.sources import TensorReader, load_causal_lm
 
 FALLS_APART = 2.0
+SIGNATURE_SHARE = 0.1
 TEXT = "text/general.txt"
 WINDOW = 256  # tokens per forward pass
 
 
-def perplexity(module: torch.nn.Module, windows: torch.Tensor) -> float:
-    """exp of the mean next-token negative log-likelihood over ``windows`` (rows of token ids)."""
+def token_logprobs(module: torch.nn.Module, windows: torch.Tensor) -> torch.Tensor:
+    """log p(next token) for every token of ``windows`` (rows of token ids) but each row's first."""
     with torch.no_grad():
         logits = module(input_ids=windows.to(module.device)).logits[:, :-1].float()
     targets = windows[:, 1:].to(logits.device)
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-    return math.exp(loss.item())
+    return logits.log_softmax(-1).gather(-1, targets[..., None]).flatten().cpu()
+
+
+def perplexity(logprobs: torch.Tensor) -> float:
+    """exp of the mean next-token negative log-likelihood."""
+    return math.exp(-logprobs.mean().item())
+
+
+def signature_kept(
+    model: torch.Tensor, base: torch.Tensor, merged: torch.Tensor, share: float = SIGNATURE_SHARE
+) -> float:
+    """How much of a model's own log-prob shift from the base the merge keeps, on the tokens where
+    that shift is largest (the top ``share``): the projection of the merge's shift on the model's."""
+    own = model - base
+    signature = own.abs().argsort(descending=True)[: max(1, int(share * len(own)))]
+    along = (own[signature] ** 2).sum()
+    return float(((merged - base)[signature] * own[signature]).sum() / along) if along > 0 else 1.0
 
 
 def windows(tokenizer, text: str, size: int = WINDOW) -> torch.Tensor:
@@ -68,25 +95,28 @@ class Fluency:
         settings = inputs.settings
         module, tokenizer = load_causal_lm(inputs.base.path, settings.device, inputs.base.load_dtype(settings))
         text = windows(tokenizer, shipped(TEXT).read_text())
-        own: Dict[str, float] = {}
+        logprobs: Dict[str, torch.Tensor] = {}
         with task(
             "fluency: perplexity of the base, each model and the merge", len(inputs.models) + 2, settings.quiet
         ) as advance:
-            ppl_base = perplexity(module, text)
+            at_base = token_logprobs(module, text)
             advance(1)
             for model in inputs.models:
                 with diluted(module, base, model.path, 1.0):
-                    own[model.name] = perplexity(module, text)
+                    logprobs[model.name] = token_logprobs(module, text)
                 advance(1)
             everyone = [inputs.base.path, *(m.path for m in inputs.models)]
             with as_written(module, inputs.merge, everyone, names):
-                merged = perplexity(module, text)
+                at_merge = token_logprobs(module, text)
             advance(1)
+        own = {name: perplexity(values) for name, values in logprobs.items()}
+        ppl_base, merged = perplexity(at_base), perplexity(at_merge)
         for model in inputs.models:
             result.per_model[model.name] = {
                 "perplexity": own[model.name],
                 "base_perplexity": ppl_base,
                 "merged_perplexity": merged,
+                "signature_kept": signature_kept(logprobs[model.name], at_base, at_merge),
             }
         worst = max(ppl_base, *own.values())
         if not merged <= FALLS_APART * worst:  # NaN falls apart too

@@ -48,6 +48,7 @@ def build(measured: Measurements, settings: PrecheckSettings, decision: Decision
         )
         if knowledge is not None:
             record["knowledge"]["per_instance"] = instances.get(m.name, [])
+        record["fluency"] = metrics(results, "fluency", m.name)
         models.append(record)
     loaded_in = {m.name: m.dtype for m in ([measured.base] if measured.base else []) + list(measured.models)}
     for record in models:
@@ -150,6 +151,7 @@ def _model(
         "knowledge": None if knowledge is None else dict(knowledge),
         "weights": None if weights is None else {**weights, "layer_update_norm": layer_norms},
         "dilution": None if dilution is None else dict(dilution),
+        "fluency": None,
         "features": None,
         "kept_share": None,
         "predicted_mergeability": None,
