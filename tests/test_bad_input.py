@@ -395,3 +395,22 @@ def test_a_do_not_merge_verdict_leaves_no_runnable_config(world, tmp_path):
     )
     assert result.exit_code == 1 and "vocabularies differ" in result.output, result.output
     assert not (tmp_path / "out" / "recommended.yml").exists()
+
+
+@pytest.mark.parametrize("value", ["~", "xxxx", []])
+def test_a_weight_that_is_no_number_is_one_line_naming_the_model_and_field(llama, tmp_path, value):
+    document = {
+        "merge_method": "task_arithmetic",
+        "base_model": str(llama["base"]),
+        "models": [
+            {"model": str(llama["expert0"]), "parameters": {"weight": value}},
+            {"model": str(llama["expert1"]), "parameters": {"weight": 0.5}},
+        ],
+    }
+    config = tmp_path / "config.yml"
+    config.write_text(yaml.safe_dump(document))
+    result = CliRunner().invoke(main, ["precheck", str(config), "--out", str(tmp_path / "out"), "--quiet"])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert f"model {llama['expert0']}: weight is {value!r}" in lines[0] and "Traceback" not in result.output
+    assert not (tmp_path / "out").exists()

@@ -151,3 +151,16 @@ def test_a_config_without_probes_gets_a_prediction_per_model_from_its_derived_si
         assert model["predicted_mergeability"] == pytest.approx(min(max(kept, 0), 1))
         assert model["reasons"][0].startswith("no probe: derived from its own shift on a shipped general text")
     assert "no probe: derived" in result.output
+
+
+def test_where_every_model_has_a_probe_a_falling_merge_is_a_warning_its_tasks_decide(trained, tmp_path):
+    from mergekit_mergeability import tasks
+
+    experts = [derive(trained, tmp_path / "a", rescaled(SCALE)), derive(trained, tmp_path / "b", rescaled(1 / SCALE))]
+    _, document = _config(tmp_path, trained, experts)
+    probe = tmp_path / "probe.jsonl"
+    probe.write_text(json.dumps({"question": "Which one?", "choices": ["q", "x"], "label": 0}) + "\n")
+    models = tuple(ModelInput(str(e), e, tasks.load(str(probe))) for e in experts)
+    inputs = DiagnosticInputs(ModelInput(str(trained), trained), models, merge=plan(document, "config.yml"))
+    (finding,) = [f for f in Fluency().run(inputs).findings if "falls apart" in f.message]
+    assert finding.severity == "warning" and "rehearsed scores" in finding.message

@@ -31,6 +31,7 @@ from mergekit_mergeability.methods.knowledge_weighted import (
     DEFAULT_TIES,
 )
 from mergekit_mergeability.config import model_entries
+from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.decide.verdict import (
     DO_NOT_MERGE,
     KNOWLEDGE_WEIGHTED,
@@ -75,7 +76,7 @@ def configured_update(document: Mapping[str, Any]) -> Dict[str, Any]:
     if method not in SUMMING or "weight" not in spec:
         return {"total": None, "note": f"{method} does not add up task vectors; recommendations use scale 1"}
     weights = list(configured_weights(document).values())
-    lam = as_number(shared.get("lambda", spec.get("lambda", 1.0)))
+    lam = as_number(shared.get("lambda", spec.get("lambda", 1.0)), "parameters.lambda")
     normalize = bool(shared.get("normalize", spec.get("normalize", False)))
     total = round(lam * (1.0 if normalize else sum(weights)), 4)  # weights of 1/n are written rounded
     how = f"lambda {lam:g} × " + ("1 (weights normalised)" if normalize else f"Σ weight {round(sum(weights), 4):g}")
@@ -101,7 +102,10 @@ def _size(update: Mapping[str, Any]) -> float:
 def configured_weights(document: Mapping[str, Any]) -> Dict[str, float]:
     """Each expert's ``weight`` as configured (per model, else global, else 1)."""
     shared = (document.get("parameters") or {}).get("weight", 1.0)
-    return {str(e["model"]): as_number((e.get("parameters") or {}).get("weight", shared)) for e in _experts(document)}
+    return {
+        str(e["model"]): as_number((e.get("parameters") or {}).get("weight", shared), f"model {e['model']}: weight")
+        for e in _experts(document)
+    }
 
 
 EXACT_SUMS = ("task_arithmetic", "linear")  # θ_base + Σ share_i·τ_i exactly: the merge itself can be rehearsed
@@ -120,11 +124,17 @@ def configured_shares(document: Mapping[str, Any]) -> Dict[str, float]:
     return {name: scale * weight for name, weight in weights.items()}
 
 
-def as_number(value) -> float:
-    """A parameter as one number: gradient lists by their mean."""
-    if isinstance(value, list):
-        return statistics.fmean(float(v) for v in value)
-    return float(value)
+def as_number(value, field: str = "a parameter") -> float:
+    """A parameter as one number: gradient lists by their mean. A value that is none (a word, an
+    empty list, a mapping) is one line naming ``field``."""
+    try:
+        if isinstance(value, list):
+            return statistics.fmean(float(v) for v in value)
+        if isinstance(value, (bool, dict)) or value is None:
+            raise TypeError
+        return float(value)
+    except (TypeError, ValueError, statistics.StatisticsError):
+        raise UserError(f"{field} is {value!r}; give a number, or a list of numbers for a gradient") from None
 
 
 def _experts(document) -> List[Dict[str, Any]]:

@@ -114,6 +114,8 @@ def plans(demo, name: str, path: Path, precheck: Dict[str, Any]) -> List[Tuple[s
     out.append(("ties", demo.write_config(f"{name}_ties", ties), None))
     folder = demo.out / "precheck" / name
     advice = precheck["recommendation"]["models"]
+    if not advice:  # do_not_merge: nothing recommended to score
+        return out
     # a model served apart (leave_out's recommended/<model>.yml, no base_model) is not a merge to score
     merges = lambda a: "base_model" in yaml.safe_load((folder / a["file"]).read_text())  # noqa: E731
     per_expert = [a for a in advice if a["expert"] and a["file"] != "recommended.yml" and merges(a)]

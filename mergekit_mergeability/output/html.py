@@ -119,6 +119,7 @@ base <code>{esc(str(report["base_model"]))}</code>.</p>
 {f"<p><b>Stop:</b></p><ul>{stop}</ul>" if stop else ""}
 <h2>Recommended models</h2>
 <ul>{advice}</ul>
+{_menu_table(rec.get("method_choice"), names)}
 <h2>Models</h2>
 <p><small>Click a column to sort. Predicted mergeability: the expected own-task score after merging with 8 random partners,
 {"the rehearsal where it was measured, else " if calibration.get("reads_first") else ""}the calibration
@@ -132,6 +133,33 @@ leave-one-out Spearman {number(calibration.get("leave_one_out_spearman"))}); cap
 <script>{SORT_SCRIPT}</script>
 </body></html>
 """
+
+
+def _menu_table(choice: Optional[Dict[str, Any]], names: Dict[str, str]) -> str:
+    """The config as written and the menu, each rehearsed: what each model kept on its own probe."""
+    if not choice:
+        return ""
+    esc = html.escape
+    models = list(choice["per_model"]["as_written"])
+    order = sorted(choice["kept"], key=lambda c: -choice["kept"][c])
+    head = "".join(f"<th>{esc(names.get(m, m))}</th>" for m in models)
+    rows = "".join(
+        f"<tr><td>{'<b>' if c == choice['chosen'] else ''}{esc(c.replace('_', ' '))}{'</b>' if c == choice['chosen'] else ''}</td>"
+        f"<td class='num'>{choice['kept'][c]:.3f}</td>"
+        + "".join(f"<td class='num'>{choice['per_model'][c][m]:.3f}</td>" for m in models)
+        + "</tr>"
+        for c in order
+    )
+    low, high = choice["interval"]
+    note = (
+        f"{esc(choice['best'].replace('_', ' '))} against as written: {choice['margin']:+.3f}, "
+        f"95% interval {low:+.3f} to {high:+.3f} (paired bootstrap over {choice['items']} probe items); chosen in bold."
+    )
+    return (
+        "<h2>Method choice by rehearsal</h2><p><small>Each merge built in memory as its config would be written, "
+        "every model's own probe asked on it, read as its task is scored. " + note + "</small></p>"
+        f"<table class='sortable'><thead><tr><th>merge</th><th>mean kept</th>{head}</tr></thead><tbody>{rows}</tbody></table>"
+    )
 
 
 def _model_row(model: Dict[str, Any], report: Dict[str, Any]) -> str:
