@@ -391,8 +391,8 @@ def test_an_expert_whose_upper_blocks_were_rewritten_keeps_them_in_some_recommen
     """Issue 19's two-expert case: ft1's upper blocks rewritten. Under either calibration some
     recommended config keeps ft1's upper blocks (its update there kept to within 20%) and none is
     the base. Under the calibration fitted on the first three families ft1 is predicted lost (0.33
-    against ft0's 0.68) and the advice acts on it; the shipped one predicts ft1 0.45 against 0.67,
-    not lost, and the merge as configured (task_arithmetic, weight 1 each) keeps its update."""
+    against ft0's 0.68), yet the config, two models each with a probe, has its method chosen by the
+    rehearsed menu (issue 40: the merge rehearsed, not a fitted prediction, decides there)."""
     import yaml
 
     from conftest import noise, precheck_cli, ranked_probes
@@ -423,7 +423,8 @@ def test_an_expert_whose_upper_blocks_were_rewritten_keeps_them_in_some_recommen
         predicted = {m["path"]: m["predicted_mergeability"] for m in report["models"] if m["role"] == "expert"}
         lost, partner = predicted[str(ft1)], predicted[str(ft0)]
         assert lost < verdict.LOST or (lost < verdict.LOW_PREDICTION and lost < verdict.RELATIVE_LOST * partner)
-        assert report["recommendation"]["verdict"] != "merge_as_configured"
+        # a config of two, each with a probe: the rehearsed menu chooses the merge, not the fitted prediction
+        assert report["recommendation"]["method_choice"] is not None
     base_weights, own = state_dict(base), state_dict(ft1)
     upper = [n for n in own if ".layers.2." in n or ".layers.3." in n]
     update = torch.cat([(own[n] - base_weights[n]).flatten() for n in upper])

@@ -121,7 +121,7 @@ base <code>{esc(str(report["base_model"]))}</code>.</p>
 <ul>{advice}</ul>
 {_menu_table(rec.get("method_choice"), names)}
 <h2>Models</h2>
-<p><small>Click a column to sort. Predicted mergeability: the expected own-task score after merging with 8 random partners,
+<p><small>Click a column to sort. Predicted mergeability: the expected own-task score after merging (a pool: with 8 random partners; a config of 2 to 8 models: in the merge as written),
 {"the rehearsal where it was measured, else " if calibration.get("reads_first") else ""}the calibration
 <code>{esc(str(calibration.get("path")))}</code>'s fit on knowledge and weights ({esc(str(calibration.get("fitted_on_models")))} measured experts;
 leave-one-out Spearman {number(calibration.get("leave_one_out_spearman"))}); capped by the share of its update the merge keeps.</small></p>
