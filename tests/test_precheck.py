@@ -102,7 +102,9 @@ def ungated(monkeypatch):
 
 def test_weakly_known_probes_lead_to_knowledge_weighting(tmp_path, pool, ungated):
     config = _config(tmp_path, pool, ["known", "unknown"], ["probe_known", "probe_unknown"])
-    result = precheck_cli(config, tmp_path / "out")
+    result = precheck_cli(
+        config, tmp_path / "out", "--skip", "menu"
+    )  # the knowledge_weighted branch, as a pool takes it
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
     jsonschema.validate(report, json.loads(SCHEMA.read_text()))
@@ -143,7 +145,7 @@ def test_knowledge_weighted_advice_keeps_the_configured_update_size(tmp_path, po
     from mergekit_mergeability.tiny import state_dict
 
     config = _config(tmp_path, pool, ["known", "unknown"], ["probe_known", "probe_unknown"])
-    assert precheck_cli(config, tmp_path / "out").exit_code == 0
+    assert precheck_cli(config, tmp_path / "out", "--skip", "menu").exit_code == 0  # as a pool
     recommended = yaml.safe_load((tmp_path / "out" / "recommended.yml").read_text())
     assert recommended["parameters"]["scale"] == 2.0
     merged = state_dict(_merge(tmp_path / "out" / "recommended.yml", tmp_path / "merged"))
