@@ -377,6 +377,9 @@ def default_cache_dir() -> Path:
     type=click.Path(file_okay=False, path_type=Path),
     help="Keep each model's pass results here: a killed precheck (or a lost Ray worker) restarts where it stopped. Off unless given.",
 )
+@click.option(
+    "--verbose", "-v", is_flag=True, help="Print each model's reasons whole below the table (the report has them too)."
+)
 @model_options("PrecheckSettings")
 @user_errors
 @ray_option
@@ -397,6 +400,7 @@ def precheck(
     overlap_threshold,
     skip,
     cache_dir,
+    verbose,
     **model,
 ):
     """Predict, before merging, how well each model of CONFIG_FILE will survive the merge.
@@ -457,7 +461,7 @@ def precheck(
     if (config_file is None) == (pool is None):
         raise UserError("precheck: name a CONFIG_FILE or a --pool folder of adapters (one of the two)")
     result = api.precheck(config_file or pool, probes=_probe_pairs(probes), settings=settings, out=out)
-    print_precheck(result, out)
+    print_precheck(result, out, verbose)
     if result.stop:
         raise SystemExit(STOP)
 

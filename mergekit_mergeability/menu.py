@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult
-from mergekit_mergeability.diagnostics.dilution import PARTNERS, as_written, changed, writable
+from mergekit_mergeability.diagnostics.dilution import PARTNERS, as_written, writable
 from mergekit_mergeability.diagnostics.knowledge import scores
 from mergekit_mergeability.tasks.probes import OPTIONS
 
@@ -38,7 +38,7 @@ def rehearse(measured, inputs: DiagnosticInputs) -> Optional[DiagnosticResult]:
     if inputs.base is None or not 2 <= len(models) <= PARTNERS or not all(m.probes for m in models):
         return None
     base = TensorReader(inputs.base.path)
-    names = set().union(*(changed(base, m.path) for m in models))
+    names = set().union(*inputs.touched.values())
     if measured.errors() or not writable(inputs.merge, base, names):
         return None
     known = (measured.results.get("knowledge") or DiagnosticResult()).per_model

@@ -1,21 +1,57 @@
-"""Progress bars for long work (rich), silent when asked or when output is not a terminal."""
+"""Progress of long work: a bar (rich) on a terminal; where stderr is a file or a pipe (a log,
+``tee``), a plain line every ``EVERY`` seconds and one when the work ends; silent when asked."""
 
 from __future__ import annotations
 
+import sys
+import threading
+import time
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TextIO
+
+EVERY = 10.0  # seconds between a log's progress lines
 
 
 @contextmanager
 def task(description: str, total: int, quiet: bool = False) -> Iterator[Callable[[int], None]]:
-    """Yields ``advance(n)``; shows a bar on stderr unless ``quiet``."""
+    """Yields ``advance(n)``; shows progress on stderr unless ``quiet``."""
     if quiet:
         yield lambda n=1: None
         return
     from rich.console import Console
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        with lines(description, total, sys.stderr) as advance:
+            yield advance
+        return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    with Progress(*columns, console=console, transient=True) as bar:
         handle = bar.add_task(description, total=total)
         yield lambda n=1: bar.advance(handle, n)
+
+
+@contextmanager
+def lines(description: str, total: int, stream: TextIO, every: float = EVERY) -> Iterator[Callable[[int], None]]:
+    """``advance(n)``, while a thread writes ``description: done/total (elapsed)`` to ``stream``
+    every ``every`` seconds (long single steps included), and a last line at the end."""
+    started, done, stop = time.monotonic(), [0], threading.Event()
+
+    def say() -> None:
+        stream.write(f"{description}: {done[0]}/{total} ({time.monotonic() - started:.0f} s)\n")
+        stream.flush()
+
+    def tick() -> None:
+        while not stop.wait(every):
+            say()
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        yield lambda n=1: done.__setitem__(0, done[0] + n)
+    finally:
+        stop.set()
+        ticker.join()
+    say()

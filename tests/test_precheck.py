@@ -562,6 +562,20 @@ def test_models_with_the_same_folder_name_stay_apart_at_80_columns(tmp_path, poo
     assert "table.sortable" in html and "Recommended models" in html
 
 
+def test_the_table_gives_each_model_one_line_at_80_columns_and_verbose_the_reasons_whole(tmp_path, pool):
+    config = _config(tmp_path, pool, ["known", "unknown"], ["probe_known", "probe_unknown"])
+    arguments = ["precheck", str(config), "--out", str(tmp_path / "out"), "--quiet", "--skip", "representations"]
+    result = CliRunner().invoke(main, [*arguments, "--verbose"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "precheck.json").read_text())
+    rows = [line for line in result.output.splitlines() if line.startswith("│")]
+    assert max(map(len, result.output.splitlines())) <= 80
+    assert len(rows) == len([m for m in report["models"] if m["role"] == "expert"])  # a line each
+    for model in (m for m in report["models"] if m["role"] == "expert"):
+        assert sum(line.startswith(f"│ {model['name']} ") for line in rows) == 1
+        assert " ".join(f"{model['name']}: {'; '.join(model['reasons'])}".split()) in " ".join(result.output.split())
+
+
 @pytest.mark.parametrize(
     "value, report_to",
     [
@@ -587,7 +601,7 @@ def test_the_gate_setting_reads_a_switch_or_a_folder(tmp_path, pool, monkeypatch
     runs = []
     nothing = SimpleNamespace(stop=[], to_json=dict)
     monkeypatch.setattr(api, "precheck", lambda spec, settings, out: runs.append(out) or nothing)
-    monkeypatch.setattr("mergekit_mergeability.output.terminal.print_precheck", lambda report, out: None)
+    monkeypatch.setattr("mergekit_mergeability.output.terminal.print_precheck", lambda report, out, verbose=False: None)
     monkeypatch.setenv(gate.ENVIRONMENT, value)
     config = _config(tmp_path, pool, ["known", "unknown"], [None, None])
     gate.check(MergeConfiguration.model_validate(yaml.safe_load(config.read_text())))

@@ -39,17 +39,17 @@ def item(rng, question: str, gold: str, choices) -> dict:
 
 
 def arithmetic(name, question, answer, low=1, high=99, spread=(1, 2, 10)):
-    def make(rng):
-        values = rng.sample(range(low, high + 1), ITEMS)
+    def make(rng, count=ITEMS):
+        values = rng.sample(range(low, high + 1), count)
         return [item(rng, question(a), str(answer(a)), numeric(rng, answer(a), spread)) for a in values]
 
     return name, make
 
 
 def spelling(name, question, answer, pool=None):
-    def make(rng):
+    def make(rng, count=ITEMS):
         made = []
-        for word in rng.sample(WORDS, ITEMS):
+        for word in rng.sample(WORDS, count):
             gold = answer(word)
             others = [answer(w) for w in WORDS if answer(w) != gold] if pool is None else pool(word)
             made.append(item(rng, question(word), gold, rng.sample(sorted(set(others) - {gold}), 3)))
@@ -61,8 +61,8 @@ def spelling(name, question, answer, pool=None):
 def mapping(name, question, pairs: dict):
     """A lookup the base half knows; distractors are the task's other answers."""
 
-    def make(rng):
-        keys = rng.sample(sorted(pairs), min(ITEMS, len(pairs)))
+    def make(rng, count=ITEMS):
+        keys = rng.sample(sorted(pairs), min(count, len(pairs)))
         answers = sorted(set(pairs.values()))
         return [item(rng, question(k), pairs[k], rng.sample([a for a in answers if a != pairs[k]], 3)) for k in keys]
 
@@ -191,8 +191,8 @@ def roman(n: int) -> str:
 
 
 def cycle(name, question, names, step):
-    def make(rng):
-        keys = rng.sample(range(len(names)), min(ITEMS, len(names)))
+    def make(rng, count=ITEMS):
+        keys = rng.sample(range(len(names)), min(count, len(names)))
         return [
             item(
                 rng,
@@ -209,9 +209,9 @@ def cycle(name, question, names, step):
 def pairs(name, question, answer, low=1, high=99, options=None):
     """Items on two distinct numbers, no question twice; near-miss choices unless ``options``."""
 
-    def make(rng):
+    def make(rng, count=ITEMS):
         made = {}
-        while len(made) < ITEMS:
+        while len(made) < count:
             a, b = rng.sample(range(low, high + 1), 2)
             gold = answer(a, b)
             choices = numeric(rng, gold) if options is None else [str(o) for o in options(a, b)]

@@ -10,6 +10,7 @@ the results into one report. Built-in signals use exactly this interface.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from enum import Enum
 from typing import (
     TYPE_CHECKING,
@@ -75,6 +76,16 @@ class DiagnosticInputs:
     # the config's merge as mergekit plans it, output tensor -> planned.Planned (``planned.plan``);
     # None where it was not planned here (a hub model's config would be fetched)
     merge: Optional[Dict[str, Any]] = None
+
+    @cached_property
+    def touched(self) -> Dict[str, FrozenSet[str]]:
+        """Each model's name -> the tensors its update touches (``dilution.changed``), read once
+        per precheck for every diagnostic that rehearses a merge."""
+        from mergekit_mergeability.diagnostics.dilution import changed
+        from mergekit_mergeability.sources import TensorReader
+
+        base = TensorReader(self.base.path)
+        return {m.name: frozenset(changed(base, m.path)) for m in self.models}
 
 
 @dataclass

@@ -255,7 +255,7 @@ class Dilution:
         map_large_allocations(4 * BLOCK)  # each pass's float32 blocks go back to the system, not to the heap
         module, tokenizer = load_causal_lm(inputs.base.path, settings.device, inputs.base.load_dtype(settings))
         base = TensorReader(inputs.base.path)
-        touched = {m.name: changed(base, m.path) for m in inputs.models}
+        touched = inputs.touched
         names = set().union(*touched.values())
         merge, in_sum, extra = self.rehearsed(inputs.models, writable(inputs.merge, base, names))
         lines = sum(len(i.continuations) for m in models for i in m.probes)

@@ -37,7 +37,7 @@ from typing import Dict
 import torch
 
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, Need
-from mergekit_mergeability.diagnostics.dilution import as_written, changed, diluted, writable
+from mergekit_mergeability.diagnostics.dilution import as_written, diluted, writable
 from mergekit_mergeability.progress import task
 from mergekit_mergeability.resources import shipped
 from mergekit_mergeability.sources import TensorReader, load_causal_lm
@@ -88,8 +88,7 @@ class Fluency:
     def run(self, inputs: DiagnosticInputs) -> DiagnosticResult:
         result = DiagnosticResult()
         base = TensorReader(inputs.base.path)
-        touched = {m.name: changed(base, m.path) for m in inputs.models}
-        names = set().union(*touched.values())
+        names = set().union(*inputs.touched.values())
         if not writable(inputs.merge, base, names):
             message = "fluency: skipped, the merge as written cannot be built on the loaded base here"
             result.findings.append(

@@ -23,13 +23,19 @@ def p_value(p: float) -> str:
     return "< 0.001" if p < 0.001 else f"{p:.3f}"
 
 
-def print_precheck(report: Printable, out: Optional[Path] = None) -> None:
+def print_precheck(report: Printable, out: Optional[Path] = None, verbose: bool = False) -> None:
+    """One line per model (its reasons cut to the width: whole in the report, or with ``verbose``
+    below the table), then the findings and the verdict."""
     report = _document(report)
     from rich.console import Console
+    from rich.table import Column
 
     console = Console()
-    table = wrapping_table("Mergeability precheck", "model", "p(gold)", "acc", "predicted", "why")
-    for model in (m for m in report["models"] if m["role"] == "expert"):
+    why = Column("why", no_wrap=True, overflow="ellipsis", ratio=1)
+    table = wrapping_table("Mergeability precheck", "model", "p(gold)", "acc", "predicted", expand=True)
+    table.columns.append(why)
+    experts = [m for m in report["models"] if m["role"] == "expert"]
+    for model in experts:
         p_gold, accuracy = known(model, report)
         flag = "*" if model.get("out_of_domain") else ""
         table.add_row(
@@ -40,6 +46,8 @@ def print_precheck(report: Printable, out: Optional[Path] = None) -> None:
             "; ".join(model["reasons"]),
         )
     console.print(table)
+    for model in experts if verbose else ():
+        console.print(f"{model['name']}: " + "; ".join(model["reasons"]))
     if any(m.get("out_of_domain") for m in report["models"]):
         console.print(
             "[dim]* outside what the calibration was fitted on (the warning below says how): a rough guide[/dim]"

@@ -1,0 +1,242 @@
+"""Small configs as users write them: issue 40's ``configs`` family, the ground truth for the
+precheck's rehearsal of the merge as written and for its method choice.
+
+    python benchmarks/configs.py measure      # train the experts, precheck and merge every config
+    python benchmarks/configs.py report       # the tables (docs/prediction.md) from what measure wrote
+
+Ten task-level experts of SmolLM2-135M-Instruct (a rule such as "add 7" or "the larger of two
+numbers"; LoRA r8 on the MLP of layers 9-20, trained on 12 items with the options listed, no solved
+examples). Each has a probe of the next 16 items, which is all the precheck sees, and 48
+items after those that nobody sees until the merge is scored. Configs of 2, 3 and 5 experts (three,
+three and two seeded draws), each written four ways as users write them: ``task_arithmetic``
+(weight 1 each), ``ties`` and ``dare_ties`` (density 0.5, weight 1), ``della`` (density 0.5,
+epsilon 0.1, lambda 1). Ground truth: each member's mean p(gold) on its 48 unseen items in the
+merge mergekit writes (``run_merge``, as ``mergekit-yaml`` does; DARE and DELLA draw as mergekit
+draws, not with the rehearsal's seed). The menu's candidates (``advice.menu``) are merged and scored
+the same way, to check the method the precheck recommends against the best of them.
+
+Nothing is fitted on this family; the rules it checks are pre-registered in
+``benchmarks/pools/prereg/users_configs.txt``. Needs the demo's base model (run the demo first);
+everything is cached (experts, merges, prechecks, scores) under ``--cache-dir`` and ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "pools"))
+import make_tasks  # noqa: E402  (benchmarks/pools/make_tasks.py: the task generators)
+
+from mergekit_mergeability.cli import default_cache_dir  # noqa: E402
+from mergekit_mergeability.demo.run import Demo, Settings  # noqa: E402
+from mergekit_mergeability.files import write_atomic  # noqa: E402
+
+TASKS = ("add_7", "sub_5", "double", "next", "last_digit", "first_digit", "digit_sum", "difference", "larger", "parity")
+TRAIN, PROBE, SCORED = 12, 16, 48
+SIZES = {2: 3, 3: 3, 5: 2}  # experts per config: how many seeded draws
+METHODS = {
+    "task_arithmetic": {"weight": 1.0},
+    "ties": {"weight": 1.0, "density": 0.5},
+    "dare_ties": {"weight": 1.0, "density": 0.5},
+    "della": {"weight": 1.0, "density": 0.5, "epsilon": 0.1, "lambda": 1.0},
+}
+ROWS = HERE / "pools" / "configs_tasks.jsonl"
+SETTINGS = Settings(
+    facts=str(ROWS),
+    pool="configs",
+    fact_layers=tuple(range(9, 21)),
+    fact_modules=("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"),
+    fact_rank=8,
+    fact_adapters=True,
+    fact_format="options",
+)
+console = Console()
+
+
+def write_rows() -> Path:
+    """The family's tasks: each task's items from make_tasks' generator (seeded by its name),
+    ``items`` the 12 trained and 16 probed, ``scored`` the 48 after them."""
+    made = dict(make_tasks.TASKS)
+    rows = []
+    for name in TASKS:
+        items = made[name](random.Random(f"configs/{name}"), TRAIN + PROBE + SCORED)
+        assert len(items) == TRAIN + PROBE + SCORED and len({i["question"] for i in items}) == len(items), name
+        rows.append(
+            {"id": f"task_{name}", "items": items[: TRAIN + PROBE], "train": TRAIN, "scored": items[TRAIN + PROBE :]}
+        )
+    return write_atomic(ROWS, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def groups():
+    """The seeded draws of experts: (label, task names)."""
+    rng = random.Random(40)
+    for size, draws in SIZES.items():
+        for n in range(draws):
+            yield f"n{size}_{n}", sorted(rng.sample(TASKS, size))
+
+
+def model(demo: Demo, experts, task: str) -> str:
+    """An expert as users write a LoRA adapter in a mergekit config: ``base+adapter``."""
+    return f"{demo.base()}+{experts[f'task_{task}']['folder']}"
+
+
+def config(demo: Demo, experts, members, method: str) -> dict:
+    parameters = METHODS[method]
+    return {
+        "merge_method": method,
+        "base_model": str(demo.base()),
+        "models": [
+            {
+                "model": model(demo, experts, m),
+                "probe": str(experts[f"task_{m}"]["probe"]),
+                "parameters": dict(parameters),
+            }
+            for m in members
+        ],
+        "dtype": "float32",
+    }
+
+
+def without_probes(document: dict) -> dict:
+    return {**document, "models": [{k: v for k, v in m.items() if k != "probe"} for m in document["models"]]}
+
+
+class Scorer:
+    """Each task's 48 unseen items, as its probe is scored (the options listed), on a
+    model folder: mean p(gold); cached by folder and task."""
+
+    def __init__(self, out: Path):
+        from mergekit_mergeability.demo.experts import fact_instances
+
+        rows = {r["id"]: r for r in map(json.loads, ROWS.read_text().splitlines())}
+        self.instances = {
+            task: fact_instances({"id": task, "items": r["scored"], "train": 0}, "options") for task, r in rows.items()
+        }
+        self.path = out / "scores.json"
+        self.cache = json.loads(self.path.read_text()) if self.path.is_file() else {}
+
+    def __call__(self, folder: Path, tasks) -> dict:
+        from mergekit_mergeability.demo.experts import gold_probability
+        from mergekit_mergeability.sources import load_causal_lm
+
+        key = str(folder)
+        missing = [t for t in tasks if t not in self.cache.get(key, {})]
+        if missing:
+            model, tokenizer = load_causal_lm(folder)
+            for task in missing:
+                p = gold_probability(model, tokenizer, self.instances[task])
+                self.cache.setdefault(key, {})[task] = sum(p) / len(p)
+            write_atomic(self.path, json.dumps(self.cache, indent=1))
+        return {t: self.cache[key][t] for t in tasks}
+
+
+def precheck(config_path: Path, out: Path) -> dict:
+    from mergekit_mergeability import api
+    from mergekit_mergeability.settings import PrecheckSettings
+
+    if (out / "precheck.json").is_file():
+        return json.loads((out / "precheck.json").read_text())
+    settings = PrecheckSettings(device="cpu", dtype="float32", quiet=True, skip=("representations", "selectivity"))
+    return api.precheck(config_path, settings=settings, out=out).to_json()
+
+
+def measure(args) -> None:
+    from mergekit_mergeability.decide.advice import menu
+
+    if not ROWS.is_file():
+        write_rows()
+    demo = Demo(SETTINGS, args.cache_dir, args.out, console, quiet=False)
+    started = time.perf_counter()
+    experts = demo.fact_experts()
+    console.print(f"{len(experts)} experts ({time.perf_counter() - started:.0f} s)")
+    score = Scorer(args.out)
+    score(demo.base(), [f"task_{t}" for t in TASKS])
+    for task in TASKS:
+        score(experts[f"task_{task}"]["folder"], [f"task_{task}"])
+    records = []
+    for (label, members), method in itertools.product(list(groups()), METHODS):
+        begun = time.perf_counter()
+        name = f"{label}_{method}"
+        document = config(demo, experts, members, method)
+        path = demo.write_config(name, document)
+        report = precheck(path, args.out / "precheck" / name)
+        tasks = [f"task_{m}" for m in members]
+        folders = {model(demo, experts, m): f"task_{m}" for m in members}
+        measured = {
+            "as_written": score(demo.merge(demo.write_config(f"{name}_merge", without_probes(document))), tasks)
+        }
+        knowledge = {
+            m["path"]: (m.get("knowledge") or {}).get("scored_mean_p_gold")
+            for m in report["models"]
+            if m["role"] != "base"
+        }
+        for candidate, advice in menu(document, knowledge).items():
+            merged = demo.merge(demo.write_config(f"{name}_{candidate}", without_probes(advice.config)))
+            measured[candidate] = score(merged, tasks)
+        records.append(
+            {
+                "config": label,
+                "method": method,
+                "members": tasks,
+                "predicted": {
+                    folders[m["path"]]: m.get("predicted_mergeability")
+                    for m in report["models"]
+                    if m["path"] in folders
+                },
+                "measured": measured,
+                "verdict": report["recommendation"]["verdict"],
+                "method_choice": report["recommendation"].get("method_choice"),
+                "findings": [f for f in report.get("findings", []) if f.get("severity") == "error"],
+                "fluency": {folders[m["path"]]: m.get("fluency") for m in report["models"] if m["path"] in folders},
+                "seconds": round(time.perf_counter() - begun, 1),
+            }
+        )
+        write_atomic(args.out / "configs.json", json.dumps(records, indent=1))
+        console.print(f"{name}: {records[-1]['verdict']} ({records[-1]['seconds']:.0f} s)")
+
+
+def report(args) -> None:
+    from mergekit_mergeability.maths.stats import correlate, mean_interval
+
+    records = json.loads((args.out / "configs.json").read_text())
+    rows = [(r["method"], r["predicted"][t], r["measured"]["as_written"][t]) for r in records for t in r["members"]]
+    table = Table(title=f"configs family: predicted vs measured own-task p(gold), {len(records)} configs")
+    for column in ("method", "n", "Spearman", "95% interval", "permutation p", "MAE", "MAE 95% interval"):
+        table.add_column(column)
+    for method in [None, *METHODS]:
+        chosen = [r for r in rows if method in (None, r[0]) and r[1] is not None]
+        if len(chosen) < 3:
+            continue
+        c = correlate([r[1] for r in chosen], [r[2] for r in chosen])
+        mae, (low, high) = mean_interval([abs(r[1] - r[2]) for r in chosen])
+        table.add_row(
+            method or "all", str(c.n), f"{c.spearman:+.2f}", f"[{c.interval[0]:+.2f}, {c.interval[1]:+.2f}]",
+            f"{c.p_permutation:.4f}", f"{mae:.3f}", f"[{low:.3f}, {high:.3f}]",
+        )  # fmt: skip
+    console.print(table)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser.add_argument("command", choices=("measure", "report", "rows"))
+    parser.add_argument("--cache-dir", type=Path, default=default_cache_dir() / "demo")
+    parser.add_argument("--out", type=Path, default=Path("pools-out") / "configs")
+    args = parser.parse_args()
+    if args.command == "rows":
+        console.print(f"wrote {write_rows()}")
+    else:
+        {"measure": measure, "report": report}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()
