@@ -7,8 +7,8 @@ precheck's rehearsal of the merge as written and for its method choice.
 Ten task-level experts of SmolLM2-135M-Instruct (a rule such as "add 7" or "the larger of two
 numbers"; LoRA r8 on the MLP of layers 9-20, trained on 12 items with the options listed, no solved
 examples). Each has a probe of the next 16 items, which is all the precheck sees, and 48
-items after those that nobody sees until the merge is scored. Configs of 2, 3 and 5 experts (three,
-three and two seeded draws), each written four ways as users write them: ``task_arithmetic``
+items after those that nobody sees until the merge is scored. Configs of 2, 3 and 5 experts (two,
+two and one seeded draws), each written four ways as users write them: ``task_arithmetic``
 (weight 1 each), ``ties`` and ``dare_ties`` (density 0.5, weight 1), ``della`` (density 0.5,
 epsilon 0.1, lambda 1). Ground truth: each member's mean p(gold) on its 48 unseen items in the
 merge mergekit writes (``run_merge``, as ``mergekit-yaml`` does; DARE and DELLA draw as mergekit
@@ -43,7 +43,7 @@ from mergekit_mergeability.files import write_atomic  # noqa: E402
 
 TASKS = ("add_7", "sub_5", "double", "next", "last_digit", "first_digit", "digit_sum", "difference", "larger", "parity")
 TRAIN, PROBE, SCORED = 12, 16, 48
-SIZES = {2: 3, 3: 3, 5: 2}  # experts per config: how many seeded draws
+SIZES = {2: 2, 3: 2, 5: 1}  # experts per config: how many seeded draws
 METHODS = {
     "task_arithmetic": {"weight": 1.0},
     "ties": {"weight": 1.0, "density": 0.5},
@@ -206,11 +206,52 @@ def measure(args) -> None:
 
 
 def report(args) -> None:
-    from mergekit_mergeability.maths.stats import correlate, mean_interval
+    from mergekit_mergeability.maths.stats import mean_interval
 
     records = json.loads((args.out / "configs.json").read_text())
+    console.print(f"configs family: {len(records)} configs, {sum(len(r['members']) for r in records)} rows")
     rows = [(r["method"], r["predicted"][t], r["measured"]["as_written"][t]) for r in records for t in r["members"]]
-    table = Table(title=f"configs family: predicted vs measured own-task p(gold), {len(records)} configs")
+    console.print(agreement("rule 1: rehearsed (predicted) vs measured own-task p(gold), merge as written", rows))
+    # rule 4 on the same merges: the no-probe prediction (signature kept on the shipped text)
+    derived = [
+        (r["method"], min(1.0, max(0.0, r["fluency"][t]["signature_kept"])), r["measured"]["as_written"][t])
+        for r in records
+        for t in r["members"]
+        if (r["fluency"].get(t) or {}).get("signature_kept") is not None
+    ]
+    if len(derived) >= 3:
+        console.print(agreement("rule 4: signature kept (no probe) vs measured own-task p(gold)", derived))
+    # rule 3: the recommended candidate against the best of the menu and the config as written
+    table = Table(title="rule 3: the recommended merge, measured on the 48 unseen items (mean over members)")
+    for column in ("config", "recommended", "its score", "best of menu", "best", "as written", "gap to best"):
+        table.add_column(column)
+    gaps, losses = [], []
+    for r in records:
+        kept = {c: sum(v.values()) / len(v) for c, v in r["measured"].items()}
+        chosen = (r["method_choice"] or {}).get("chosen", "as_written")
+        best = max(kept, key=kept.get)
+        gaps.append(kept[best] - kept[chosen])
+        losses.append(kept["as_written"] - kept[chosen])
+        table.add_row(
+            f"{r['config']} {r['method']}", chosen, f"{kept[chosen]:.3f}", best, f"{kept[best]:.3f}",
+            f"{kept['as_written']:.3f}", f"{gaps[-1]:.3f}",
+        )  # fmt: skip
+    console.print(table)
+    gap, (low, high) = mean_interval(gaps)
+    console.print(
+        f"recommended vs best of menu: mean gap {gap:.3f} [{low:.3f}, {high:.3f}] over {len(gaps)} configs "
+        f"(bar ≤ 0.01); below the config as written by more than 0.02 on {sum(v > 0.02 for v in losses)} "
+        f"(worst {max(losses):+.3f})"
+    )
+    refused = [f"{r['config']} {r['method']}" for r in records if r["verdict"] == "do_not_merge"]
+    console.print(f"rule 2: do_not_merge on {len(refused)} of {len(records)} configs {refused or ''}")
+
+
+def agreement(title: str, rows) -> Table:
+    """Spearman (permutation p, bootstrap interval) and mean absolute error, over all rows and per method."""
+    from mergekit_mergeability.maths.stats import correlate, mean_interval
+
+    table = Table(title=title)
     for column in ("method", "n", "Spearman", "95% interval", "permutation p", "MAE", "MAE 95% interval"):
         table.add_column(column)
     for method in [None, *METHODS]:
@@ -223,7 +264,7 @@ def report(args) -> None:
             method or "all", str(c.n), f"{c.spearman:+.2f}", f"[{c.interval[0]:+.2f}, {c.interval[1]:+.2f}]",
             f"{c.p_permutation:.4f}", f"{mae:.3f}", f"[{low:.3f}, {high:.3f}]",
         )  # fmt: skip
-    console.print(table)
+    return table
 
 
 def main() -> None:

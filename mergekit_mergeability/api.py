@@ -30,6 +30,7 @@ from mergekit_mergeability.results import (
 
 if TYPE_CHECKING:
     from mergekit_mergeability.config import MergeSpec
+    from mergekit_mergeability.cost import Cost
     from mergekit_mergeability.describe import MethodRow
     from mergekit_mergeability.settings import PrecheckSettings, RunSettings, SweepSettings
 
@@ -37,7 +38,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 # a mergekit config file, its document, or (precheck) a folder of peft adapters on one base
 Config = Union[PathLike, Mapping[str, Any], "MergeSpec"]
 
-__all__ = ["precheck", "evaluate", "mergeability", "sweep", "calibrate", "validate", "plan", "methods"]
+__all__ = ["precheck", "precheck_cost", "evaluate", "mergeability", "sweep", "calibrate", "validate", "plan", "methods"]
 
 
 def precheck(
@@ -97,6 +98,25 @@ def precheck(
 
 
 _precheck = precheck  # for plan, whose parameter of that name is an earlier precheck.json
+
+
+def precheck_cost(
+    config: Config, *, probes: Optional[Mapping[str, str]] = None, settings: Optional["PrecheckSettings"] = None
+) -> "Cost":
+    """What ``precheck`` would cost on ``config``, and nothing else run or written: the config read,
+    the models checked to fit and the merge planned, then each diagnostic's forward passes counted
+    and one pass of each kind timed on the base (``cost.Cost``; its ``line()`` says it)."""
+    from dataclasses import replace
+
+    from mergekit_mergeability import measure as measuring
+    from mergekit_mergeability.errors import UserError
+    from mergekit_mergeability.settings import PrecheckSettings
+
+    settings = replace(_resolved(settings or PrecheckSettings()), quiet=True)
+    measured = measuring.measure(_spec(config, pools=True), probes or {}, settings, dry_run=True)
+    if measured.cost is None:
+        raise UserError("dry run: the precheck would stop before its heavy passes: " + "; ".join(measured.errors()))
+    return measured.cost
 
 
 def evaluate(

@@ -380,6 +380,11 @@ def default_cache_dir() -> Path:
 @click.option(
     "--verbose", "-v", is_flag=True, help="Print each model's reasons whole below the table (the report has them too)."
 )
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Check the config and plan the merge, then say how many forward passes the precheck would run and roughly how long here; run nothing heavy, write nothing.",
+)
 @model_options("PrecheckSettings")
 @user_errors
 @ray_option
@@ -401,6 +406,7 @@ def precheck(
     skip,
     cache_dir,
     verbose,
+    dry_run,
     **model,
 ):
     """Predict, before merging, how well each model of CONFIG_FILE will survive the merge.
@@ -432,6 +438,9 @@ def precheck(
     OUT/recommended.yml (runs as is with mergekit-yaml; layer_selective adds
     OUT/recommended/<expert>.yml, one model per expert).
     \b
+    Before its heavy passes it says how many forward passes it will run and
+    roughly how long on this device; --dry-run says only that.
+    \b
     Exit status: 0 merge (as configured or as recommended); 1 do_not_merge or
     a plugin asks to stop; 2 a usage error; 3 the precheck could not measure
     (a built-in diagnostic failed).
@@ -460,6 +469,10 @@ def precheck(
     )
     if (config_file is None) == (pool is None):
         raise UserError("precheck: name a CONFIG_FILE or a --pool folder of adapters (one of the two)")
+    if dry_run:
+        click.echo(api.precheck_cost(config_file or pool, probes=_probe_pairs(probes), settings=settings).line())
+        click.echo("dry run: nothing written; without --dry-run the precheck runs these passes")
+        return
     result = api.precheck(config_file or pool, probes=_probe_pairs(probes), settings=settings, out=out)
     print_precheck(result, out, verbose)
     if result.stop:

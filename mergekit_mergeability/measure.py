@@ -17,6 +17,8 @@ from mergekit_mergeability import tasks
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
 from mergekit_mergeability.errors import MeasurementError, UserError
 from mergekit_mergeability.config import MergeSpec
+from mergekit_mergeability.cost import Cost, estimate
+from mergekit_mergeability.progress import note
 from mergekit_mergeability.settings import PrecheckSettings
 from mergekit_mergeability.tasks import probes
 
@@ -37,6 +39,7 @@ class Measurements:
     results: Dict[str, DiagnosticResult] = field(default_factory=dict)
     skipped: List[str] = field(default_factory=list)
     failed: List[str] = field(default_factory=list)  # third-party diagnostics that raised (warnings)
+    cost: Optional[Cost] = None  # what the heavy passes were to cost, said before they ran
 
     def findings(self) -> List[Tuple[str, Finding]]:
         return [(name, f) for name, result in self.results.items() for f in result.findings]
@@ -97,9 +100,14 @@ def load_inputs(
 
 
 def measure(
-    spec: MergeSpec, overrides: Mapping[str, str] = {}, settings: PrecheckSettings = PrecheckSettings()
+    spec: MergeSpec,
+    overrides: Mapping[str, str] = {},
+    settings: PrecheckSettings = PrecheckSettings(),
+    dry_run: bool = False,
 ) -> Measurements:
-    """Run every plugin's diagnostic in plugin order; stop at the first error finding.
+    """Run every plugin's diagnostic in plugin order; stop at the first error finding. Once the
+    models are found to fit and the merge is planned, say what the heavy passes will cost
+    (``measured.cost``); ``dry_run`` stops there.
 
     Fails closed: when the built-in plugin or one of its diagnostics cannot run, raise
     ``MeasurementError`` rather than judge a merge on no evidence.
@@ -132,6 +140,10 @@ def measure(
         if diagnostic.name != COMPATIBILITY and not planned:  # the models fit together: would mergekit take the config?
             inputs = replace(inputs, merge=plan(measured))
             planned = True
+            measured.cost = costs(inputs, [d for _, d in diagnostics if runs(d, inputs, skip)], skip)
+            note(measured.cost.line(), settings.quiet)
+            if dry_run:
+                return measured
         if diagnostic.name in skip:
             measured.skipped.append(diagnostic.name)
             continue
@@ -165,6 +177,22 @@ def measure(
         if rehearsed is not None:
             measured.results[menu.NAME] = rehearsed
     return measured
+
+
+def runs(diagnostic, inputs: DiagnosticInputs, skip) -> bool:
+    """Whether a diagnostic will run after the compatibility check (not skipped, its needs met)."""
+    return not (
+        diagnostic.name in skip
+        or diagnostic.name == COMPATIBILITY
+        or (Need.BASE_MODEL in diagnostic.needs and inputs.base is None)
+        or (Need.PROBES in diagnostic.needs and not any(m.probes for m in inputs.models))
+    )
+
+
+def costs(inputs: DiagnosticInputs, diagnostics, skip) -> Cost:
+    from mergekit_mergeability import menu
+
+    return estimate(inputs, diagnostics, 0 if menu.NAME in skip else menu.passes(inputs))
 
 
 def plan(measured: Measurements) -> Optional[Dict[str, Any]]:

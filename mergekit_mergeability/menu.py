@@ -18,6 +18,7 @@ from typing import Dict, List, Optional
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult
 from mergekit_mergeability.diagnostics.dilution import PARTNERS, as_written, writable
 from mergekit_mergeability.diagnostics.knowledge import scores
+from mergekit_mergeability.sources import TensorReader
 from mergekit_mergeability.tasks.probes import OPTIONS
 
 NAME = "menu"  # its results sit beside the diagnostics' in precheck.json
@@ -32,7 +33,7 @@ def rehearse(measured, inputs: DiagnosticInputs) -> Optional[DiagnosticResult]:
     from mergekit_mergeability.decide.verdict import AS_WRITTEN
     from mergekit_mergeability.planned import plan
     from mergekit_mergeability.progress import task
-    from mergekit_mergeability.sources import TensorReader, load_causal_lm
+    from mergekit_mergeability.sources import load_causal_lm
 
     models, settings = inputs.models, inputs.settings
     if inputs.base is None or not 2 <= len(models) <= PARTNERS or not all(m.probes for m in models):
@@ -68,6 +69,17 @@ def rehearse(measured, inputs: DiagnosticInputs) -> Optional[DiagnosticResult]:
         result.per_model[model] = {c: sum(v) / len(v) for c, v in by_candidate.items()}
         result.per_instance[model] = [dict(zip(by_candidate, row)) for row in zip(*by_candidate.values())]
     return result
+
+
+def passes(inputs: DiagnosticInputs) -> int:
+    """Probe sequences over the config as written and the menu's four candidates at most (0 where
+    the menu will not be rehearsed)."""
+    models = inputs.models
+    if inputs.base is None or not 2 <= len(models) <= PARTNERS or not all(m.probes for m in models):
+        return 0
+    if not writable(inputs.merge, TensorReader(inputs.base.path), set().union(*inputs.touched.values())):
+        return 0
+    return 5 * sum(len(i.continuations) for m in models for i in m.probes)
 
 
 def scored(result: DiagnosticResult) -> Dict[str, Dict[str, List[float]]]:

@@ -12,6 +12,14 @@ from typing import Callable, Iterator, TextIO
 EVERY = 10.0  # seconds between a log's progress lines
 
 
+def note(message: str, quiet: bool = False) -> None:
+    """A line on stderr about the work ahead (its cost), unless ``quiet``."""
+    if not quiet:
+        from rich.console import Console
+
+        Console(stderr=True, highlight=False).print(message, markup=False)
+
+
 @contextmanager
 def task(description: str, total: int, quiet: bool = False) -> Iterator[Callable[[int], None]]:
     """Yields ``advance(n)``; shows progress on stderr unless ``quiet``."""

@@ -639,3 +639,43 @@ def test_a_rerun_with_cache_dir_reads_each_models_passes_back(tmp_path, pool, mo
     strip = lambda r: {k: v for k, v in r.items() if k not in ("timings", "options", "created")}  # noqa: E731
     reports = [json.loads((tmp_path / d / "precheck.json").read_text()) for d in ("first", "again")]
     assert strip(reports[0]) == strip(reports[1])
+
+
+def test_a_dry_run_says_the_passes_and_roughly_how_long_and_writes_nothing(tmp_path, pool):
+    config = _config(tmp_path, pool, ["known", "unknown"], ["probe_known", "probe_unknown"])
+    result = CliRunner().invoke(
+        main, ["precheck", str(config), "--out", str(tmp_path / "out"), "--dry-run"], env={"COLUMNS": "1000"}
+    )
+    assert result.exit_code == 0, result.output
+    line = result.output.splitlines()[0]
+    assert line.startswith("precheck: about ") and " forward passes (knowledge " in line, line
+    assert "dilution" in line and "menu" in line and " s on cpu" in line or " min on cpu" in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_cost_line_counts_the_passes_the_progress_bars_then_count(tmp_path, pool, monkeypatch):
+    from mergekit_mergeability import api, measure as measuring, progress
+    from mergekit_mergeability.settings import PrecheckSettings
+
+    totals = {}
+    real = progress.task
+
+    @contextlib.contextmanager
+    def recording(description, total, quiet=False):
+        diagnostic = description.split(":")[0]
+        totals[diagnostic] = totals.get(diagnostic, 0) + total
+        with real(description, total, True) as advance:
+            yield advance
+
+    for module in ("knowledge", "dilution", "fluency", "representations", "selectivity"):
+        monkeypatch.setattr(f"mergekit_mergeability.diagnostics.{module}.task", recording)
+    monkeypatch.setattr(progress, "task", recording)  # menu imports it when it runs
+    config = _config(tmp_path, pool, ["known", "unknown"], ["probe_known", "probe_unknown"])
+    measured = measuring.measure(api._spec(config), {}, PrecheckSettings(quiet=True, skip=("selectivity",)))
+    counted = measured.cost.passes
+    assert {k: counted[k] for k in ("knowledge", "dilution", "representations")} == {
+        k: totals[k] for k in ("knowledge", "dilution", "representations")
+    }
+    assert counted["fluency"] % totals["fluency"] == 0 < counted["fluency"]  # (models + 2) passes of whole windows
+    assert totals["menu"] <= counted["menu"] <= 5 * totals["menu"] // 2  # the menu may hold fewer candidates
+    assert "selectivity" not in counted and "weights" in counted and counted["weights"] == 0

@@ -79,10 +79,9 @@ class DiagnosticInputs:
 
     @cached_property
     def touched(self) -> Dict[str, FrozenSet[str]]:
-        """Each model's name -> the tensors its update touches (``dilution.changed``), read once
+        """Each model's name -> the tensors its update touches (``sources.changed``), read once
         per precheck for every diagnostic that rehearses a merge."""
-        from mergekit_mergeability.diagnostics.dilution import changed
-        from mergekit_mergeability.sources import TensorReader
+        from mergekit_mergeability.sources import TensorReader, changed
 
         base = TensorReader(self.base.path)
         return {m.name: frozenset(changed(base, m.path)) for m in self.models}

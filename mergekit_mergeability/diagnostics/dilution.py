@@ -59,27 +59,21 @@ from mergekit_mergeability.maths.merging import COMPARED, DEFAULT_DENSITY, DEFAU
 from mergekit_mergeability.maths.merging import knowledge_weights, threshold_in_blocks
 from mergekit_mergeability.planned import Planned, merged
 from mergekit_mergeability.progress import task
-from mergekit_mergeability.sources import Source, TensorReader, empty_like_each, load_causal_lm, patched, tensors
+from mergekit_mergeability.sources import (
+    Source,
+    TensorReader,
+    changed,
+    empty_like_each,
+    load_causal_lm,
+    patched,
+    tensors,
+)
 from mergekit_mergeability.sources.heap import map_large_allocations
 
 PARTNERS = 8  # paper 1's protocol, and `mergeability --partners`'s default: the share is 1/9
 BLOCK = 1 << 20  # values per block of rows patched at once
 SUM_BUDGET = 1 << 30  # bytes the partners' summed update may take in memory (float32)
 SUM_SHARE = 0.25  # and at most this share of the loaded base's bytes
-
-
-def changed(base: TensorReader, model: Source) -> Set[str]:
-    """The tensors a model's update touches: an adapter's targets, or those of a whole model that
-    differ from the base's (compared a block at a time)."""
-    theirs = tensors(model)
-    update = theirs.known_update()
-    if update is not None:
-        return set(update)
-    return {
-        name
-        for name in base.index
-        if any(not torch.equal(base.rows(name, a, b), theirs.rows(name, a, b)) for a, b in base.blocks(name, BLOCK))
-    }
 
 
 Shares = Sequence[Tuple[Source, float, Set[str]]]  # each model, its share, the tensors it changes
@@ -246,6 +240,25 @@ class Dilution:
         others = (1 - mine) / (count - 1)
         return "mean", {m.name: others for m in everyone}, {m.name: mine - others for m in everyone}
 
+    def schedule(self, inputs: DiagnosticInputs, base: TensorReader):
+        """(which merge, c, e as ``rehearsed`` says, whether knowledge_weighted and TIES are compared,
+        passes over every probe line)."""
+        probed = [m for m in inputs.models if m.probes]
+        merge, in_sum, extra = self.rehearsed(
+            inputs.models, writable(inputs.merge, base, set().union(*inputs.touched.values()))
+        )
+        # knowledge_weighted's shares need every model's knowledge, and weights it takes (≥ 0, not all 0)
+        weights = [m.weight for m in inputs.models]
+        # (a config whose merge as written is rehearsed has its method chosen by the menu instead: ``menu``)
+        compare = len(probed) == len(inputs.models) > 1 and min(weights) >= 0 < max(weights) and merge != "written"
+        passes = (2 if in_sum or merge == "written" else 1) + (1 + len(COMPARED) if compare else 0)
+        return merge, in_sum, extra, compare, passes
+
+    def passes(self, inputs: DiagnosticInputs, tokenizer=None) -> int:
+        """The sequences it scores (``measure``'s cost line)."""
+        lines = sum(len(i.continuations) for m in inputs.models if m.probes for i in m.probes)
+        return lines and lines * self.schedule(inputs, TensorReader(inputs.base.path))[-1]
+
     def run(self, inputs: DiagnosticInputs) -> DiagnosticResult:
         result = DiagnosticResult()
         models = [m for m in inputs.models if m.probes]
@@ -257,13 +270,8 @@ class Dilution:
         base = TensorReader(inputs.base.path)
         touched = inputs.touched
         names = set().union(*touched.values())
-        merge, in_sum, extra = self.rehearsed(inputs.models, writable(inputs.merge, base, names))
+        merge, in_sum, extra, compare, passes = self.schedule(inputs, base)
         lines = sum(len(i.continuations) for m in models for i in m.probes)
-        # knowledge_weighted's shares need every model's knowledge, and weights it takes (≥ 0, not all 0)
-        weights = [m.weight for m in inputs.models]
-        # (a config whose merge as written is rehearsed has its method chosen by the menu instead: ``menu``)
-        compare = len(models) == len(inputs.models) > 1 and min(weights) >= 0 < max(weights) and merge != "written"
-        passes = (2 if in_sum or merge == "written" else 1) + (1 + len(COMPARED) if compare else 0)
         loaded = sum(p.numel() * p.element_size() for p in module.parameters())
         limit = min(SUM_BUDGET, SUM_SHARE * loaded)
         mixture_of = lambda ms: [(m.path, in_sum[m.name], touched[m.name]) for m in ms]  # noqa: E731

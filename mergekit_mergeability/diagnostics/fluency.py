@@ -85,6 +85,15 @@ class Fluency:
     name = "fluency"
     needs = frozenset({Need.BASE_MODEL, Need.WEIGHTS})
 
+    unit = "window"  # its passes read WINDOW tokens of the shipped text, not a probe line
+
+    def passes(self, inputs: DiagnosticInputs, tokenizer) -> int:
+        """Windows of the text read by the base, each model and the merge (0 where it will skip)."""
+        names = set().union(*inputs.touched.values())
+        if not writable(inputs.merge, TensorReader(inputs.base.path), names):
+            return 0
+        return (len(inputs.models) + 2) * len(windows(tokenizer, shipped(TEXT).read_text()))
+
     def run(self, inputs: DiagnosticInputs) -> DiagnosticResult:
         result = DiagnosticResult()
         base = TensorReader(inputs.base.path)

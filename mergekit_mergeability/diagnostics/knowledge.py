@@ -39,22 +39,38 @@ class Knowledge:
         )  # on Ray: one task, the base model alone
         return result
 
+    def passes(self, inputs: DiagnosticInputs, tokenizer=None) -> int:
+        """The sequences it scores (``measure``'s cost line)."""
+        return sequences(*requests(inputs))
+
+
+def requests(inputs: DiagnosticInputs):
+    """Each probed model's probe as its task scores it, and as the paper asks it (lettered, few-shot)."""
+    scored = {m.name: list(m.probes) for m in inputs.models if m.probes}
+    lettered = {
+        m.name: probes.with_shots(m.probes, inputs.settings.fewshot, m.shots or ()) for m in inputs.models if m.probes
+    }
+    return scored, lettered
+
+
+def sequences(scored, lettered) -> int:
+    """Sequences scored: every lettered option and letter, and the task's own request where it differs."""
+    asked = sum(len(i.continuations) + len(i.letters) for instances in lettered.values() for i in instances)
+    return asked + sum(
+        len(i.continuations) for name in scored for i, a in zip(scored[name], lettered[name]) if not _same_request(i, a)
+    )
+
 
 def base_knowledge(inputs: DiagnosticInputs) -> DiagnosticResult:
     """The base model's scores on every model's probe set, asked both ways."""
     settings = inputs.settings
     shots = settings.fewshot
     result = DiagnosticResult()
-    scored = {m.name: list(m.probes) for m in inputs.models if m.probes}
+    scored, lettered = requests(inputs)
     if not scored:
         return result
-    lettered = {m.name: probes.with_shots(m.probes, shots, m.shots or ()) for m in inputs.models if m.probes}
     model, tokenizer = load_causal_lm(inputs.base.path, settings.device, inputs.base.load_dtype(settings))
-    sequences = sum(len(i.continuations) + len(i.letters) for instances in lettered.values() for i in instances)
-    sequences += sum(
-        len(i.continuations) for name in scored for i, a in zip(scored[name], lettered[name]) if not _same_request(i, a)
-    )
-    with task("knowledge: base model on probes", sequences, settings.quiet) as advance:
+    with task("knowledge: base model on probes", sequences(scored, lettered), settings.quiet) as advance:
         for name, asked in lettered.items():
             paper = scores(model, tokenizer, asked, advance)
             # the probe as its task scores it, where that is another request than the one just asked

@@ -31,6 +31,11 @@ class Representations:
     name = "representations"
     needs = frozenset({Need.PROBES})
 
+    def passes(self, inputs: DiagnosticInputs, tokenizer=None) -> int:
+        """Every probe row through the base and each model (0 where too few rows to compare)."""
+        rows = sum(len(m.probes or ()) for m in inputs.models)
+        return 0 if rows < MIN_ROWS else rows * len([m for m in (inputs.base, *inputs.models) if m is not None])
+
     def run(self, inputs: DiagnosticInputs) -> DiagnosticResult:
         result = DiagnosticResult()
         rows = [(i.prompt, i.gold) for m in inputs.models for i in (m.probes or ())]

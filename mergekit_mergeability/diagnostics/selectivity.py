@@ -48,6 +48,11 @@ class Selectivity:
     name = "selectivity"
     needs = frozenset({Need.PROBES})
 
+    def passes(self, inputs: DiagnosticInputs, tokenizer=None) -> int:
+        """Every probe row through the base and each model (0 where fewer than two groups)."""
+        rows, _, groups = probe_groups(inputs.models)
+        return 0 if len(groups) < 2 else len(rows) * len([m for m in (inputs.base, *inputs.models) if m is not None])
+
     def run(self, inputs: DiagnosticInputs) -> DiagnosticResult:
         settings = inputs.settings
         result = DiagnosticResult()

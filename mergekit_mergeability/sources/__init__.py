@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, Iterator, List, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Dict, Iterator, List, Mapping, Optional, Set, Union
 
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.sources.base import ModelSource, TensorInfo
@@ -197,6 +197,22 @@ def load_dtype(requested: str, model: Source, configured: Optional[str] = None) 
         if name in LOADABLE_DTYPES:
             return name
     return "float32"
+
+
+def changed(base: TensorReader, model: Source, block: int = 1 << 20) -> Set[str]:
+    """The tensors a model's update touches: an adapter's targets, or those of a whole model that
+    differ from the base's (compared ``block`` values at a time)."""
+    import torch
+
+    theirs = tensors(model)
+    update = theirs.known_update()
+    if update is not None:
+        return set(update)
+    return {
+        name
+        for name in base.index
+        if any(not torch.equal(base.rows(name, a, b), theirs.rows(name, a, b)) for a, b in base.blocks(name, block))
+    }
 
 
 def load_causal_lm(
