@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 from scipy.stats import rankdata
 
-from mergekit_mergeability.maths.calibration import RIDGE, best, fit, single_features
+from mergekit_mergeability.maths.fitting import RIDGE, best, fit, single_features
 from mergekit_mergeability.maths.stats import correlate, difference, spearman
 from mergekit_mergeability.decide.calibration import Calibration, measured_pool
 from mergekit_mergeability.decide.features import CALIBRATED as FEATURES

@@ -38,7 +38,7 @@ sys.path.insert(0, str(HERE / "pools"))
 import make_tasks  # noqa: E402  (benchmarks/pools/make_tasks.py: the task generators)
 
 from mergekit_mergeability.cli import default_cache_dir  # noqa: E402
-from mergekit_mergeability.demo.run import Demo, Settings  # noqa: E402
+from mergekit_mergeability.demo.steps import Demo, Settings  # noqa: E402
 from mergekit_mergeability.files import write_atomic  # noqa: E402
 
 TASKS = ("add_7", "sub_5", "double", "next", "last_digit", "first_digit", "digit_sum", "difference", "larger", "parity")

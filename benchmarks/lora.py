@@ -101,7 +101,7 @@ def main():
         print(json.dumps(measure(args.measure[0], args.measure[1:])))
         return
 
-    from mergekit_mergeability.demo.base import smollm2
+    from mergekit_mergeability.demo.bases import smollm2
 
     base = smollm2(args.cache_dir / "smollm2" / "base")
     work = args.work or Path(tempfile.mkdtemp(prefix="mm-bench-lora-"))

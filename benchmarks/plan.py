@@ -157,7 +157,7 @@ def _measure(base: Path, folders, models: int) -> dict:
     from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
     from mergekit_mergeability.diagnostics.weights import WeightStatistics
     from mergekit_mergeability.settings import PrecheckSettings
-    from mergekit_mergeability.planner import decide as deciding, fit as fitting
+    from mergekit_mergeability.planner import deciding, fit as fitting
 
     tensor_position("model.embed_tokens.weight")  # mergekit's architectures import (~3 s): not the pass
     inputs = DiagnosticInputs(
@@ -244,7 +244,7 @@ def check(args) -> None:
     from mergekit_mergeability.cli import default_cache_dir
     from mergekit_mergeability.settings import RunSettings
     from mergekit_mergeability.sources.cache import Cache
-    from mergekit_mergeability.planner import conditional as cond, decide as deciding, fit as fitting, run as planning
+    from mergekit_mergeability.planner import conditional, deciding, fit as fitting, planning
     from mergekit_mergeability import config as merge_config
 
     spec = merge_config.read(args.pool)
@@ -270,8 +270,8 @@ def check(args) -> None:
 
     everyone = tuple(range(len(pool)))
     arms = {"planned": [(s.members, s.merge) for s in decided.search.slots if s.members]}
-    arms["everything, task_arithmetic"] = [(everyone, cond.Merge(cond.TASK_ARITHMETIC))]
-    arms["everything, ties"] = [(everyone, cond.Merge(cond.TIES, density=0.5))]
+    arms["everything, task_arithmetic"] = [(everyone, conditional.Merge(conditional.TASK_ARITHMETIC))]
+    arms["everything, ties"] = [(everyone, conditional.Merge(conditional.TIES, density=0.5))]
     sizes = [len(m) for m, _ in arms["planned"]]
     for r in range(args.random):
         picked = rng.permutation(len(pool))
@@ -333,13 +333,13 @@ METHODS = {  # label as benchmarks/pools.py writes it -> the merge it ran (knowl
 
 
 def methods(args) -> None:
-    from mergekit_mergeability.planner import conditional as cond, fit as fitting
+    from mergekit_mergeability.planner import conditional, fit as fitting
 
     folder = Path(args.pool)
     report = json.loads((folder / "precheck" / "precheck.json").read_text())
     mean = json.loads((folder / "mergeability" / "mean" / "mergeability.json").read_text())
     calibration = fitting.load(args.calibration)
-    pool = cond.from_report(report)
+    pool = conditional.from_report(report)
     index = {name: i for i, name in enumerate(pool.names)}
     order = np.argsort(pool.knowledge, kind="stable")
     thirds = np.array_split(order, 3)
@@ -362,16 +362,16 @@ def methods(args) -> None:
             for trial in model["trials"]:
                 members = [i] + [index[p] for p in trial["partners"]]
                 merge = (
-                    cond.Merge(method, **knobs)
+                    conditional.Merge(method, **knobs)
                     if method != "task_arithmetic"
-                    else cond.Merge(
+                    else conditional.Merge(
                         method, weights=tuple((pool.names[j], mean["parameters"]["weight"]) for j in members)
                     )
                 )
                 prediction = calibration.predict(pool, members, merge, domain=False)
                 values.append(prediction.values[0])
             per[i] = np.mean(values)
-        rule = calibration.model_for(cond.Merge(method, **knobs).rule)
+        rule = calibration.model_for(conditional.Merge(method, **knobs).rule)
         measured = ["", "", "", ""]
         path = folder / "mergeability" / label / "mergeability.json"
         if path.is_file():

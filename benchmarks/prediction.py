@@ -162,7 +162,7 @@ def validate(args) -> None:
 
 def methods(args) -> None:
     """Mean own-task S by thirds of the base's p(gold), for every method measured on the pool."""
-    from mergekit_mergeability.demo.run import knowledge_groups
+    from mergekit_mergeability.demo.steps import knowledge_groups
 
     thirds = knowledge_groups(json.loads((OUT / args.pool / "precheck" / "precheck.json").read_text()))
     groups = {
@@ -193,7 +193,7 @@ def families(args) -> None:
     input there; then the pooled number and a permutation null of the whole procedure."""
     import numpy as np
 
-    from mergekit_mergeability.maths import calibration as fitting
+    from mergekit_mergeability.maths import fitting
     from mergekit_mergeability.decide.calibration import REHEARSAL, measured_pool
     from mergekit_mergeability.decide.features import fitted_with
 
@@ -265,7 +265,7 @@ def _shuffled(predicted, y, groups, permutations: int, seed: int = 0):
     """The pooled within-family Spearman of a fixed prediction against S shuffled within each family."""
     import numpy as np
 
-    from mergekit_mergeability.maths import calibration as fitting
+    from mergekit_mergeability.maths import fitting
 
     shuffles = fitting.shuffled_within(y, groups, permutations, seed)
     return np.array([fitting.within_pools(predicted, shuffled, groups) for shuffled in shuffles])
@@ -278,7 +278,7 @@ def _scored(predicted, x, y, permutations: int, names=None) -> dict:
     import numpy as np
 
     from mergekit_mergeability.decide.features import CALIBRATED, FEATURES
-    from mergekit_mergeability.maths import calibration as fitting
+    from mergekit_mergeability.maths import fitting
     from mergekit_mergeability.maths.stats import correlate, difference
 
     names = list(names or CALIBRATED)
@@ -414,7 +414,7 @@ def _aims_of(folder: str, kw: str):
     """knowledge_weighted (label ``kw``) against mean merging and TIES on one measured family:
     per aim (mean paired difference, its bootstrap 95% interval, whether it holds), and where the
     best-known third's loss comes from (``_best_known``); None until every method is measured."""
-    from mergekit_mergeability.demo.run import knowledge_groups
+    from mergekit_mergeability.demo.steps import knowledge_groups
     from mergekit_mergeability.maths.stats import mean_interval
 
     root = OUT / folder

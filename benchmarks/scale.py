@@ -117,7 +117,7 @@ def phased(peak: PeakMemory) -> None:
     builds (held while its probes are asked)."""
     from mergekit_mergeability import measure
     from mergekit_mergeability.diagnostics import dilution
-    from mergekit_mergeability.output import precheck as reports
+    from mergekit_mergeability.output import precheck
     from mergekit_mergeability.plugins import plugin_diagnostics
 
     def wrap(owner, attribute: str, label=lambda args: "") -> None:
@@ -143,8 +143,8 @@ def phased(peak: PeakMemory) -> None:
         (measure, "load_inputs"),
         (measure, "plan"),
         (measure, "decision"),
-        (reports, "build"),
-        (reports, "write"),
+        (precheck, "build"),
+        (precheck, "write"),
         (dilution, "load_causal_lm"),
         (dilution, "summed"),
     ):

@@ -29,11 +29,11 @@ from _models import workdir
 
 from mergekit_mergeability.cli import default_cache_dir
 from mergekit_mergeability.demo import reasoning
-from mergekit_mergeability.demo.run import FULL, Demo
+from mergekit_mergeability.demo.steps import FULL, Demo
 from mergekit_mergeability.sources.cache import Cache
 from mergekit_mergeability.tasks.lmeval import quiet_harness, shipped_tasks
 from mergekit_mergeability.settings import SweepSettings
-from mergekit_mergeability.interpolation.run import Sweep, grid
+from mergekit_mergeability.interpolation.sweeping import Sweep, grid
 
 SETTINGS = SweepSettings(device="cpu", quiet=True)
 

@@ -23,7 +23,7 @@ from rich.table import Table
 
 from mergekit_mergeability.cli import default_cache_dir
 from mergekit_mergeability.demo import translation
-from mergekit_mergeability.demo.run import FULL, Demo
+from mergekit_mergeability.demo.steps import FULL, Demo
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.files import write_atomic
 from mergekit_mergeability import api, config as merge_config

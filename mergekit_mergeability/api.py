@@ -206,7 +206,7 @@ def sweep(
     """
     from mergekit_mergeability.errors import UserError
     from mergekit_mergeability.settings import SweepSettings
-    from mergekit_mergeability.interpolation import report as outputs, run as sweeping
+    from mergekit_mergeability.interpolation import outputs, sweeping
 
     if save_chosen and out is None:
         raise UserError("sweep: save_chosen writes the model into out/chosen/; name out")
@@ -318,7 +318,7 @@ def plan(
     from dataclasses import replace
 
     from mergekit_mergeability.errors import UserError
-    from mergekit_mergeability.planner import run as planning
+    from mergekit_mergeability.planner import planning
     from mergekit_mergeability.settings import PrecheckSettings
 
     if isinstance(pool, (str, os.PathLike)) and Path(pool).is_dir():
@@ -415,6 +415,6 @@ def _cache(folder: Optional[PathLike]):
 def _against_ties(report: Dict[str, Any]) -> Optional[Tuple[float, float]]:
     """knowledge_weighted's and TIES's predicted mean score on the precheck's merge (the plan's
     shipped conditional prediction): the precheck recommends knowledge_weighted only where it leads."""
-    from mergekit_mergeability.planner import decide, fit
+    from mergekit_mergeability.planner import deciding, fit
 
-    return decide.knowledge_weighted_against_ties(report, fit.load())
+    return deciding.knowledge_weighted_against_ties(report, fit.load())

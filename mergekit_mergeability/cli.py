@@ -599,7 +599,7 @@ def plan(
     method never measured is predicted by the nearest measured one and marked.
     """
     from mergekit_mergeability import api
-    from mergekit_mergeability.planner.report import print_plan
+    from mergekit_mergeability.planner.reports import print_plan
 
     if (pool_file is None) == (pool_folder is None):
         raise UserError("plan: name a POOL_FILE or a --pool folder (one of the two)")
@@ -960,7 +960,7 @@ def sweep(
     (the sweet spot as a config for mergekit-yaml).
     """
     from mergekit_mergeability import api
-    from mergekit_mergeability.interpolation import run as sweeping
+    from mergekit_mergeability.interpolation import sweeping
     from mergekit_mergeability.output.terminal import print_sweep
 
     chosen = _layer_set(layers)
@@ -1039,6 +1039,6 @@ def demo(quick: bool, cache_dir: Path, out: Path, quiet: bool, sweep_only: bool)
     reruns read experts, merges and scores from the cache and redo the
     prechecks (~3 min).
     """
-    from mergekit_mergeability.demo.run import FULL, QUICK, run
+    from mergekit_mergeability.demo.steps import FULL, QUICK, run
 
     run(QUICK if quick else FULL, cache_dir, out, quiet=quiet, sweep_only=sweep_only)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Dict, FrozenSet, Optional, Tuple
 
 from mergekit_mergeability.decide.verdict import DEFAULT_OVERLAP_THRESHOLD, DEFAULT_THRESHOLD
-from mergekit_mergeability.maths.selectivity import ACTIVATION_QUANTILE, ENTROPY_QUANTILE
+from mergekit_mergeability.maths.lape import ACTIVATION_QUANTILE, ENTROPY_QUANTILE
 
 AUTO = "auto"  # device: cuda if available (on a Ray cluster: if the cluster has GPUs); dtype: see sources.load_dtype
 DTYPES = ("float32", "bfloat16", "float16")  # what models can be loaded in, besides auto

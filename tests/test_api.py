@@ -97,7 +97,7 @@ def test_importing_the_package_stays_cheap_and_the_api_is_its_attributes():
     code = (
         "import sys, mergekit_mergeability as mm\n"
         "heavy = sorted({'torch', 'mergekit', 'transformers', 'mergekit_mergeability.api'} & set(sys.modules))\n"
-        "import mergekit_mergeability.planner.run, mergekit_mergeability.interpolation.run\n"  # the subpackages load
+        "import mergekit_mergeability.planner.planning, mergekit_mergeability.interpolation.sweeping\n"  # the subpackages load
         "from mergekit_mergeability import api\n"
         "print(heavy, all(getattr(mm, n) is getattr(api, n) for n in mm._API), mm.PrecheckSettings().limit)\n"
     )

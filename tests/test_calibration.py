@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from mergekit_mergeability.cli import main
-from mergekit_mergeability.maths.calibration import (
+from mergekit_mergeability.maths.fitting import (
     fit,
     held_out_predictions,
     p_value,

@@ -130,12 +130,12 @@ def test_an_unknown_hub_id_in_a_config_names_its_field(hub, llama, tmp_path):
     still says which field of which file named the id."""
     import yaml
 
-    from mergekit_mergeability import config as merge_config
+    from mergekit_mergeability import config
 
     path = tmp_path / "pool.yml"
     models = [{"model": str(llama["expert0"])}, {"model": "org/missing"}]
     path.write_text(yaml.safe_dump({"merge_method": "task_arithmetic", "base_model": "org/base", "models": models}))
-    missing = merge_config.read(path).sources()["org/missing"]
+    missing = config.read(path).sources()["org/missing"]
     with pytest.raises(
         UserError, match=f"^{re.escape(str(path))}: models\\[1\\].model: model org/missing: no such folder"
     ):

@@ -105,7 +105,7 @@ def test_training_from_the_first_trained_block_gives_the_full_models_loss(llama)
 
 def test_knowledge_of_reads_reports_before_and_after_schema_3():
     from mergekit_mergeability.decide.calibration import Calibration
-    from mergekit_mergeability.demo.run import knowledge_of
+    from mergekit_mergeability.demo.steps import knowledge_of
 
     feature = Calibration.load(None).knowledge_feature
     models = [

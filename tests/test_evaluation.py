@@ -18,7 +18,7 @@ from mergekit_mergeability.sources import load_causal_lm
 from mergekit_mergeability.cli import main
 from mergekit_mergeability.diagnostics.activations import choice_logprobs
 from mergekit_mergeability.evaluation.protocol import partners
-from mergekit_mergeability.maths.translation import corpus_scores
+from mergekit_mergeability.maths.corpus_metrics import corpus_scores
 from mergekit_mergeability.maths.retention import normalised_gain, retention
 from mergekit_mergeability.tasks import load as load_probes
 from mergekit_mergeability.tiny import derive, state_dict

@@ -12,7 +12,7 @@ import torch
 from mergekit_mergeability import tasks
 from mergekit_mergeability.tasks import probes
 from mergekit_mergeability.errors import UserError
-from mergekit_mergeability.maths import calibration as fitting
+from mergekit_mergeability.maths import fitting
 from mergekit_mergeability.maths.stats import spearman
 from mergekit_mergeability.decide import verdict
 from mergekit_mergeability.decide.calibration import Calibration, calibrate, domain, domain_check

@@ -9,7 +9,7 @@ import torch
 
 from mergekit_mergeability.sources import load_causal_lm
 from mergekit_mergeability.diagnostics.activations import choice_logprobs, score
-from mergekit_mergeability.maths import knowledge
+from mergekit_mergeability.maths import choice_scores
 from mergekit_mergeability.tasks.probes import GENERATION, Instance
 
 ALPHABET = "^abcd "  # ^ is the start token
@@ -47,55 +47,55 @@ def logp(previous: str, following: str) -> float:
 
 
 def test_multiple_choice_gap_and_correctness_by_hand():
-    scores = knowledge.multiple_choice(torch.log(torch.tensor([0.5, 0.3, 0.2])), label=1)
+    scores = choice_scores.multiple_choice(torch.log(torch.tensor([0.5, 0.3, 0.2])), label=1)
     assert scores.gap == pytest.approx(0.2) and not scores.correct
     assert scores.gold_logprob == pytest.approx(math.log(0.3))
-    right = knowledge.multiple_choice(torch.log(torch.tensor([0.5, 0.3, 0.2])), label=0)
+    right = choice_scores.multiple_choice(torch.log(torch.tensor([0.5, 0.3, 0.2])), label=0)
     assert right.gap == 0 and right.correct
 
 
 def test_generation_gap_is_the_mean_per_token_gap():
     distribution = torch.log(torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3]]))
-    scores = knowledge.generation(distribution, torch.tensor([1, 1]))
+    scores = choice_scores.generation(distribution, torch.tensor([1, 1]))
     assert scores.gap == pytest.approx(((0.7 - 0.2) + 0) / 2)
     assert scores.gold_logprob == pytest.approx(math.log(0.2) + math.log(0.6))
     assert not scores.correct
-    assert knowledge.generation(distribution, torch.tensor([0, 1])).correct
+    assert choice_scores.generation(distribution, torch.tensor([0, 1])).correct
 
 
 def test_multiple_choice_p_gold_and_letters_by_hand():
-    scores = knowledge.multiple_choice(
+    scores = choice_scores.multiple_choice(
         torch.log(torch.tensor([0.5, 0.3, 0.2])), label=1, letter_logprobs=torch.log(torch.tensor([0.1, 0.6, 0.3]))
     )
     assert scores.p_gold == pytest.approx(0.3) and scores.letter_p_gold == pytest.approx(0.6) and scores.letter_correct
     # unnormalised log-probs (continuations do not sum to 1): p(gold) is the softmax over the options
-    scores = knowledge.multiple_choice(torch.tensor([-2.0, -3.0]), label=1)
+    scores = choice_scores.multiple_choice(torch.tensor([-2.0, -3.0]), label=1)
     assert scores.p_gold == pytest.approx(1 / (1 + math.e)) and scores.letter_p_gold is None
 
 
 def test_generation_p_gold_is_the_per_token_geometric_mean():
     distribution = torch.log(torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3]]))
-    scores = knowledge.generation(distribution, torch.tensor([1, 1]))
+    scores = choice_scores.generation(distribution, torch.tensor([1, 1]))
     assert scores.p_gold == pytest.approx(math.sqrt(0.2 * 0.6)) and scores.tokens == 2
 
 
 def test_margin_is_gold_against_the_best_other_by_hand():
     options = torch.log(torch.tensor([0.5, 0.3, 0.2]))
-    assert knowledge.multiple_choice(options, label=1).margin == pytest.approx(math.log(0.3 / 0.5))
-    assert knowledge.multiple_choice(options, label=0).margin == pytest.approx(math.log(0.5 / 0.3))
-    assert knowledge.multiple_choice(torch.tensor([-1.0]), label=0).margin is None
+    assert choice_scores.multiple_choice(options, label=1).margin == pytest.approx(math.log(0.3 / 0.5))
+    assert choice_scores.multiple_choice(options, label=0).margin == pytest.approx(math.log(0.5 / 0.3))
+    assert choice_scores.multiple_choice(torch.tensor([-1.0]), label=0).margin is None
     # a generated answer is as safe as its least safe token: log(0.2/0.7) on the first, log(0.6/0.3) on the second
     distribution = torch.log(torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3]]))
-    assert knowledge.generation(distribution, torch.tensor([1, 1])).margin == pytest.approx(math.log(0.2 / 0.7))
-    assert knowledge.generation(distribution, torch.tensor([0, 1])).margin == pytest.approx(math.log(0.6 / 0.3))
+    assert choice_scores.generation(distribution, torch.tensor([1, 1])).margin == pytest.approx(math.log(0.2 / 0.7))
+    assert choice_scores.generation(distribution, torch.tensor([0, 1])).margin == pytest.approx(math.log(0.6 / 0.3))
 
 
 def test_aggregate():
     scores = [
-        knowledge.InstanceKnowledge(0.4, 0.0, True, -1.0, 1, 0.5, True, margin=0.5),
-        knowledge.InstanceKnowledge(0.2, 0.5, False, -3.0, 2, 0.1, False, margin=-1.5),
+        choice_scores.InstanceKnowledge(0.4, 0.0, True, -1.0, 1, 0.5, True, margin=0.5),
+        choice_scores.InstanceKnowledge(0.2, 0.5, False, -3.0, 2, 0.1, False, margin=-1.5),
     ]
-    assert knowledge.aggregate(scores) == knowledge.TaskKnowledge(
+    assert choice_scores.aggregate(scores) == choice_scores.TaskKnowledge(
         accuracy=0.5,
         mean_p_gold=pytest.approx(0.3),
         mean_gap=0.25,
@@ -106,7 +106,7 @@ def test_aggregate():
         instances=2,
         mean_margin=-0.5,
     )
-    assert knowledge.aggregate(scores[:1] + [replace(scores[1], margin=None)]).mean_margin is None
+    assert choice_scores.aggregate(scores[:1] + [replace(scores[1], margin=None)]).mean_margin is None
 
 
 def test_adapter_scores_continuations_of_a_controlled_model():
@@ -116,7 +116,7 @@ def test_adapter_scores_continuations_of_a_controlled_model():
     assert letters is None
     expected = [logp("b", " ") + logp(" ", c) for c in "cd"]
     assert logprobs.tolist() == pytest.approx(expected, abs=1e-5)
-    scores = knowledge.multiple_choice(logprobs, instance.label)
+    scores = choice_scores.multiple_choice(logprobs, instance.label)
     p = torch.softmax(torch.tensor(expected), dim=0)
     assert scores.gap == pytest.approx(float(p.max() - p[1]), abs=1e-5)
 

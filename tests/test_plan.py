@@ -16,9 +16,9 @@ import yaml
 from click.testing import CliRunner
 
 from mergekit_mergeability.cli import main as cli
-from mergekit_mergeability.planner import conditional as cond, decide, search
+from mergekit_mergeability.planner import conditional, deciding, search
 from mergekit_mergeability.planner.fit import load
-from mergekit_mergeability.planner.report import SCHEMA
+from mergekit_mergeability.planner.reports import SCHEMA
 from mergekit_mergeability.tiny import derive, make_adapter, state_dict
 
 from conftest import noise, ranked_probes
@@ -29,28 +29,28 @@ QUESTIONS = ["Which one is it?", "Pick the right one.", "What is the answer?"]
 CHOICES = ["Paris", "water", "fox", "dog"]
 
 
-def pool_of(gram, parts=None, conflict=None, knowledge=None, base=None) -> cond.Pool:
+def pool_of(gram, parts=None, conflict=None, knowledge=None, base=None) -> conditional.Pool:
     gram = np.asarray(gram, dtype=float)
     n = len(gram)
     norms = np.sqrt(np.diag(gram))
-    return cond.Pool(
+    return conditional.Pool(
         names=tuple(f"m{i}" for i in range(n)),
         gram=gram,
         sign_conflict=np.zeros((n, n)) if conflict is None else np.asarray(conflict, dtype=float),
         parts=norms[:, None] if parts is None else np.asarray(parts, dtype=float),
         part_names=(0,) if parts is None else tuple(range(np.asarray(parts).shape[1])),
-        expert_features=np.full((n, len(cond.EXPERT)), np.nan),
+        expert_features=np.full((n, len(conditional.EXPERT)), np.nan),
         knowledge=np.full(n, 0.5) if knowledge is None else np.asarray(knowledge, dtype=float),
         base_score=np.zeros(n) if base is None else np.asarray(base, dtype=float),
         expert_score=np.ones(n),
     )
 
 
-def only_coefficient(weight=0.2, intercept=0.5, std=0.1, mean=0.3) -> cond.ConditionalCalibration:
+def only_coefficient(weight=0.2, intercept=0.5, std=0.1, mean=0.3) -> conditional.ConditionalCalibration:
     """A calibration that reads own_coefficient alone (monotone): tests that do not depend on the shipped fit."""
     features = [{"name": "own_coefficient", "direction": 1, "mean": mean, "std": std, "weight": weight}]
     document = {"rules": {"task_arithmetic": {"model": {"intercept": intercept, "features": features}}}}
-    return cond.ConditionalCalibration.from_document(document)
+    return conditional.ConditionalCalibration.from_document(document)
 
 
 # The maths, against hand-computed values
@@ -61,11 +61,11 @@ HAND = [[4.0, 2.0, 0.0], [2.0, 9.0, -3.0], [0.0, -3.0, 1.0]]
 
 def test_own_coefficient_of_a_mean_merge_from_a_hand_built_gram():
     pool = pool_of(HAND)
-    c = cond.own_coefficients(pool, [0, 1, 2], cond.Merge("task_arithmetic"))
+    c = conditional.own_coefficients(pool, [0, 1, 2], conditional.Merge("task_arithmetic"))
     np.testing.assert_allclose(c, [(4 + 2 + 0) / 3 / 4, (2 + 9 - 3) / 3 / 9, (0 - 3 + 1) / 3 / 1])
-    weighted = cond.with_weights(cond.Merge("task_arithmetic"), {"m0": 1.0, "m1": 0.5, "m2": 2.0})
+    weighted = conditional.with_weights(conditional.Merge("task_arithmetic"), {"m0": 1.0, "m1": 0.5, "m2": 2.0})
     np.testing.assert_allclose(
-        cond.own_coefficients(pool, [0, 1, 2], weighted), [(4 + 1) / 4, (2 + 4.5 - 6) / 9, (-1.5 + 2) / 1]
+        conditional.own_coefficients(pool, [0, 1, 2], weighted), [(4 + 1) / 4, (2 + 4.5 - 6) / 9, (-1.5 + 2) / 1]
     )
     # the precheck's kept share is c_i / w_i: ``predict.kept_shares`` from norms and cosines agrees
     from mergekit_mergeability.decide.verdict import kept_shares
@@ -76,13 +76,13 @@ def test_own_coefficient_of_a_mean_merge_from_a_hand_built_gram():
     }
     kept = kept_shares({"m0": 1.0, "m1": 0.5, "m2": 2.0}, norms, cosines)
     np.testing.assert_allclose(
-        [kept[f"m{i}"] * w for i, w in enumerate((1.0, 0.5, 2.0))], cond.own_coefficients(pool, [0, 1, 2], weighted)
+        [kept[f"m{i}"] * w for i, w in enumerate((1.0, 0.5, 2.0))], conditional.own_coefficients(pool, [0, 1, 2], weighted)
     )
 
 
 def test_partner_features_by_hand():
     conflict = [[0, 0.4, 0.5], [0.4, 0, 0.6], [0.5, 0.6, 0]]
-    features = cond.conditional_features(pool_of(HAND, conflict=conflict), [0, 1, 2], cond.Merge("task_arithmetic"))
+    features = conditional.conditional_features(pool_of(HAND, conflict=conflict), [0, 1, 2], conditional.Merge("task_arithmetic"))
     # τ0·(τ1 + τ2) = 2, ‖τ1 + τ2‖² = 9 + 1 − 6 = 4, ‖τ0‖ = 2
     assert features["partner_cosine"][0] == pytest.approx(2 / (2 * 2))
     # τ2·(τ0 + τ1) = −3, ‖τ0 + τ1‖² = 4 + 9 + 4 = 17
@@ -108,7 +108,7 @@ def test_over_the_whole_pool_the_partner_features_are_the_precheck_interference(
         for j in range(i + 1, 6)
     }
     theirs = interference(names, torch.tensor(gram), pairs)
-    ours = cond.conditional_features(pool_of(gram, conflict=conflict), range(6), cond.Merge("task_arithmetic"))
+    ours = conditional.conditional_features(pool_of(gram, conflict=conflict), range(6), conditional.Merge("task_arithmetic"))
     np.testing.assert_allclose(ours["partner_cosine"], [theirs[m]["pool_cosine"] for m in names])
     np.testing.assert_allclose(ours["partner_sign_conflict"], [theirs[m]["mean_sign_conflict"] for m in names])
 
@@ -138,7 +138,7 @@ def test_ties_approximation_matches_mergekits_ties_on_gaussian_task_vectors(dens
         .numpy()
     )
     exact = merged @ vectors / np.sum(vectors * vectors, axis=0)
-    approx = cond.own_coefficients(pool, range(6), cond.Merge("ties", density=density))
+    approx = conditional.own_coefficients(pool, range(6), conditional.Merge("ties", density=density))
     assert np.abs(approx - exact).max() < 0.07, (approx, exact)
     assert np.abs(approx - exact).mean() < 0.03
 
@@ -162,8 +162,8 @@ def test_trimming_by_knowledge_matches_the_knowledge_weighted_merge_on_gaussian_
             tensors, "knowledge_weighted", base_index=0, parameters={**parameters, "density_by_knowledge": by_knowledge}
         )
         exact[by_knowledge] = merged.double().numpy() @ vectors / np.sum(vectors * vectors, axis=0)
-        merge = cond.Merge("knowledge_weighted", temperature=0.3, ties=True, density=0.5, by_knowledge=by_knowledge)
-        approx[by_knowledge] = cond.own_coefficients(pool, range(5), merge)
+        merge = conditional.Merge("knowledge_weighted", temperature=0.3, ties=True, density=0.5, by_knowledge=by_knowledge)
+        approx[by_knowledge] = conditional.own_coefficients(pool, range(5), merge)
         assert np.abs(approx[by_knowledge] - exact[by_knowledge]).max() < 0.07
     # the change trimming by knowledge makes (up to −0.07 here), on the same sampled coordinates
     change, predicted = exact[True] - exact[False], approx[True] - approx[False]
@@ -180,43 +180,43 @@ def test_ties_never_dilutes_updates_on_disjoint_layers_but_a_mean_does():
     parts = [[1.0, 0.0], [0.0, 2.0]]
     pool = pool_of([[1.0, 0.0], [0.0, 4.0]], parts=parts)
     np.testing.assert_allclose(
-        cond.own_coefficients(pool, [0, 1], cond.Merge("ties", density=0.5)), [trimmed, trimmed], atol=0.01
+        conditional.own_coefficients(pool, [0, 1], conditional.Merge("ties", density=0.5)), [trimmed, trimmed], atol=0.01
     )
     np.testing.assert_allclose(
-        cond.own_coefficients(pool, [0, 1], cond.Merge("ties", density=1.0)), [1.0, 1.0], atol=1e-6
+        conditional.own_coefficients(pool, [0, 1], conditional.Merge("ties", density=1.0)), [1.0, 1.0], atol=1e-6
     )
     # ties' lambda (knowledge_weighted's scale) multiplies the disjoint mean: the weights divide out, it does not
     for merge in (
-        cond.Merge("ties", density=1.0, scale=0.5),
-        cond.Merge("knowledge_weighted", temperature=0.3, ties=True, scale=0.5),
+        conditional.Merge("ties", density=1.0, scale=0.5),
+        conditional.Merge("knowledge_weighted", temperature=0.3, ties=True, scale=0.5),
     ):
-        np.testing.assert_allclose(cond.own_coefficients(pool, [0, 1], merge), [0.5, 0.5], atol=1e-6)
-    np.testing.assert_allclose(cond.own_coefficients(pool, [0, 1], cond.Merge("task_arithmetic")), [0.5, 0.5])
+        np.testing.assert_allclose(conditional.own_coefficients(pool, [0, 1], merge), [0.5, 0.5], atol=1e-6)
+    np.testing.assert_allclose(conditional.own_coefficients(pool, [0, 1], conditional.Merge("task_arithmetic")), [0.5, 0.5])
 
 
 def test_cancelling_updates_keep_nothing_along_their_own_direction_under_either_merge():
     pool = pool_of([[1.0, -1.0], [-1.0, 1.0]])
-    np.testing.assert_allclose(cond.own_coefficients(pool, [0, 1], cond.Merge("task_arithmetic")), [0, 0], atol=1e-12)
+    np.testing.assert_allclose(conditional.own_coefficients(pool, [0, 1], conditional.Merge("task_arithmetic")), [0, 0], atol=1e-12)
     # sampling error ~0.04 (the coordinates' sign election is a coin flip here); an unrelated pair keeps ~0.6
-    np.testing.assert_allclose(cond.own_coefficients(pool, [0, 1], cond.Merge("ties", density=0.5)), [0, 0], atol=0.08)
+    np.testing.assert_allclose(conditional.own_coefficients(pool, [0, 1], conditional.Merge("ties", density=0.5)), [0, 0], atol=0.08)
 
 
 def test_layer_selective_keeps_the_upper_models_own_upper_layers():
     parts = [[1.0, 1.0], [1.0, 1.0]]  # each update: half its energy below the cut-off, half above
     pool = pool_of([[2.0, 0.0], [0.0, 2.0]], parts=parts, knowledge=[0.9, 0.1])
-    merge = cond.Merge("layer_selective", cutoff=1)
+    merge = conditional.Merge("layer_selective", cutoff=1)
     # upper = the member the base knows least (m1): its own upper half whole, its lower half halved
-    np.testing.assert_allclose(cond.own_coefficients(pool, [0, 1], merge), [0.25, 0.75])
+    np.testing.assert_allclose(conditional.own_coefficients(pool, [0, 1], merge), [0.25, 0.75])
 
 
 def test_a_prediction_falls_back_to_the_nearest_measured_rule_and_says_so():
     calibration = only_coefficient()
     pool = pool_of(HAND)
-    ties = calibration.predict(pool, [0, 1], cond.Merge("ties", density=0.5))
+    ties = calibration.predict(pool, [0, 1], conditional.Merge("ties", density=0.5))
     assert ties.rule == "task_arithmetic" and ties.fallback
-    mean = calibration.predict(pool, [0, 1], cond.Merge("task_arithmetic"))
+    mean = calibration.predict(pool, [0, 1], conditional.Merge("task_arithmetic"))
     assert mean.rule == "task_arithmetic" and not mean.fallback
-    alone = calibration.predict(pool, [2], cond.Merge("task_arithmetic"))
+    alone = calibration.predict(pool, [2], conditional.Merge("task_arithmetic"))
     assert alone.rule == "alone" and alone.values.tolist() == [1.0]
 
 
@@ -233,7 +233,7 @@ def test_shipped_calibration_reads_own_coefficient_and_records_how_to_refit_it()
 # The search
 
 
-def _random_pool(seed: int, n: int) -> cond.Pool:
+def _random_pool(seed: int, n: int) -> conditional.Pool:
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((n, 3))
     gram = a @ a.T + np.diag(rng.uniform(0.2, 1.0, n))
@@ -245,7 +245,7 @@ def _random_pool(seed: int, n: int) -> cond.Pool:
 def test_search_finds_the_best_assignment_on_pools_small_enough_to_enumerate(seed, slots):
     pool = _random_pool(seed, 6)
     calibration = only_coefficient()
-    merges = [cond.Merge("task_arithmetic"), cond.Merge("ties", density=0.5)]
+    merges = [conditional.Merge("task_arithmetic"), conditional.Merge("ties", density=0.5)]
     score = lambda members, merge: calibration.predict(pool, list(members), merge, domain=False).values  # noqa: E731
     found = search.search(len(pool), merges, slots, score, pool.base_score)
     best = search.exhaustive(len(pool), merges, slots, score, pool.base_score)
@@ -262,7 +262,7 @@ def test_search_finds_a_planted_group():
     np.fill_diagonal(gram, 1.0)
     pool = pool_of(gram, base=[0.0] * 4 + [0.6] * 4)
     calibration = only_coefficient()
-    merges = [cond.Merge("task_arithmetic")]
+    merges = [conditional.Merge("task_arithmetic")]
     score = lambda members, merge: calibration.predict(pool, list(members), merge, domain=False).values  # noqa: E731
     found = search.search(8, merges, 1, score, pool.base_score)
     assert found.slots[0].members == (0, 1, 2, 3)
@@ -427,8 +427,8 @@ def test_a_pool_folder_without_a_probe_for_a_member_is_refused(llama, tmp_path):
 def test_decide_states_the_objective_and_its_references(cancelling):
     root, config, out, _ = cancelling
     report = json.loads((out / "precheck.json").read_text())
-    merges, _ = decide.candidate_merges(report, ["task_arithmetic", "ties"])
-    decision = decide.decide(report, load(), merges, 1)
+    merges, _ = deciding.candidate_merges(report, ["task_arithmetic", "ties"])
+    decision = deciding.decide(report, load(), merges, 1)
     alone = decision.references["alone"].total
     assert decision.references["base"].total <= decision.objective <= alone
     assert decision.objective == pytest.approx(decision.objective_of([(p.members, p.merge) for p in decision.planned]))
@@ -459,7 +459,7 @@ def test_the_commands_default_methods_are_the_plans():
     from mergekit_mergeability.cli import plan as command
 
     default = next(p.default for p in command.params if p.name == "methods")
-    assert default.split(",") == list(decide.DEFAULT_METHODS)
+    assert default.split(",") == list(deciding.DEFAULT_METHODS)
 
 
 def test_a_layer_selective_model_runs_with_mergekit_and_keeps_its_upper_models_top(cancelling, tmp_path):
@@ -467,16 +467,16 @@ def test_a_layer_selective_model_runs_with_mergekit_and_keeps_its_upper_models_t
     a planned layer_selective model's config runs with the stock mergekit-yaml: blocks below the
     cut-off merged, above it the upper model's own."""
     from mergekit_mergeability.sources.architecture import tensor_position
-    from mergekit_mergeability.planner import report as reports, run as planning
+    from mergekit_mergeability.planner import reports, planning
     from mergekit_mergeability import config as merge_config
 
     root, config, out, (a, b, c) = cancelling
     report = json.loads((out / "precheck.json").read_text())
     report["layers"]["cutoff"] = 2
-    merges, notes = decide.candidate_merges(report, ["layer_selective"])
-    assert merges == [cond.Merge("layer_selective", cutoff=2)] and not notes
+    merges, notes = deciding.candidate_merges(report, ["layer_selective"])
+    assert merges == [conditional.Merge("layer_selective", cutoff=2)] and not notes
     spec = merge_config.read(config)
-    decision = decide.decide(report, load(), merges, 1, names=spec.models)
+    decision = deciding.decide(report, load(), merges, 1, names=spec.models)
     members = (spec.models.index(str(a)), spec.models.index(str(c)))
     planning.choose(decision, [(members, merges[0])])
     document = reports.document(decision, spec, report, load(), {})
@@ -509,11 +509,11 @@ def test_a_layer_selective_model_runs_with_mergekit_and_keeps_its_upper_models_t
 
 
 def test_the_precheck_weighs_knowledge_weighted_against_ties_on_the_same_merge(cancelling):
-    from mergekit_mergeability.planner import fit as fitting
-    from mergekit_mergeability.planner.decide import knowledge_weighted_against_ties as against
+    from mergekit_mergeability.planner import fit
+    from mergekit_mergeability.planner.deciding import knowledge_weighted_against_ties as against
 
     _, _, out, _ = cancelling
-    report, shipped = json.loads((out / "precheck.json").read_text()), fitting.load()
+    report, shipped = json.loads((out / "precheck.json").read_text()), fit.load()
     kw, ties = against(report, shipped)
     assert 0 <= kw <= 1 and 0 <= ties <= 1
     recorded = report["recommendation"]["knowledge_weighted_against_ties"]
@@ -530,6 +530,6 @@ def test_the_rest_of_an_update_that_is_rounding_residue_is_no_part():
     not become a part of its own (it would add samples and move every coordinate: an adapter pool
     and the same pool materialised planned apart). A real rest of norm 1 stays."""
     layers = {"layer_update_norm": [3.0, 4.0]}
-    parts, names = cond._parts([layers, layers, layers], np.array([5.0, 5.0 + 1e-7, math.sqrt(26.0)]))
+    parts, names = conditional._parts([layers, layers, layers], np.array([5.0, 5.0 + 1e-7, math.sqrt(26.0)]))
     assert names[-1] == "rest"
     np.testing.assert_allclose(parts[:, -1], [0.0, 0.0, 1.0])

@@ -93,11 +93,11 @@ def ungated(monkeypatch):
     """The knowledge_weighted advice without its gate against TIES: these tests are of what the
     advice holds; whether it beats TIES on two tiny experts is the rehearsal's (or the plan's
     prediction's) to say (tests/test_formats.py, test_dilution.py and test_plan.py test the gate)."""
-    import mergekit_mergeability.decide as deciding
-    from mergekit_mergeability.planner import decide
+    from mergekit_mergeability import decide
+    from mergekit_mergeability.planner import deciding
 
-    monkeypatch.setattr(decide, "knowledge_weighted_against_ties", lambda report, calibration: None)
-    monkeypatch.setattr(deciding, "_against_ties", lambda experts, predicted: (None, None))
+    monkeypatch.setattr(deciding, "knowledge_weighted_against_ties", lambda report, calibration: None)
+    monkeypatch.setattr(decide, "_against_ties", lambda experts, predicted: (None, None))
 
 
 def test_weakly_known_probes_lead_to_knowledge_weighting(tmp_path, pool, ungated):

@@ -20,7 +20,7 @@ from mergekit_mergeability.diagnostics.selectivity import (
     activation_probabilities,
     probe_groups,
 )
-from mergekit_mergeability.maths import selectivity as lape
+from mergekit_mergeability.maths import lape
 from mergekit_mergeability.decide.verdict import cutoff_from_curve, decide_cutoff, divergence_curve
 from mergekit_mergeability.output.precheck import SCHEMA
 from mergekit_mergeability.settings import PrecheckSettings

@@ -18,9 +18,9 @@ from mergekit_mergeability.sources import load_causal_lm
 from mergekit_mergeability.cli import main
 from mergekit_mergeability.tasks import lmeval
 from mergekit_mergeability.sources.cache import Cache
-from mergekit_mergeability.interpolation import models as sweep_models
+from mergekit_mergeability.interpolation import models
 from mergekit_mergeability.interpolation.answers import GenerationTask
-from mergekit_mergeability.interpolation.report import SCHEMA
+from mergekit_mergeability.interpolation.outputs import SCHEMA
 from mergekit_mergeability.tiny import state_dict
 
 from conftest import widened
@@ -113,7 +113,7 @@ def test_greedy_scores_are_the_known_answers_and_lm_evals_own(world, tmp_path):
 
 
 def test_layers_and_modules_restrict_which_tensors_are_interpolated(world):
-    ends = sweep_models.endpoints(str(world["a"]), str(world["b"]))
+    ends = models.endpoints(str(world["a"]), str(world["b"]))
     a, b = state_dict(world["a"]), state_dict(world["b"])
     expected = {
         ((1, 2), "mlp"): {f"model.layers.{i}.mlp.{p}_proj.weight" for i in (1, 2) for p in ("gate", "up", "down")},
@@ -121,16 +121,16 @@ def test_layers_and_modules_restrict_which_tensors_are_interpolated(world):
         ((0,), None): {n for n in a if n.startswith("model.layers.0.")},
     }
     for (layers, modules), names in expected.items():
-        interpolated, differing = sweep_models.plan(ends, sweep_models.Selection(frozenset(layers), modules))
+        interpolated, differing = models.plan(ends, models.Selection(frozenset(layers), modules))
         assert set(interpolated) == names and differing == len(a)
-        patch = sweep_models.interpolate(ends, interpolated, 0.3)
+        patch = models.interpolate(ends, interpolated, 0.3)
         assert set(patch) == names
         for name in names:
             assert torch.allclose(patch[name], 0.7 * a[name] + 0.3 * b[name], atol=1e-7)
-    everything, _ = sweep_models.plan(ends, sweep_models.Selection())
+    everything, _ = models.plan(ends, models.Selection())
     assert set(everything) == set(a)  # embeddings and norms too
     with pytest.raises(Exception, match="beyond the model's 4 layers"):
-        sweep_models.plan(ends, sweep_models.Selection(frozenset({9})))
+        models.plan(ends, models.Selection(frozenset({9})))
 
 
 def test_task_vectors_of_a_base(world, tmp_path):
@@ -139,14 +139,14 @@ def test_task_vectors_of_a_base(world, tmp_path):
     (tmp_path / "ta").mkdir(), (tmp_path / "tb").mkdir()
     save_file({up: torch.ones_like(base[up]), q: torch.full_like(base[q], 2.0)}, tmp_path / "ta" / "model.safetensors")
     save_file({up: torch.full_like(base[up], 3.0)}, tmp_path / "tb" / "model.safetensors")
-    ends = sweep_models.endpoints(str(tmp_path / "ta"), str(tmp_path / "tb"), str(world["a"]))
-    interpolated, _ = sweep_models.plan(ends, sweep_models.Selection(frozenset({1})))
-    patch = sweep_models.interpolate(ends, interpolated, 0.25)
+    ends = models.endpoints(str(tmp_path / "ta"), str(tmp_path / "tb"), str(world["a"]))
+    interpolated, _ = models.plan(ends, models.Selection(frozenset({1})))
+    patch = models.interpolate(ends, interpolated, 0.25)
     assert interpolated == [up]
     assert torch.allclose(patch[up], base[up] + 0.75 * 1 + 0.25 * 3)
     assert torch.equal(patch[q], base[q] + 2)  # not interpolated: A's, which the loaded base lacks
     with pytest.raises(Exception, match="a model, but with --base"):
-        sweep_models.endpoints(str(world["b"]), str(tmp_path / "tb"), str(world["a"]))
+        models.endpoints(str(world["b"]), str(tmp_path / "tb"), str(world["a"]))
     args = [
         "sweep",
         str(tmp_path / "ta"),
@@ -196,9 +196,9 @@ def test_chosen_yml_runs_with_the_stock_mergekit_yaml_and_builds_the_swept_model
     )
     assert merged.exit_code == 0, merged.output
     a, out = state_dict(world["a"]), state_dict(tmp_path / "merged")
-    ends = sweep_models.endpoints(str(world["a"]), str(world["b"]))
-    interpolated, _ = sweep_models.plan(ends, sweep_models.Selection(frozenset({1, 2}), "mlp"))
-    swept = sweep_models.interpolate(ends, interpolated, lam)
+    ends = models.endpoints(str(world["a"]), str(world["b"]))
+    interpolated, _ = models.plan(ends, models.Selection(frozenset({1, 2}), "mlp"))
+    swept = models.interpolate(ends, interpolated, lam)
     assert report["tensors"]["interpolated"] == len(swept) == 6
     saved = state_dict(tmp_path / "out" / "chosen")  # --save-chosen: the same model, written from memory
     assert report["chosen_model"] == str(tmp_path / "out" / "chosen") and saved.keys() == out.keys()
@@ -287,7 +287,7 @@ def test_bad_input_is_one_line_before_any_work(world, tmp_path, monkeypatch, cha
 
 def test_the_cache_key_covers_what_changes_a_score(world):
     from mergekit_mergeability.settings import SweepSettings
-    from mergekit_mergeability.interpolation.run import Sweep, grid
+    from mergekit_mergeability.interpolation.sweeping import Sweep, grid
 
     def key(**changes):
         settings = SweepSettings(lambdas=grid("0,1"), **changes)

@@ -7,7 +7,7 @@ import pytest
 
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.maths import sampling, stages
-from mergekit_mergeability.interpolation.run import grid
+from mergekit_mergeability.interpolation.sweeping import grid
 
 
 def _subsets_with_a_hit(n, c, k):

@@ -29,7 +29,7 @@ from mergekit_mergeability.decide.features import (
 )
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.files import SCHEMA_VERSION, read_report
-from mergekit_mergeability.maths import calibration as fitting
+from mergekit_mergeability.maths import fitting
 from mergekit_mergeability.maths.stats import correlate
 
 DEFAULT = Path(__file__).with_name("calibration.json")

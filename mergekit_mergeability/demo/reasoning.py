@@ -75,15 +75,15 @@ def sweep(demo) -> Dict[str, Any]:
 
     from mergekit_mergeability.settings import SweepSettings
     from mergekit_mergeability.sources.cache import Cache
-    from mergekit_mergeability.interpolation import report as outputs, run
+    from mergekit_mergeability.interpolation import outputs, sweeping
     from mergekit_mergeability.output.terminal import print_sweep
 
     demo.console.rule("6. interpolation sweep: instruct → thinking (paper 2)")
     thinking = thinking_model(demo)
     # what demo.run_settings() runs with, at the sweep's limit
     run_settings = replace(demo.run_settings(), limit=demo.s.sweep_limit)
-    settings = SweepSettings(**vars(run_settings), lambdas=run.grid(LAMBDAS))
-    report, done = run.run(
+    settings = SweepSettings(**vars(run_settings), lambdas=sweeping.grid(LAMBDAS))
+    report, done = sweeping.run(
         str(demo.base()), str(thinking), None, TASK, settings, Cache(demo.cache / "sweep" / "scores")
     )
     outputs.write(report, done, demo.out / "sweep")

@@ -54,7 +54,7 @@ import torch
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, ModelInput, Need
 from mergekit_mergeability.diagnostics.knowledge import scores
 from mergekit_mergeability.errors import UserError
-from mergekit_mergeability.maths import knowledge
+from mergekit_mergeability.maths import choice_scores
 from mergekit_mergeability.maths.merging import COMPARED, DEFAULT_DENSITY, DEFAULT_TEMPERATURE, elected
 from mergekit_mergeability.maths.merging import knowledge_weights, threshold_in_blocks
 from mergekit_mergeability.planned import Planned, merged
@@ -204,7 +204,7 @@ def partnered(module, tokenizer, model: ModelInput, advance, settings) -> Dict[s
     100 so that every score lies in [0, 1]), ``--limit`` items."""
     from mergekit_mergeability.tasks.harness import TRANSLATION_METRICS, score
 
-    view = asdict(knowledge.aggregate(scores(module, tokenizer, list(model.probes), advance)))
+    view = asdict(choice_scores.aggregate(scores(module, tokenizer, list(model.probes), advance)))
     found: Dict[str, Any] = {"partnered_accuracy": view["accuracy"], "partnered_mean_p_gold": view["mean_p_gold"]}
     if model.task is not None:
         scored = score(module, tokenizer, model.task, settings.limit, settings.batch_size, str(module.device))
@@ -280,7 +280,7 @@ class Dilution:
             for model in models:
                 own = (model.path, self.share, touched[model.name])
                 with mixed(module, base, [own]):
-                    view = asdict(knowledge.aggregate(scores(module, tokenizer, list(model.probes), advance)))
+                    view = asdict(choice_scores.aggregate(scores(module, tokenizer, list(model.probes), advance)))
                 result.per_model[model.name] = {
                     "share": self.share,
                     "diluted_accuracy": view["accuracy"],
@@ -319,7 +319,7 @@ class Dilution:
         with the configured weights; both at the configured update size ``scale``."""
 
         def asked(model) -> dict:
-            return asdict(knowledge.aggregate(scores(module, tokenizer, list(model.probes), advance)))
+            return asdict(choice_scores.aggregate(scores(module, tokenizer, list(model.probes), advance)))
 
         known = [asked(model)["mean_p_gold"] for model in models]
         weights = [m.weight for m in models]

@@ -23,7 +23,7 @@ from pathlib import Path
 from mergekit_mergeability import distributed
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, Need
 from mergekit_mergeability.diagnostics.activations import choice_logprobs
-from mergekit_mergeability.maths import knowledge
+from mergekit_mergeability.maths import choice_scores
 from mergekit_mergeability.progress import task
 from mergekit_mergeability.sources import load_causal_lm
 from mergekit_mergeability.tasks import probes
@@ -77,9 +77,9 @@ def base_knowledge(inputs: DiagnosticInputs) -> DiagnosticResult:
             recast = [i for i, a in zip(scored[name], asked) if not _same_request(i, a)]
             again = iter(scores(model, tokenizer, recast, advance))
             as_task = [s if _same_request(i, a) else next(again) for i, a, s in zip(scored[name], asked, paper)]
-            view = asdict(knowledge.aggregate(as_task))
+            view = asdict(choice_scores.aggregate(as_task))
             result.per_model[name] = {
-                **asdict(knowledge.aggregate(paper)),
+                **asdict(choice_scores.aggregate(paper)),
                 "fewshot": shots,
                 **{f"scored_{key}": view[key] for key in SCORED},
                 **scored_format(scored[name]),
@@ -126,8 +126,8 @@ def _same_request(a: probes.Instance, b: probes.Instance) -> bool:
 def scores(model, tokenizer, instances, advance):
     """Per instance, its knowledge scores (``maths.knowledge``) from ``model``; ``advance`` counts sequences."""
     return [
-        knowledge.multiple_choice(scored[0], instance.label, scored[1])
+        choice_scores.multiple_choice(scored[0], instance.label, scored[1])
         if instance.kind == probes.MULTIPLE_CHOICE
-        else knowledge.generation(*scored)
+        else choice_scores.generation(*scored)
         for instance, scored in zip(instances, choice_logprobs(model, tokenizer, instances, progress=advance))
     ]

@@ -33,7 +33,7 @@ import torch
 from mergekit_mergeability import distributed
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need, stored
 from mergekit_mergeability.diagnostics.activations import encode, pad
-from mergekit_mergeability.maths import selectivity as lape
+from mergekit_mergeability.maths import lape
 from mergekit_mergeability.names import short_names
 from mergekit_mergeability.progress import task
 from mergekit_mergeability.settings import SELECTIVITY_SPANS as SPANS

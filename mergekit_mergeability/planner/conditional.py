@@ -45,7 +45,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mergekit_mergeability.maths import calibration as fitting
+from mergekit_mergeability.maths import fitting
 from mergekit_mergeability.maths.merging import DEFAULT_TEMPERATURE
 from mergekit_mergeability.decide.features import CALIBRATED, features as expert_features
 from mergekit_mergeability.decide.verdict import KEPT_CAP

@@ -29,9 +29,9 @@ import numpy as np
 
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.files import SCHEMA_VERSION, read_report, write_atomic
-from mergekit_mergeability.maths import calibration as fitting
-from mergekit_mergeability.planner import conditional as cond
-from mergekit_mergeability.planner.decide import merge_of
+from mergekit_mergeability.maths import fitting
+from mergekit_mergeability.planner import conditional
+from mergekit_mergeability.planner.deciding import merge_of
 
 DEFAULT = Path(__file__).with_name("conditional.json")
 PRECHECK_FIELDS = ("path", "role", "knowledge", "weights")
@@ -41,7 +41,7 @@ PRECHECK_FIELDS = ("path", "role", "knowledge", "weights")
 class Rows:
     """Measured trials as design rows: one per trial (the expert's row in its merge)."""
 
-    x: np.ndarray  # (trials, len(cond.FEATURES))
+    x: np.ndarray  # (trials, len(conditional.FEATURES))
     y: np.ndarray  # (trials,) the expert's own-task score in that trial
     expert: List[str]  # the expert's path: the unit held out (with all its trials, from every pool)
     pool: List[str]  # its family: pools that share experts, held out and ranked within together
@@ -50,11 +50,11 @@ class Rows:
     sources: List[Dict[str, Any]]  # per pool: files, method, partners, trials, experts
 
 
-def load(path: Optional[Path] = None) -> cond.ConditionalCalibration:
+def load(path: Optional[Path] = None) -> conditional.ConditionalCalibration:
     path = Path(path or DEFAULT)
     try:
         document = json.loads(path.read_text())
-        return cond.ConditionalCalibration.from_document({**document, "path": str(path)})
+        return conditional.ConditionalCalibration.from_document({**document, "path": str(path)})
     except FileNotFoundError:
         raise UserError(f"--calibration {path}: no such file; write one with `python benchmarks/plan.py fit`") from None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError, UnicodeDecodeError):
@@ -109,13 +109,13 @@ def trials(folder: Path) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
 
 def measured_rows(pairs: Sequence[Tuple[Path, Path]]) -> Rows:
     """Every trial of every (precheck.json, mergeability folder) pair, as design rows."""
-    names = list(cond.FEATURES)
+    names = list(conditional.FEATURES)
     xs, ys, experts, pools, rules, sizes, sources = [], [], [], [], [], [], []
     for number, (precheck_path, folder) in enumerate(pairs):
         report = read_report(precheck_path, "precheck", PRECHECK_FIELDS)
         found, summary = trials(folder)
         measured = {m["path"]: m.get("expert_score") for m in summary.get("models", [])}
-        pool = cond.from_report(report, expert_scores={k: v for k, v in measured.items() if v is not None})
+        pool = conditional.from_report(report, expert_scores={k: v for k, v in measured.items() if v is not None})
         label = f"{Path(precheck_path).parent.parent.name}/{Path(folder).name}"
         kept = 0
         for row in found:
@@ -123,7 +123,7 @@ def measured_rows(pairs: Sequence[Tuple[Path, Path]]) -> Rows:
             if any(m not in pool.names for m in members):
                 continue  # a trial of a model this precheck did not measure
             merge = merge_of(row["method"], row["parameters"], row["per_model"], members)
-            x = cond.design(pool, [pool.index(m) for m in members], merge, names)[0]
+            x = conditional.design(pool, [pool.index(m) for m in members], merge, names)[0]
             xs.append(x)
             ys.append(row["score"])
             experts.append(row["model"])
@@ -183,7 +183,7 @@ NEEDS_SIZES = ("partner_cosine", "partner_sign_conflict", "merged_count")
 def features_for(sizes: Sequence[int]) -> List[str]:
     """The features a rule's model is fitted on, given the merge sizes its trials span."""
     several = len(set(sizes)) > 1
-    return [name for name in cond.FEATURES if several or name not in NEEDS_SIZES]
+    return [name for name in conditional.FEATURES if several or name not in NEEDS_SIZES]
 
 
 def fit(rows: Rows, permutations: int = 0, seed: int = 0, resamples: int = 1000) -> Dict[str, Any]:
@@ -197,12 +197,12 @@ def fit(rows: Rows, permutations: int = 0, seed: int = 0, resamples: int = 1000)
         chosen = features_for(sizes.tolist())
         variants = {
             "fitted": chosen,
-            "expert_features_only": [n for n in chosen if n in cond.EXPERT],
-            "all_features": list(cond.FEATURES),
+            "expert_features_only": [n for n in chosen if n in conditional.EXPERT],
+            "all_features": list(conditional.FEATURES),
         }
-        columns = {name: rows.x[at][:, list(cond.FEATURES).index(name)] for name in cond.FEATURES}
+        columns = {name: rows.x[at][:, list(conditional.FEATURES).index(name)] for name in conditional.FEATURES}
         x = np.column_stack([columns[n] for n in chosen])
-        model = fitting.fit(x, y, chosen, [cond.FEATURES[n] for n in chosen])
+        model = fitting.fit(x, y, chosen, [conditional.FEATURES[n] for n in chosen])
         ranges = {}
         for name, column in columns.items():
             column = column[~np.isnan(column)]
@@ -224,7 +224,7 @@ def fit(rows: Rows, permutations: int = 0, seed: int = 0, resamples: int = 1000)
             predicted = {}
             for label, names in variants.items():
                 xv = np.column_stack([columns[n] for n in names])
-                directions = [cond.FEATURES[n] for n in names]
+                directions = [conditional.FEATURES[n] for n in names]
                 predicted[label] = _clip(fitting.held_out_predictions(xv, y, groups, names, directions, by_group=True))
             cells = {str(size): sizes == size for size in sorted(set(sizes.tolist()))}
             judged[rule][how] = {
@@ -248,7 +248,7 @@ def fit(rows: Rows, permutations: int = 0, seed: int = 0, resamples: int = 1000)
                     experts,
                     pools,
                     chosen,
-                    [cond.FEATURES[n] for n in chosen],
+                    [conditional.FEATURES[n] for n in chosen],
                     permutations,
                     seed,
                     judged[rule][how]["all"]["spearman"],
@@ -257,8 +257,8 @@ def fit(rows: Rows, permutations: int = 0, seed: int = 0, resamples: int = 1000)
         "schema_version": SCHEMA_VERSION,
         "kind": "conditional calibration",
         "target": "the expert's own-task score in one measured merge (a trial)",
-        "features": dict(cond.FEATURES),
-        "knowledge_feature": cond.KNOWLEDGE_FEATURE,
+        "features": dict(conditional.FEATURES),
+        "knowledge_feature": conditional.KNOWLEDGE_FEATURE,
         "fitted_only_with_several_sizes": list(NEEDS_SIZES),
         "rules": fitted,
         "pools": rows.sources,

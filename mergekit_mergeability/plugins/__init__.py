@@ -1,7 +1,7 @@
 """Plugin glue: the hooks a plugin implements (``hookspecs``, each with its failure policy), their
 discovery (``manager``), the import hook into mergekit (``hook``), the package's own plugin (``builtin``),
 and plan-time checks of plugin methods and the precheck's dry run of mergekit's planning
-(``planning``). The opt-in pre-merge gate, which runs the precheck, is ``mergekit_mergeability.gate``.
+(``plan_checks``). The opt-in pre-merge gate, which runs the precheck, is ``mergekit_mergeability.gate``.
 
 A plugin marks its hooks with ``hookimpl``, imported from here:
 

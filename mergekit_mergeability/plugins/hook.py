@@ -4,7 +4,7 @@ mergekit 0.1.5 has no plugin discovery, so the package registers its plugins'
 methods the moment ``mergekit.merge_methods`` is imported, wherever that happens:
 in the stock ``mergekit-yaml`` (through the ``.pth`` file the wheel installs), or
 in user code after ``import mergekit_mergeability`` (``install``). It also checks
-plugin methods' configs before mergekit plans them (``planning``), then calls what
+plugin methods' configs before mergekit plans them (``plan_checks``), then calls what
 ``install`` was given (the opt-in pre-merge gate). Installing the hook imports neither
 torch nor mergekit.
 """
@@ -91,7 +91,7 @@ _before_planning: List[Callable[[Any], None]] = []  # called with each MergeConf
 
 def _check_configs_before_planning(module: ModuleType) -> None:
     from mergekit_mergeability.errors import UserError
-    from mergekit_mergeability.plugins.planning import check_before_planning
+    from mergekit_mergeability.plugins.plan_checks import check_before_planning
 
     planner = module.MergePlanner
     if getattr(planner.normalize_config, "_mergeability_checked", False):

@@ -47,7 +47,7 @@ def mergeability_merge_methods() -> Sequence["MergeMethod"]:
     plans or writes anything, and a bad value stops the merge with a one-line
     error naming the model. A method object may also define
     ``check_config(views)``: it receives a list of
-    ``mergekit_mergeability.plugins.planning.SliceView`` (resolved parameters per output
+    ``mergekit_mergeability.plugins.plan_checks.SliceView`` (resolved parameters per output
     slice, the model depth, the base model) and raises
     ``mergekit_mergeability.errors.UserError`` to reject the config.
     """

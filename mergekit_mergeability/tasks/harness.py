@@ -49,7 +49,7 @@ def score(
         "samples": int(raw.get("sample_len", 0) or len(samples)),
     }
     if TRANSLATION_METRICS & metrics.keys() and samples:
-        from mergekit_mergeability.maths.translation import corpus_scores
+        from mergekit_mergeability.maths.corpus_metrics import corpus_scores
 
         translation = corpus_scores(
             [_text(s["filtered_resps"]) for s in samples], [_text(s["target"]) for s in samples]

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 import yaml
 from rich.console import Console
 
-from mergekit_mergeability.demo import base as bases, experts as training, translation
+from mergekit_mergeability.demo import bases, experts as training, translation
 from mergekit_mergeability.demo.checkpoints import compact, save_adapter, save_expert
 from mergekit_mergeability.files import atomic_folder, write_atomic
 from mergekit_mergeability.resources import shipped

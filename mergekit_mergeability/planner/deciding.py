@@ -24,16 +24,16 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from mergekit_mergeability.errors import UserError
-from mergekit_mergeability.planner import conditional as cond
+from mergekit_mergeability.planner import conditional
 from mergekit_mergeability.planner.search import Result, search
 
-DEFAULT_METHODS = (cond.TASK_ARITHMETIC, cond.TIES, cond.KNOWLEDGE_WEIGHTED, cond.LAYER_SELECTIVE)
+DEFAULT_METHODS = (conditional.TASK_ARITHMETIC, conditional.TIES, conditional.KNOWLEDGE_WEIGHTED, conditional.LAYER_SELECTIVE)
 TIES_DENSITY = 0.5  # the density the project measured TIES at (README, knowledge_weighted's defaults)
 GRID = {"density": (0.3, 0.5, 0.7), "temperature": (0.1, 0.3, 1.0)}
 
 
 def knowledge_defaults() -> Dict[str, Any]:
-    """knowledge_weighted's defaults, as a recommended config writes them, named as ``cond.Merge``'s knobs."""
+    """knowledge_weighted's defaults, as a recommended config writes them, named as ``conditional.Merge``'s knobs."""
     from mergekit_mergeability.decide.advice import knowledge_weighted_defaults
 
     knobs = knowledge_weighted_defaults()
@@ -43,22 +43,22 @@ def knowledge_defaults() -> Dict[str, Any]:
 
 def candidate_merges(
     report: Mapping[str, Any], methods: Optional[Sequence[str]] = None, knobs: str = "defaults"
-) -> Tuple[List[cond.Merge], List[str]]:
+) -> Tuple[List[conditional.Merge], List[str]]:
     """The merges the search may give a model, and a note for each method it cannot use."""
     chosen = list(methods or DEFAULT_METHODS)
-    unknown = [m for m in chosen if m not in cond.METHODS]
+    unknown = [m for m in chosen if m not in conditional.METHODS]
     if unknown:
-        raise UserError(f"--methods {unknown[0]}: the plan knows {', '.join(cond.METHODS)}")
+        raise UserError(f"--methods {unknown[0]}: the plan knows {', '.join(conditional.METHODS)}")
     experts = [m for m in report["models"] if m["role"] == "expert"]
     grid = knobs == "grid"
-    merges: List[cond.Merge] = []
+    merges: List[conditional.Merge] = []
     notes: List[str] = []
     for method in chosen:
-        if method in (cond.TASK_ARITHMETIC, cond.LINEAR):
-            merges.append(cond.Merge(method))
-        elif method == cond.TIES:
-            merges += [cond.Merge(method, density=d) for d in (GRID["density"] if grid else (TIES_DENSITY,))]
-        elif method == cond.KNOWLEDGE_WEIGHTED:
+        if method in (conditional.TASK_ARITHMETIC, conditional.LINEAR):
+            merges.append(conditional.Merge(method))
+        elif method == conditional.TIES:
+            merges += [conditional.Merge(method, density=d) for d in (GRID["density"] if grid else (TIES_DENSITY,))]
+        elif method == conditional.KNOWLEDGE_WEIGHTED:
             defaults = knowledge_defaults()
             if any(not (m.get("knowledge") or {}) for m in experts):
                 notes.append("knowledge_weighted: not planned, some expert has no measured knowledge (no probe)")
@@ -73,22 +73,22 @@ def candidate_merges(
                 if grid
                 else [defaults]
             )
-            merges += [cond.Merge(method, **knobs) for knobs in settings]
-        elif method == cond.LAYER_SELECTIVE:
+            merges += [conditional.Merge(method, **knobs) for knobs in settings]
+        elif method == conditional.LAYER_SELECTIVE:
             cutoff = (report.get("layers") or {}).get("cutoff")
             if cutoff is None:
                 notes.append(
                     "layer_selective: not planned, the precheck measured no layer cut-off (it needs the representations diagnostic and a divergence)"
                 )
                 continue
-            merges.append(cond.Merge(method, cutoff=int(cutoff)))
+            merges.append(conditional.Merge(method, cutoff=int(cutoff)))
     if not merges:
         raise UserError(f"--methods {','.join(chosen)}: none of them can be planned here ({'; '.join(notes)})")
     return merges, notes
 
 
 def knowledge_weighted_against_ties(
-    report: Mapping[str, Any], calibration: cond.ConditionalCalibration
+    report: Mapping[str, Any], calibration: conditional.ConditionalCalibration
 ) -> Optional[Tuple[float, float]]:
     """Every expert of a precheck report merged with knowledge_weighted's defaults and with TIES
     (density 0.5): the experts' mean predicted own-task score under each, by the conditional
@@ -97,11 +97,11 @@ def knowledge_weighted_against_ties(
     experts = [m for m in report["models"] if m["role"] == "expert"]
     if len(experts) < 2 or any(not m.get("knowledge") or not m.get("weights") for m in experts):
         return None
-    pool, members = cond.from_report(report), list(range(len(experts)))
-    weighted = cond.Merge(cond.KNOWLEDGE_WEIGHTED, **knowledge_defaults())
+    pool, members = conditional.from_report(report), list(range(len(experts)))
+    weighted = conditional.Merge(conditional.KNOWLEDGE_WEIGHTED, **knowledge_defaults())
     try:
         kw = calibration.predict(pool, members, weighted, domain=False).values
-        trimmed = calibration.predict(pool, members, cond.Merge(cond.TIES, density=TIES_DENSITY), domain=False).values
+        trimmed = calibration.predict(pool, members, conditional.Merge(conditional.TIES, density=TIES_DENSITY), domain=False).values
     except LookupError:
         return None
     if not (np.isfinite(kw).all() and np.isfinite(trimmed).all()):
@@ -109,7 +109,7 @@ def knowledge_weighted_against_ties(
     return float(np.mean(kw)), float(np.mean(trimmed))
 
 
-def merge_of(method: str, shared: Mapping[str, Any], per_model: Mapping[str, Mapping[str, Any]], members) -> cond.Merge:
+def merge_of(method: str, shared: Mapping[str, Any], per_model: Mapping[str, Mapping[str, Any]], members) -> conditional.Merge:
     """The merge a config (or a measured trial) asks mergekit for, every member's weight as
     mergekit computes it. One source for fitting on trials and for the "as configured" reference."""
     members = list(members)
@@ -119,14 +119,14 @@ def merge_of(method: str, shared: Mapping[str, Any], per_model: Mapping[str, Map
         found = (per_model.get(model) or {}).get(key, shared.get(key, default))
         return float(np.mean(found)) if isinstance(found, list) else float(found)  # gradients: their mean
 
-    if method == cond.KNOWLEDGE_WEIGHTED:
+    if method == conditional.KNOWLEDGE_WEIGHTED:
         defaults = knowledge_defaults()
         temperature = float(shared.get("temperature", defaults["temperature"]))
         known = np.array([value(m, "knowledge", 0.5) for m in members])
         logits = (1 - known) / temperature
         shares = np.exp(logits - logits.max()) * np.array([value(m, "weight", 1.0) for m in members])
         shares /= shares.sum()
-        return cond.Merge(
+        return conditional.Merge(
             method,
             density=float(np.mean([value(m, "density", defaults["density"]) for m in members])),
             temperature=temperature,
@@ -135,11 +135,11 @@ def merge_of(method: str, shared: Mapping[str, Any], per_model: Mapping[str, Map
             scale=float(shared.get("scale", 1.0)),
             weights=tuple(zip(members, shares.tolist())),
         )
-    if method in (cond.TASK_ARITHMETIC, cond.TIES, cond.LINEAR):
+    if method in (conditional.TASK_ARITHMETIC, conditional.TIES, conditional.LINEAR):
         weights = np.array([value(m, "weight", 1.0) for m in members])
-        if method == cond.LINEAR:  # mergekit's linear normalises the weights
+        if method == conditional.LINEAR:  # mergekit's linear normalises the weights
             weights = weights / weights.sum()
-        return cond.Merge(
+        return conditional.Merge(
             method,
             density=float(np.mean([value(m, "density", 1.0) for m in members])),
             scale=float(shared.get("lambda", 1.0)),
@@ -148,7 +148,7 @@ def merge_of(method: str, shared: Mapping[str, Any], per_model: Mapping[str, Map
     raise UserError(f"{method}: the plan models task_arithmetic, linear, ties and knowledge_weighted merges")
 
 
-def configured(document: Mapping[str, Any], names: Sequence[str]) -> Tuple[Optional[cond.Merge], Optional[str]]:
+def configured(document: Mapping[str, Any], names: Sequence[str]) -> Tuple[Optional[conditional.Merge], Optional[str]]:
     """The config's own merge of every expert, or why the plan cannot predict it."""
     method = document.get("merge_method")
     per_model = {}
@@ -166,7 +166,7 @@ def configured(document: Mapping[str, Any], names: Sequence[str]) -> Tuple[Optio
 @dataclass
 class Planned:
     members: Tuple[int, ...]
-    merge: cond.Merge
+    merge: conditional.Merge
     values: np.ndarray  # per member, its predicted score there (its own score when alone)
     rule: str  # the fitted model that predicted it ("alone" for one member)
     fallback: bool
@@ -177,7 +177,7 @@ class Planned:
 class Reference:
     label: str
     values: np.ndarray  # per expert of the pool
-    merge: Optional[cond.Merge] = None
+    merge: Optional[conditional.Merge] = None
     rule: Optional[str] = None
     fallback: bool = False
     note: Optional[str] = None
@@ -189,9 +189,9 @@ class Reference:
 
 @dataclass
 class Decision:
-    pool: cond.Pool
-    calibration: cond.ConditionalCalibration
-    merges: List[cond.Merge]
+    pool: conditional.Pool
+    calibration: conditional.ConditionalCalibration
+    merges: List[conditional.Merge]
     search: Result
     planned: List[Planned]
     values: np.ndarray  # per expert: what the plan keeps of its task
@@ -199,7 +199,7 @@ class Decision:
     per_method: Dict[str, Result] = field(default_factory=dict)  # the best plan with one method only
     notes: List[str] = field(default_factory=list)
 
-    def objective_of(self, assignment: Sequence[Tuple[Sequence[int], cond.Merge]]) -> float:
+    def objective_of(self, assignment: Sequence[Tuple[Sequence[int], conditional.Merge]]) -> float:
         """The predicted objective of any assignment: (members, merge) per model."""
         values = self.outside.copy()
         for members, merge in assignment:
@@ -217,8 +217,8 @@ class Decision:
 
 def decide(
     report: Mapping[str, Any],
-    calibration: cond.ConditionalCalibration,
-    merges: Sequence[cond.Merge],
+    calibration: conditional.ConditionalCalibration,
+    merges: Sequence[conditional.Merge],
     models: int = 1,
     names: Optional[Sequence[str]] = None,
     configured_document: Optional[Mapping[str, Any]] = None,
@@ -232,7 +232,7 @@ def decide(
     ``progress(n)`` is called as the search advances (``steps`` says how often in all)."""
     if models < 1:
         raise UserError(f"--models {models}: plan at least one merged model")
-    pool = cond.from_report(report, names, _knowledge_feature(calibration), expert_scores, base_scores)
+    pool = conditional.from_report(report, names, _knowledge_feature(calibration), expert_scores, base_scores)
     outside = np.nan_to_num(pool.base_score, nan=0.0)
 
     def score(members, merge):
@@ -261,7 +261,7 @@ def decide(
         "alone": Reference("each expert alone (one model per task)", pool.expert_score.copy()),
         "base": Reference("nothing merged (the base model)", outside.copy()),
     }
-    ties = cond.Merge(cond.TIES, density=TIES_DENSITY)
+    ties = conditional.Merge(conditional.TIES, density=TIES_DENSITY)
     references["ties"] = _reference("every expert merged with TIES (density 0.5)", pool, calibration, everyone, ties)
     if configured_document is not None:
         merge, why = configured(configured_document, pool.names)
@@ -286,7 +286,7 @@ def decide(
     return Decision(pool, calibration, list(merges), result, planned, values, references, best_single, notes)
 
 
-def steps(n: int, merges: Sequence[cond.Merge]) -> int:
+def steps(n: int, merges: Sequence[conditional.Merge]) -> int:
     """How many times ``decide`` calls ``progress``: the search's starts and kicks, then one
     search per method."""
     from mergekit_mergeability.planner.search import kicks_for
@@ -300,38 +300,38 @@ def _reference(label, pool, calibration, members, merge) -> Reference:
     return Reference(label, prediction.values, merge, prediction.rule, prediction.fallback)
 
 
-def _knowledge_feature(calibration: cond.ConditionalCalibration) -> str:
-    return str(calibration.document.get("knowledge_feature", cond.KNOWLEDGE_FEATURE))
+def _knowledge_feature(calibration: conditional.ConditionalCalibration) -> str:
+    return str(calibration.document.get("knowledge_feature", conditional.KNOWLEDGE_FEATURE))
 
 
 def mergekit_parameters(
-    pool: cond.Pool, members: Sequence[int], merge: cond.Merge
+    pool: conditional.Pool, members: Sequence[int], merge: conditional.Merge
 ) -> Tuple[str, Dict[str, Any], Dict[str, Dict[str, Any]]]:
     """(method, top-level parameters, per-model parameters by name) that make mergekit run
     ``merge`` on ``members``: the planned config, and the in-memory check of it."""
     members = list(members)
     names = [pool.names[i] for i in members]
     if len(members) == 1:  # a model of one expert: the expert itself
-        return cond.TASK_ARITHMETIC, {}, {names[0]: {"weight": 1.0}}
-    weights = cond.member_weights(pool, members, merge)
+        return conditional.TASK_ARITHMETIC, {}, {names[0]: {"weight": 1.0}}
+    weights = conditional.member_weights(pool, members, merge)
     shared: Dict[str, Any] = {}
     per_model: Dict[str, Dict[str, Any]] = {}
-    if merge.method in (cond.TASK_ARITHMETIC, cond.LINEAR):
+    if merge.method in (conditional.TASK_ARITHMETIC, conditional.LINEAR):
         per_model = {n: {"weight": round(float(w), 6)} for n, w in zip(names, weights)}
-    elif merge.method == cond.TIES:
+    elif merge.method == conditional.TIES:
         per_model = {n: {"weight": 1.0, "density": merge.density} for n in names}
         if merge.scale != 1:
             shared["lambda"] = merge.scale
-    elif merge.method == cond.KNOWLEDGE_WEIGHTED:
+    elif merge.method == conditional.KNOWLEDGE_WEIGHTED:
         shared = {"temperature": merge.temperature, "ties": merge.ties, "scale": merge.scale}
         per_model = {n: {"knowledge": round(float(pool.knowledge[i]), 6)} for n, i in zip(names, members)}
         if merge.ties:
             shared["density_by_knowledge"] = merge.by_knowledge
             for n in names:
                 per_model[n]["density"] = merge.density
-    elif merge.method == cond.LAYER_SELECTIVE:
-        shared = {"cutoff": merge.cutoff, "inner": cond.TASK_ARITHMETIC}
-        upper = pool.names[cond.upper_member(pool, members)]
+    elif merge.method == conditional.LAYER_SELECTIVE:
+        shared = {"cutoff": merge.cutoff, "inner": conditional.TASK_ARITHMETIC}
+        upper = pool.names[conditional.upper_member(pool, members)]
         per_model = {n: {"weight": round(float(w), 6)} for n, w in zip(names, weights)}
         per_model[upper]["upper"] = True
-    return (cond.TASK_ARITHMETIC if len(members) == 1 else merge.method), shared, per_model
+    return (conditional.TASK_ARITHMETIC if len(members) == 1 else merge.method), shared, per_model

@@ -24,8 +24,8 @@ import numpy as np
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.files import SCHEMA_VERSION, atomic_folder, write_atomic
 from mergekit_mergeability.names import short_names
-from mergekit_mergeability.planner import conditional as cond
-from mergekit_mergeability.planner.decide import Decision, mergekit_parameters
+from mergekit_mergeability.planner import conditional
+from mergekit_mergeability.planner.deciding import Decision, mergekit_parameters
 
 SCHEMA = Path(__file__).with_name("schema.json")
 MODELS = "models"
@@ -49,7 +49,7 @@ def document(
     decision: Decision,
     spec,
     report: Mapping[str, Any],
-    calibration: cond.ConditionalCalibration,
+    calibration: conditional.ConditionalCalibration,
     settings: Mapping[str, Any],
     checked: Optional[Mapping[str, Any]] = None,
 ) -> Dict[str, Any]:
@@ -140,12 +140,12 @@ def document(
     }
 
 
-def _merge(merge: cond.Merge) -> Dict[str, Any]:
+def _merge(merge: conditional.Merge) -> Dict[str, Any]:
     return {
         "method": merge.method,
         "density": merge.density if merge.trims else None,
         "temperature": merge.temperature,
-        "ties": merge.ties if merge.method == cond.KNOWLEDGE_WEIGHTED else None,
+        "ties": merge.ties if merge.method == conditional.KNOWLEDGE_WEIGHTED else None,
         "cutoff": merge.cutoff,
         "scale": merge.scale,
     }
@@ -161,7 +161,7 @@ def compatibility(decision: Decision, limit: int = 60) -> List[Dict[str, Any]]:
     expert's strongest GRAPH_EDGES pairs only."""
     pool, pairs = decision.pool, []
     n = len(pool)
-    mean = cond.Merge(cond.TASK_ARITHMETIC)
+    mean = conditional.Merge(conditional.TASK_ARITHMETIC)
     table = np.full((n, n), np.nan)
     for i in range(n):
         for j in range(i + 1, n):
@@ -180,7 +180,7 @@ def compatibility(decision: Decision, limit: int = 60) -> List[Dict[str, Any]]:
     return pairs
 
 
-def _calibration(calibration: cond.ConditionalCalibration) -> Dict[str, Any]:
+def _calibration(calibration: conditional.ConditionalCalibration) -> Dict[str, Any]:
     document = calibration.document
     judged = {}
     for rule, held in (document.get("out_of_sample") or {}).items():
@@ -199,7 +199,7 @@ def _calibration(calibration: cond.ConditionalCalibration) -> Dict[str, Any]:
     }
 
 
-def _checked(checked: Mapping[str, Any], pool: cond.Pool) -> Dict[str, Any]:
+def _checked(checked: Mapping[str, Any], pool: conditional.Pool) -> Dict[str, Any]:
     chosen = checked.get("chosen")
     return {
         "budget": checked["budget"],

@@ -17,8 +17,8 @@ import numpy as np
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.files import read_report
 from mergekit_mergeability.planner import conditional as cond
-from mergekit_mergeability.planner.decide import Decision, Planned, decide, mergekit_parameters
-from mergekit_mergeability import config as merge_config
+from mergekit_mergeability.planner.deciding import Decision, Planned, decide, mergekit_parameters
+from mergekit_mergeability import config
 from mergekit_mergeability.settings import PrecheckSettings, RunSettings
 
 PRECHECK_FIELDS = ("path", "role", "knowledge", "weights")
@@ -30,10 +30,10 @@ SKIPPED = (
 PROBE_SUFFIXES = (".jsonl", ".yaml", ".yml")
 
 
-def pool_spec(folder: Path, base: Optional[Path], probes: Optional[Path]) -> merge_config.MergeSpec:
+def pool_spec(folder: Path, base: Optional[Path], probes: Optional[Path]) -> config.MergeSpec:
     """A folder of peft adapters or model folders, each with a probe ``PROBES/<name>.jsonl``
     (or .yaml, .yml), as the config that merges them all: task_arithmetic, equal weights."""
-    from mergekit_mergeability.sources import adapter as lora
+    from mergekit_mergeability.sources import adapter
 
     folder = Path(folder)
     if not folder.is_dir():
@@ -44,7 +44,7 @@ def pool_spec(folder: Path, base: Optional[Path], probes: Optional[Path]) -> mer
     members = sorted(
         p
         for p in folder.iterdir()
-        if p.is_dir() and (lora.is_adapter(p) or (p / "config.json").is_file()) and p.resolve() != base_path
+        if p.is_dir() and (adapter.is_adapter(p) or (p / "config.json").is_file()) and p.resolve() != base_path
     )
     if not members:
         raise UserError(f"--pool {folder}: no adapter or model folders in it")
@@ -60,7 +60,7 @@ def pool_spec(folder: Path, base: Optional[Path], probes: Optional[Path]) -> mer
         )
         if probe is None:
             raise UserError(f"--probes {probes}: no probe for {member.name} ({member.name}.jsonl, .yaml or .yml)")
-        if lora.is_adapter(member):
+        if adapter.is_adapter(member):
             reference = f"{base_path}+{member.resolve()}" if base_path else str(member.resolve())
         elif base_path is None:
             raise UserError(f"--pool {folder}: {member.name} is a model folder; name the base model with --base")
@@ -74,17 +74,17 @@ def pool_spec(folder: Path, base: Optional[Path], probes: Optional[Path]) -> mer
             }
         )
     if base_path is None:
-        bases = {str(lora.read_config(m).get("base_model_name_or_path") or "") for m in members}
+        bases = {str(adapter.read_config(m).get("base_model_name_or_path") or "") for m in members}
         if len(bases) != 1 or "" in bases:
             raise UserError(f"--pool {folder}: its adapters name {len(bases)} bases; name the base with --base")
         base_reference = bases.pop()
     else:
         base_reference = str(base_path)
     document = {"merge_method": cond.TASK_ARITHMETIC, "base_model": base_reference, "models": entries}
-    return merge_config.from_document(document, folder.resolve())
+    return config.from_document(document, folder.resolve())
 
 
-def read_precheck(path: Path, spec: merge_config.MergeSpec) -> Dict[str, Any]:
+def read_precheck(path: Path, spec: config.MergeSpec) -> Dict[str, Any]:
     """A precheck.json written earlier, checked to measure every expert of the pool."""
     report = read_report(path, "precheck", PRECHECK_FIELDS)
     experts = {m["path"]: m for m in report["models"] if m["role"] == "expert"}
@@ -115,14 +115,14 @@ class Measurer:
     the members' updates merged with mergekit's ``merge_tensors``, patched into one loaded base,
     each member scored on its own task; scores cached by content (``--cache-dir``)."""
 
-    def __init__(self, spec: merge_config.MergeSpec, settings: RunSettings, cache, pool: Optional[cond.Pool] = None):
-        from mergekit_mergeability.tasks import lmeval as task_specs
+    def __init__(self, spec: config.MergeSpec, settings: RunSettings, cache, pool: Optional[cond.Pool] = None):
+        from mergekit_mergeability.tasks import lmeval
         from mergekit_mergeability.sources.cache import fingerprint
         from mergekit_mergeability.evaluation.mergeability import Trials, check_pool
 
         check_pool(spec, 1, cond.TASK_ARITHMETIC)
         folders = spec.sources()
-        tasks = task_specs.resolve_all(dict.fromkeys(spec.probes[m] for m in spec.models), spec.folder)
+        tasks = lmeval.resolve_all(dict.fromkeys(spec.probes[m] for m in spec.models), spec.folder)
         own_task = {m: tasks[spec.probes[m]] for m in spec.models}
         fingerprints = {name: fingerprint(folder) for name, folder in folders.items()}
         self.spec, self.pool = spec, pool
@@ -196,7 +196,7 @@ def choose(decision: Decision, assignment: Sequence[Tuple[Sequence[int], cond.Me
 
 
 def run(
-    spec: merge_config.MergeSpec,
+    spec: config.MergeSpec,
     out: Path,
     measure: Callable[[], Dict[str, Any]],
     *,
@@ -212,8 +212,8 @@ def run(
 ) -> Tuple[Dict[str, Any], Decision]:
     """The whole plan: the precheck's report on the pool (``precheck``'s, else ``measure()``'s, a
     precheck.json document), decide, check with real evaluations if asked, write ``out``."""
-    from mergekit_mergeability.planner import fit, report as reports
-    from mergekit_mergeability.planner.decide import candidate_merges, steps
+    from mergekit_mergeability.planner import fit, reports
+    from mergekit_mergeability.planner.deciding import candidate_merges, steps
     from mergekit_mergeability.progress import task
 
     reports.check_out(out)
