@@ -127,12 +127,12 @@ class Scorer:
 
     def __call__(self, folder: Path, tasks) -> dict:
         from mergekit_mergeability.demo.experts import gold_probability
-        from mergekit_mergeability.sources import load_causal_lm
+        from mergekit_mergeability.sources import load_causal_lm, resolve
 
         key = str(folder)
         missing = [t for t in tasks if t not in self.cache.get(key, {})]
         if missing:
-            model, tokenizer = load_causal_lm(folder)
+            model, tokenizer = load_causal_lm(resolve(key))  # an adapter folder: its base with it added
             for task in missing:
                 p = gold_probability(model, tokenizer, self.instances[task])
                 self.cache.setdefault(key, {})[task] = sum(p) / len(p)

@@ -66,6 +66,13 @@ def odd_values(root):
         ["x"],
         {},
         {"model": "x"},
+        "~",
+        "xxxx",
+        "nan",
+        "inf",
+        "1e999",
+        [0.5, "x"],
+        {"value": 1},
     ]
 
 
@@ -84,8 +91,8 @@ def mutate(document, rng, root):
     done = []
     for _ in range(rng.randint(1, 3)):
         paths = [p for p, _ in leaves(document) if p]
-        kind = rng.choice(["drop", "odd", "model", "probe", "dtype"])
-        if kind in ("model", "probe") and not isinstance(document.get("models"), list):
+        kind = rng.choice(["drop", "odd", "model", "probe", "dtype", "parameter"])
+        if kind in ("model", "probe", "parameter") and not isinstance(document.get("models"), list):
             kind = "odd"
         if kind == "drop":
             path = rng.choice(paths)
@@ -95,6 +102,11 @@ def mutate(document, rng, root):
             path = rng.choice([("base_model",), *((("models", i, "model")) for i in range(len(document["models"])))])
         elif kind == "probe":
             path = ("models", rng.randrange(len(document["models"])), "probe")
+        elif kind == "parameter":  # a merge parameter of one model or of the whole config
+            name = rng.choice(["weight", "density", "lambda", "normalize", "epsilon"])
+            path = rng.choice(
+                [("models", rng.randrange(len(document["models"])), "parameters", name), ("parameters", name)]
+            )
         else:
             path = ("dtype",)
         value = (
@@ -116,25 +128,30 @@ def mutate(document, rng, root):
     return document, done
 
 
+# Beside the 40 that run every signal: 200 more through everything but the model passes (the config
+# read, the models loaded and checked, mergekit's plan, the update statistics, the decision and the
+# report), where a wrong-typed value would surface; seconds each on the tiny models.
+LIGHT = 200
+HEAVY_PASSES = ("knowledge", "fluency", "dilution", "representations", "selectivity", "menu")
+
+
 @pytest.mark.parametrize("seed", range(CASES))
 def test_a_mutated_config_ends_in_a_verdict_or_one_line(world, tmp_path, seed):
+    ends_in_a_verdict_or_one_line(world, tmp_path, seed, ("representations", "selectivity"))
+
+
+@pytest.mark.parametrize("seed", range(CASES, CASES + LIGHT))
+def test_200_more_mutations_end_in_a_verdict_or_one_line_before_the_model_passes(world, tmp_path, seed):
+    ends_in_a_verdict_or_one_line(world, tmp_path, seed, HEAVY_PASSES)
+
+
+def ends_in_a_verdict_or_one_line(world, tmp_path, seed, skip):
     document, edits = mutate(world["document"], random.Random(seed), world["root"])
     config = tmp_path / "config.yml"
     config.write_text(yaml.safe_dump(document, sort_keys=False, allow_unicode=True))
     out = tmp_path / "out"
-    arguments = [
-        "precheck",
-        str(config),
-        "--out",
-        str(out),
-        "--quiet",
-        "--limit",
-        "3",
-        "--skip",
-        "representations",
-        "--skip",
-        "selectivity",
-    ]
+    arguments = ["precheck", str(config), "--out", str(out), "--quiet", "--limit", "3"]
+    arguments += [f"--skip={name}" for name in skip]
     result = CliRunner().invoke(main, arguments, env={"HF_HUB_OFFLINE": "1", "COLUMNS": "1000"})
     context = f"seed {seed}: {edits}\n{result.output}"
     assert result.exception is None or isinstance(result.exception, SystemExit), context + "".join(
@@ -152,10 +169,13 @@ def test_a_mutated_config_ends_in_a_verdict_or_one_line(world, tmp_path, seed):
 
 
 def test_the_mutations_reach_every_kind_of_edit(world):
-    """The 40 cases are not 40 copies of one: each kind of edit occurs, models' paths included."""
-    edits = [e for seed in range(CASES) for e in mutate(world["document"], random.Random(seed), world["root"])[1]]
-    assert {e.split()[0] for e in edits} == {"drop", "odd", "model", "probe", "dtype"}
-    assert any(
-        e.startswith("model models.0.model = '/tmp/xxx") or e.startswith("model models.1.model = '/tmp/xxx")
-        for e in edits
+    """The 240 cases are not copies of a few: each kind of edit occurs, models' paths included."""
+    edits = [
+        e for seed in range(CASES + LIGHT) for e in mutate(world["document"], random.Random(seed), world["root"])[1]
+    ]
+    assert {e.split()[0] for e in edits} == {"drop", "odd", "model", "probe", "dtype", "parameter"}
+    # a model's path that is not there: too long a name, or a folder that does not exist
+    assert any(e.startswith("model models.") and "/tmp/" in e for e in edits)
+    assert any(e.startswith("parameter models.") for e in edits) and any(
+        e.startswith("parameter parameters.") for e in edits
     )
