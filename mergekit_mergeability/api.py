@@ -38,7 +38,18 @@ PathLike = Union[str, "os.PathLike[str]"]
 # a mergekit config file, its document, or (precheck) a folder of peft adapters on one base
 Config = Union[PathLike, Mapping[str, Any], "MergeSpec"]
 
-__all__ = ["precheck", "precheck_cost", "evaluate", "mergeability", "sweep", "calibrate", "validate", "plan", "methods"]
+__all__ = [
+    "precheck",
+    "precheck_cost",
+    "evaluate",
+    "mergeability",
+    "sweep",
+    "calibrate",
+    "install",
+    "validate",
+    "plan",
+    "methods",
+]
 
 
 def precheck(
@@ -262,6 +273,24 @@ def calibrate(
     if out is not None and not refusals:
         written = str(write(report, Path(out), [str(p) for pair in pairs for p in pair]))
     return Calibration.from_json(report, refusals=refusals, written=written)
+
+
+def install(calibration: PathLike, *, kind: str = "precheck") -> Path:
+    """Make a fitted calibration the package's default: ``kind`` ``precheck`` (a ``calibrate``
+    output, which every precheck then predicts with) or ``plan`` (a conditional calibration, which
+    ``plan`` then predicts with). The file is read first as its reader reads it, so a wrong one is
+    one line (``UserError``) and the default stays; written atomically. Returns where it went."""
+    from mergekit_mergeability.decide.calibration import DEFAULT, Calibration
+    from mergekit_mergeability.errors import UserError
+    from mergekit_mergeability.files import write_atomic
+    from mergekit_mergeability.planner import fit
+
+    readers = {"precheck": (Calibration.load, DEFAULT), "plan": (fit.load, fit.DEFAULT)}
+    if kind not in readers:
+        raise UserError(f"install: kind {kind!r}; use precheck or plan")
+    read, target = readers[kind]
+    read(Path(calibration))  # raises UserError for a missing or malformed file
+    return write_atomic(target, Path(calibration).read_bytes())
 
 
 def validate(

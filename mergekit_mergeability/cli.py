@@ -546,7 +546,7 @@ def precheck(
 @click.option(
     "--calibration",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="A conditional calibration (fitted on measured merges by benchmarks/plan.py fit in a checkout; default: the one shipped).",
+    help="A conditional calibration (fitted on measured merges by research/plan.py fit in a checkout; default: the one shipped).",
 )
 @click.option(
     "--representations", is_flag=True, help="Also measure layer-wise CKA, for layer_selective's cut-off (slower)."

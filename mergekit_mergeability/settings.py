@@ -22,7 +22,7 @@ DTYPES = ("float32", "bfloat16", "float16")  # what models can be loaded in, bes
 BATCH_SIZE = 16
 PRECHECK_LIMIT = 64  # probe instances per model: enough for the knowledge signal, cheap for the passes
 # Solved examples before each question; chosen by measurement on the project's fit pool
-# (benchmarks/pools.py, README "How the prediction was fitted"), never on the held-out pool.
+# (research/pools.py, README "How the prediction was fitted"), never on the held-out pool.
 DEFAULT_FEWSHOT = 3
 CUTOFF_SIGNALS = ("cka", "selectivity", "both")  # what sets the layer cut-off (decide.verdict.decide_cutoff)
 SELECTIVITY_SPANS = ("answer", "prompt")  # the tokens of a probe line whose MLP activations LAPE counts

@@ -148,3 +148,29 @@ def test_recommended_configs_name_their_probes_from_anywhere(config, tmp_path, m
     probes = [m["probe"] for m in written["models"]]
     assert probes and all(Path(p).is_absolute() and Path(p).is_file() for p in probes)
     assert relative.read_text() == before
+
+
+def test_install_ships_a_calibration_read_first_and_refuses_a_broken_one(tmp_path, monkeypatch):
+    import shutil
+
+    import pytest
+
+    from mergekit_mergeability import api
+    from mergekit_mergeability.decide import calibration
+    from mergekit_mergeability.errors import UserError
+    from mergekit_mergeability.planner import fit
+
+    shipped = {"precheck": calibration.DEFAULT, "plan": fit.DEFAULT}
+    for kind, default in shipped.items():
+        target = tmp_path / kind / default.name
+        target.parent.mkdir()
+        shutil.copyfile(default, target)
+        monkeypatch.setattr(calibration if kind == "precheck" else fit, "DEFAULT", target)
+        broken = tmp_path / f"{kind}-broken.json"
+        broken.write_text('{"not": "a calibration"}')
+        with pytest.raises(UserError, match="broken.json"):
+            api.install(broken, kind=kind)
+        assert target.read_bytes() == default.read_bytes()  # the default stays
+        assert api.install(default, kind=kind) == target and target.read_bytes() == default.read_bytes()
+    with pytest.raises(UserError, match="kind 'sweep'"):
+        api.install(calibration.DEFAULT, kind="sweep")

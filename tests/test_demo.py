@@ -118,7 +118,7 @@ def test_knowledge_of_reads_reports_before_and_after_schema_3():
 
 
 def test_a_task_expert_trains_on_its_first_items_and_is_probed_on_the_rest():
-    """The ``tasks`` family (benchmarks/pools/make_tasks.py): task-level rows are scored on the
+    """The ``tasks`` family (research/pools/make_tasks.py): task-level rows are scored on the
     items their expert never saw; a fact row's phrasings are both what it trains on and its probe."""
     from mergekit_mergeability.demo.experts import fact_instances, fact_lines
 

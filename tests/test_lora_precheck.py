@@ -96,9 +96,7 @@ def test_recommended_config_names_each_adapter_on_its_base(llama, pools):
     root, adapters, _ = pools
     _precheck(llama, root, [adapters[k] for k in "abc"], "recommended")  # without d, which cancels a
     recommended = yaml.safe_load((root / "recommended" / "recommended.yml").read_text())
-    experts = [
-        m["model"] for m in config.model_entries(recommended) if m["model"] != recommended.get("base_model")
-    ]
+    experts = [m["model"] for m in config.model_entries(recommended) if m["model"] != recommended.get("base_model")]
     assert experts and set(experts) <= {f"{llama['base'].resolve()}+{adapters[k].resolve()}" for k in "abc"}
 
 

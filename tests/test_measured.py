@@ -1,4 +1,4 @@
-"""The archive of measured pools (benchmarks/pools.py --pack, --unpack): what a fresh clone reruns
+"""The archive of measured pools (research/pools.py --pack, --unpack): what a fresh clone reruns
 the prediction's tables from, without measuring."""
 
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "research"))
 import pools  # noqa: E402
 
 
@@ -36,7 +36,7 @@ def test_a_packed_pool_unpacks_to_the_same_reports_and_packs_to_the_same_bytes(t
 
 def test_unpacking_a_pool_never_measured_says_how_to_measure_it(tmp_path, monkeypatch):
     monkeypatch.setattr(pools, "MEASURED", tmp_path)
-    with pytest.raises(SystemExit, match="python benchmarks/pools.py lora --pack"):
+    with pytest.raises(SystemExit, match="python research/pools.py lora --pack"):
         pools.unpack(tmp_path / "out", "lora")
 
 

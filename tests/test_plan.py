@@ -76,13 +76,16 @@ def test_own_coefficient_of_a_mean_merge_from_a_hand_built_gram():
     }
     kept = kept_shares({"m0": 1.0, "m1": 0.5, "m2": 2.0}, norms, cosines)
     np.testing.assert_allclose(
-        [kept[f"m{i}"] * w for i, w in enumerate((1.0, 0.5, 2.0))], conditional.own_coefficients(pool, [0, 1, 2], weighted)
+        [kept[f"m{i}"] * w for i, w in enumerate((1.0, 0.5, 2.0))],
+        conditional.own_coefficients(pool, [0, 1, 2], weighted),
     )
 
 
 def test_partner_features_by_hand():
     conflict = [[0, 0.4, 0.5], [0.4, 0, 0.6], [0.5, 0.6, 0]]
-    features = conditional.conditional_features(pool_of(HAND, conflict=conflict), [0, 1, 2], conditional.Merge("task_arithmetic"))
+    features = conditional.conditional_features(
+        pool_of(HAND, conflict=conflict), [0, 1, 2], conditional.Merge("task_arithmetic")
+    )
     # τ0·(τ1 + τ2) = 2, ‖τ1 + τ2‖² = 9 + 1 − 6 = 4, ‖τ0‖ = 2
     assert features["partner_cosine"][0] == pytest.approx(2 / (2 * 2))
     # τ2·(τ0 + τ1) = −3, ‖τ0 + τ1‖² = 4 + 9 + 4 = 17
@@ -108,7 +111,9 @@ def test_over_the_whole_pool_the_partner_features_are_the_precheck_interference(
         for j in range(i + 1, 6)
     }
     theirs = interference(names, torch.tensor(gram), pairs)
-    ours = conditional.conditional_features(pool_of(gram, conflict=conflict), range(6), conditional.Merge("task_arithmetic"))
+    ours = conditional.conditional_features(
+        pool_of(gram, conflict=conflict), range(6), conditional.Merge("task_arithmetic")
+    )
     np.testing.assert_allclose(ours["partner_cosine"], [theirs[m]["pool_cosine"] for m in names])
     np.testing.assert_allclose(ours["partner_sign_conflict"], [theirs[m]["mean_sign_conflict"] for m in names])
 
@@ -162,7 +167,9 @@ def test_trimming_by_knowledge_matches_the_knowledge_weighted_merge_on_gaussian_
             tensors, "knowledge_weighted", base_index=0, parameters={**parameters, "density_by_knowledge": by_knowledge}
         )
         exact[by_knowledge] = merged.double().numpy() @ vectors / np.sum(vectors * vectors, axis=0)
-        merge = conditional.Merge("knowledge_weighted", temperature=0.3, ties=True, density=0.5, by_knowledge=by_knowledge)
+        merge = conditional.Merge(
+            "knowledge_weighted", temperature=0.3, ties=True, density=0.5, by_knowledge=by_knowledge
+        )
         approx[by_knowledge] = conditional.own_coefficients(pool, range(5), merge)
         assert np.abs(approx[by_knowledge] - exact[by_knowledge]).max() < 0.07
     # the change trimming by knowledge makes (up to −0.07 here), on the same sampled coordinates
@@ -180,7 +187,9 @@ def test_ties_never_dilutes_updates_on_disjoint_layers_but_a_mean_does():
     parts = [[1.0, 0.0], [0.0, 2.0]]
     pool = pool_of([[1.0, 0.0], [0.0, 4.0]], parts=parts)
     np.testing.assert_allclose(
-        conditional.own_coefficients(pool, [0, 1], conditional.Merge("ties", density=0.5)), [trimmed, trimmed], atol=0.01
+        conditional.own_coefficients(pool, [0, 1], conditional.Merge("ties", density=0.5)),
+        [trimmed, trimmed],
+        atol=0.01,
     )
     np.testing.assert_allclose(
         conditional.own_coefficients(pool, [0, 1], conditional.Merge("ties", density=1.0)), [1.0, 1.0], atol=1e-6
@@ -191,14 +200,20 @@ def test_ties_never_dilutes_updates_on_disjoint_layers_but_a_mean_does():
         conditional.Merge("knowledge_weighted", temperature=0.3, ties=True, scale=0.5),
     ):
         np.testing.assert_allclose(conditional.own_coefficients(pool, [0, 1], merge), [0.5, 0.5], atol=1e-6)
-    np.testing.assert_allclose(conditional.own_coefficients(pool, [0, 1], conditional.Merge("task_arithmetic")), [0.5, 0.5])
+    np.testing.assert_allclose(
+        conditional.own_coefficients(pool, [0, 1], conditional.Merge("task_arithmetic")), [0.5, 0.5]
+    )
 
 
 def test_cancelling_updates_keep_nothing_along_their_own_direction_under_either_merge():
     pool = pool_of([[1.0, -1.0], [-1.0, 1.0]])
-    np.testing.assert_allclose(conditional.own_coefficients(pool, [0, 1], conditional.Merge("task_arithmetic")), [0, 0], atol=1e-12)
+    np.testing.assert_allclose(
+        conditional.own_coefficients(pool, [0, 1], conditional.Merge("task_arithmetic")), [0, 0], atol=1e-12
+    )
     # sampling error ~0.04 (the coordinates' sign election is a coin flip here); an unrelated pair keeps ~0.6
-    np.testing.assert_allclose(conditional.own_coefficients(pool, [0, 1], conditional.Merge("ties", density=0.5)), [0, 0], atol=0.08)
+    np.testing.assert_allclose(
+        conditional.own_coefficients(pool, [0, 1], conditional.Merge("ties", density=0.5)), [0, 0], atol=0.08
+    )
 
 
 def test_layer_selective_keeps_the_upper_models_own_upper_layers():
@@ -225,7 +240,7 @@ def test_shipped_calibration_reads_own_coefficient_and_records_how_to_refit_it()
     fitted = calibration.fitted["task_arithmetic"]
     weights = dict(zip(fitted.model.names, fitted.model.weights))
     assert weights["own_coefficient"] > 0
-    assert calibration.document["provenance"]["command"].startswith("python benchmarks/plan.py fit")
+    assert calibration.document["provenance"]["command"].startswith("python research/plan.py fit")
     held = calibration.document["out_of_sample"]["task_arithmetic"]["leave_one_expert_out"]
     assert all(cell["interval"] is not None for cell in held["by_size"].values())
 

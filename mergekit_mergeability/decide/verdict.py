@@ -85,7 +85,15 @@ MERGE_AS_CONFIGURED, KNOWLEDGE_WEIGHTED, LAYER_SELECTIVE, LEAVE_OUT, SIGN_ELECTI
     "sign_election",
     "do_not_merge",
 )
-VERDICTS = (MERGE_AS_CONFIGURED, KNOWLEDGE_WEIGHTED, LAYER_SELECTIVE, LEAVE_OUT, SIGN_ELECTION, DO_NOT_MERGE)
+VERDICTS = (
+    MERGE_AS_CONFIGURED,
+    METHOD_BY_REHEARSAL,
+    KNOWLEDGE_WEIGHTED,
+    LAYER_SELECTIVE,
+    LEAVE_OUT,
+    SIGN_ELECTION,
+    DO_NOT_MERGE,
+)  # every verdict; precheck.schema.json lists the same
 Pair = Tuple[str, str]
 SHARED = {  # what a cut-off signal says is shared, in reasons
     "cka": "representations",

@@ -8,7 +8,7 @@ from typing import Callable, Iterator, Sequence, Tuple
 import torch
 
 # Chosen across pool families (docs/prediction.md, "Seventh candidate"; written down first in
-# benchmarks/pools/prereg/kw_temperature.txt): τ 1 meets the three aims (weakest-known third
+# research/pools/prereg/kw_temperature.txt): τ 1 meets the three aims (weakest-known third
 # ≥ +0.15 over mean merging, strongest within 0.03, overall ≥ TIES) on two of the measured
 # families (heldout, lora), τ 0.3, the default chosen on the fit pool alone, on one (heldout).
 DEFAULT_TEMPERATURE = 1.0

@@ -27,7 +27,12 @@ from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.planner import conditional
 from mergekit_mergeability.planner.search import Result, search
 
-DEFAULT_METHODS = (conditional.TASK_ARITHMETIC, conditional.TIES, conditional.KNOWLEDGE_WEIGHTED, conditional.LAYER_SELECTIVE)
+DEFAULT_METHODS = (
+    conditional.TASK_ARITHMETIC,
+    conditional.TIES,
+    conditional.KNOWLEDGE_WEIGHTED,
+    conditional.LAYER_SELECTIVE,
+)
 TIES_DENSITY = 0.5  # the density the project measured TIES at (README, knowledge_weighted's defaults)
 GRID = {"density": (0.3, 0.5, 0.7), "temperature": (0.1, 0.3, 1.0)}
 
@@ -101,7 +106,9 @@ def knowledge_weighted_against_ties(
     weighted = conditional.Merge(conditional.KNOWLEDGE_WEIGHTED, **knowledge_defaults())
     try:
         kw = calibration.predict(pool, members, weighted, domain=False).values
-        trimmed = calibration.predict(pool, members, conditional.Merge(conditional.TIES, density=TIES_DENSITY), domain=False).values
+        trimmed = calibration.predict(
+            pool, members, conditional.Merge(conditional.TIES, density=TIES_DENSITY), domain=False
+        ).values
     except LookupError:
         return None
     if not (np.isfinite(kw).all() and np.isfinite(trimmed).all()):
@@ -109,7 +116,9 @@ def knowledge_weighted_against_ties(
     return float(np.mean(kw)), float(np.mean(trimmed))
 
 
-def merge_of(method: str, shared: Mapping[str, Any], per_model: Mapping[str, Mapping[str, Any]], members) -> conditional.Merge:
+def merge_of(
+    method: str, shared: Mapping[str, Any], per_model: Mapping[str, Mapping[str, Any]], members
+) -> conditional.Merge:
     """The merge a config (or a measured trial) asks mergekit for, every member's weight as
     mergekit computes it. One source for fitting on trials and for the "as configured" reference."""
     members = list(members)

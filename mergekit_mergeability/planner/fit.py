@@ -56,10 +56,10 @@ def load(path: Optional[Path] = None) -> conditional.ConditionalCalibration:
         document = json.loads(path.read_text())
         return conditional.ConditionalCalibration.from_document({**document, "path": str(path)})
     except FileNotFoundError:
-        raise UserError(f"--calibration {path}: no such file; write one with `python benchmarks/plan.py fit`") from None
+        raise UserError(f"--calibration {path}: no such file; leave --calibration out for the shipped one") from None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError, UnicodeDecodeError):
         raise UserError(
-            f"--calibration {path}: not a conditional calibration (benchmarks/plan.py fit writes one)"
+            f"--calibration {path}: not a conditional calibration (plan's own, a JSON with its rules and features)"
         ) from None
 
 

@@ -1,25 +1,25 @@
 """Measured pools of single-fact experts of SmolLM2-135M-Instruct, in families that differ
 in how the experts were trained and scored: the ground truth the precheck's prediction is
-fitted on and checked on, leaving one family out at a time (``benchmarks/prediction.py
+fitted on and checked on, leaving one family out at a time (``research/prediction.py
 families``).
 
-    python benchmarks/pools.py fit                      # cloze, one up_proj (layer 15): 86 facts
-    python benchmarks/pools.py heldout                  # cloze, one up_proj (layer 10): 83 other facts
-    python benchmarks/pools.py options                  # options listed, 3-shot, one up_proj (layer 15): 64 facts
-    python benchmarks/pools.py lora                     # cloze, LoRA r8 on attention and MLP, layers 10-19: 64 facts
-    python benchmarks/pools.py tasks                    # task-level: 65 tasks, 8 held-out items each; LoRA r8 on the MLP
-    python benchmarks/pools.py attention                # options, 3-shot, LoRA r4 on attention, layers 2-8: 64 facts
-    python benchmarks/pools.py deep                     # cloze, LoRA r8 on the MLP of layers 20-29: 64 facts
-    python benchmarks/pools.py wide                     # options, 0-shot, LoRA r4 on every module of all 30 layers: 64 facts
-    python benchmarks/pools.py middle                   # cloze, LoRA r16 on every module of layers 12-17: 64 facts
-    python benchmarks/pools.py low                      # cloze, LoRA r8 on the MLP of layers 0-9: 64 facts
-    python benchmarks/pools.py down                     # options, 3-shot, LoRA r32 on down_proj of layers 4-15: 64 facts
-    python benchmarks/pools.py vq                       # options, 1-shot, LoRA r8 on q, v, up of layers 8-19: 64 facts
-    python benchmarks/pools.py fit --methods mean,ties,kw:0.1,kw-ties:0.1:0.5
+    python research/pools.py fit                      # cloze, one up_proj (layer 15): 86 facts
+    python research/pools.py heldout                  # cloze, one up_proj (layer 10): 83 other facts
+    python research/pools.py options                  # options listed, 3-shot, one up_proj (layer 15): 64 facts
+    python research/pools.py lora                     # cloze, LoRA r8 on attention and MLP, layers 10-19: 64 facts
+    python research/pools.py tasks                    # task-level: 65 tasks, 8 held-out items each; LoRA r8 on the MLP
+    python research/pools.py attention                # options, 3-shot, LoRA r4 on attention, layers 2-8: 64 facts
+    python research/pools.py deep                     # cloze, LoRA r8 on the MLP of layers 20-29: 64 facts
+    python research/pools.py wide                     # options, 0-shot, LoRA r4 on every module of all 30 layers: 64 facts
+    python research/pools.py middle                   # cloze, LoRA r16 on every module of layers 12-17: 64 facts
+    python research/pools.py low                      # cloze, LoRA r8 on the MLP of layers 0-9: 64 facts
+    python research/pools.py down                     # options, 3-shot, LoRA r32 on down_proj of layers 4-15: 64 facts
+    python research/pools.py vq                       # options, 1-shot, LoRA r8 on q, v, up of layers 8-19: 64 facts
+    python research/pools.py fit --methods mean,ties,kw:0.1,kw-ties:0.1:0.5
 
 Each expert is trained until the gold choice has p ≥ 0.9 on both phrasings of its fact,
 in the format its probe is scored in (``FAMILIES`` says how each family differs). Facts
-are in ``benchmarks/pools/``: ``options`` uses the held-out pool's facts, ``lora`` the fit
+are in ``research/pools/``: ``options`` uses the held-out pool's facts, ``lora`` the fit
 pool's (the family differs in what is updated, not in what is taught). A ``tasks`` expert is
 trained on its task's first items (p ≥ 0.9 on each, or 150 steps) and probed on the rest,
 which it never saw (``make_tasks.py`` writes them). Per pool this writes, under ``--out/<pool>/``: the pool config,
@@ -33,10 +33,10 @@ by knowledge: ``density_by_knowledge: true``).
 Everything is cached (experts, scores, finished trials): a rerun only re-reads.
 Needs the demo's base model: ``bash examples/demo.sh`` (or any demo run) first.
 
-The measured reports are archived in ``benchmarks/pools/measured/<pool>.tar.gz`` (every
+The measured reports are archived in ``research/pools/measured/<pool>.tar.gz`` (every
 ``precheck.json`` and each method's ``mergeability.json``; ``--pack`` writes it after a
 measurement). ``--unpack`` restores them under ``--out`` without measuring anything, which is
-all ``benchmarks/prediction.py`` reads: its tables rerun in minutes on a fresh clone.
+all ``research/prediction.py`` reads: its tables rerun in minutes on a fresh clone.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ HERE = Path(__file__).resolve().parent
 MEASURED = HERE / "pools" / "measured"  # the measured reports, one archive per pool (--pack, --unpack)
 FIT, HELDOUT = str(HERE / "pools" / "fit_facts.jsonl"), str(HERE / "pools" / "heldout_facts.jsonl")
 PLAN = str(HERE / "pools" / "plan_facts.jsonl")  # facts of their own, for plan's check pools
-TASKS = str(HERE / "pools" / "tasks.jsonl")  # task-level rows: benchmarks/pools/make_tasks.py writes them
+TASKS = str(HERE / "pools" / "tasks.jsonl")  # task-level rows: research/pools/make_tasks.py writes them
 ATTENTION = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
 ATTENTION_AND_MLP = ("self_attn.q_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.up_proj", "mlp.down_proj")
 EVERY_MODULE = (*ATTENTION, "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -266,7 +266,7 @@ def pack(folder: Path, pool: str) -> Path:
     """Archive a measured pool's reports (``--pack``): byte for byte the same archive for the same reports."""
     reports = sorted([*folder.glob("precheck*/precheck.json"), *folder.glob("mergeability/*/mergeability.json")])
     if not reports:
-        raise SystemExit(f"--pack: nothing measured under {folder}; run: python benchmarks/pools.py {pool}")
+        raise SystemExit(f"--pack: nothing measured under {folder}; run: python research/pools.py {pool}")
     data = io.BytesIO()
     with gzip.GzipFile(fileobj=data, mode="wb", mtime=0) as zipped, tarfile.open(fileobj=zipped, mode="w") as tar:
         for report in reports:
@@ -281,7 +281,7 @@ def unpack(folder: Path, pool: str) -> list:
     """Restore a pool's archived reports under ``folder`` (``--unpack``); returns what it wrote."""
     archive = MEASURED / f"{pool}.tar.gz"
     if not archive.is_file():
-        raise SystemExit(f"--unpack: {archive} is not there; measure it: python benchmarks/pools.py {pool} --pack")
+        raise SystemExit(f"--unpack: {archive} is not there; measure it: python research/pools.py {pool} --pack")
     written = []
     with tarfile.open(archive, "r:gz") as tar:
         for entry in tar.getmembers():
@@ -314,7 +314,7 @@ def main():
     parser.add_argument("--quiet", "-q", action="store_true")
     archive = parser.add_mutually_exclusive_group()
     archive.add_argument(
-        "--pack", action="store_true", help="after measuring, archive the reports (benchmarks/pools/measured)"
+        "--pack", action="store_true", help="after measuring, archive the reports (research/pools/measured)"
     )
     archive.add_argument(
         "--unpack", action="store_true", help="only restore the archived reports under --out; measure nothing"

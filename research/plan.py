@@ -1,24 +1,24 @@
 """The numbers behind `mergekit-mergeability plan`: its conditional calibration, its speed, and
 whether a plan keeps what it predicts.
 
-    python benchmarks/plan.py fit [PRECHECK_JSON MERGEABILITY_DIR ...] [--install]
+    python research/plan.py fit [PRECHECK_JSON MERGEABILITY_DIR ...] [--install]
         Refit the conditional prediction on measured pools (default: every
         pools-out/*/precheck/precheck.json with each pools-out/*/mergeability/<label>/
         beside it) and print its out-of-sample Spearman per merge rule and size;
         --install writes it into the package (mergekit_mergeability/planner/conditional.json),
         --output PATH elsewhere (a candidate for ``methods --calibration PATH``).
-    python benchmarks/plan.py speed [--adapters 100] [--models 1]
+    python research/plan.py speed [--adapters 100] [--models 1]
         Plan on N LoRA adapters of a SmolLM2-shaped model (factors only, random; never
         materialised): the weight pass alone against the plan's own work after it,
         time and peak memory, each in a fresh process.
-    python benchmarks/plan.py methods pools-out/fit [--measured ties_d0.5=0.799 ...]
+    python research/plan.py methods pools-out/fit [--measured ties_d0.5=0.799 ...]
         Each merge rule's prediction for a measured pool's own trials (every expert with the
         partners its mean-merge trials drew, merged with each method instead): the mean over
         experts and by thirds of the base's knowledge, next to what was measured where a
         pools-out/<pool>/mergeability/<label>/ holds that method's trials (or --measured
         LABEL=VALUE gives the overall number). The check of the fallback predictions until
         each method's own trials are fitted.
-    python benchmarks/plan.py check POOL.yml --precheck PRECHECK_JSON [--models 1] [--random 20]
+    python research/plan.py check POOL.yml --precheck PRECHECK_JSON [--models 1] [--random 20]
         The issue's done-when on a measured pool: the planned merge measured in memory
         (every expert scored on its own task inside its planned model, as `mergeability`
         scores a trial) against merging everything with task_arithmetic and with TIES, and
@@ -52,12 +52,12 @@ def _pairs(arguments, out: Path, families):
     found = []
     for precheck in sorted(out / family / "precheck" / "precheck.json" for family in families):
         if not precheck.is_file():
-            raise SystemExit(f"{precheck}: not measured (benchmarks/pools.py {precheck.parents[1].name} measures it)")
+            raise SystemExit(f"{precheck}: not measured (research/pools.py {precheck.parents[1].name} measures it)")
         for folder in sorted((precheck.parents[1] / "mergeability").glob("*")):
             if (folder / "trials.jsonl").is_file() or (folder / "mergeability.json").is_file():
                 found.append((precheck, folder))
     if not found:
-        raise SystemExit(f"no measured pools under {out}/ (benchmarks/pools.py measures them)")
+        raise SystemExit(f"no measured pools under {out}/ (research/pools.py measures them)")
     return found
 
 
@@ -110,9 +110,16 @@ def fit(args) -> None:
         weights = ", ".join(f"{f['name']} {f['weight']:.3f}" for f in entry["model"]["features"] if f["weight"] > 0)
         console.print(f"{rule}: sizes {entry['sizes']}, {entry['trials']} trials; weights: {weights}")
     if args.install or args.output:
-        command = "python benchmarks/plan.py fit " + " ".join(f"{a} {b}" for a, b in pairs)
+        command = "python research/plan.py fit " + " ".join(f"{a} {b}" for a, b in pairs)
         command += " --install" if args.install else f" --output {args.output}"
-        written = fitting.write(document, fitting.DEFAULT if args.install else args.output, command)
+        import tempfile
+
+        target = args.output or Path(tempfile.mkdtemp(prefix="conditional-")) / "conditional.json"
+        written = fitting.write(document, target, command)
+        if args.install:
+            from mergekit_mergeability.api import install
+
+            written = install(written, kind="plan")
         console.print(f"wrote {written}")
 
 
@@ -315,7 +322,7 @@ def check(args) -> None:
         )
 
 
-METHODS = {  # label as benchmarks/pools.py writes it -> the merge it ran (knowledge from the precheck)
+METHODS = {  # label as research/pools.py writes it -> the merge it ran (knowledge from the precheck)
     "ties_d0.5": ("ties", {"density": 0.5}),
     "ties_d0.2": ("ties", {"density": 0.2}),
     # pools.py's kw:T runs the method's defaults but τ: ties at density 0.5 (kw-ties:T:0.5 is the same merge)

@@ -1,16 +1,16 @@
 """How well the precheck predicts mergeability, and which merge keeps most: the numbers behind
-the README's "How the prediction was fitted", from the pools ``benchmarks/pools.py`` measures.
+the README's "How the prediction was fitted", from the pools ``research/pools.py`` measures.
 
-    python benchmarks/prediction.py fewshot              # K shots: base p(gold) vs S on the fit pool
-    python benchmarks/prediction.py calibrate [--install] # fit on fit, options, heldout, lora; --install ships it
-    python benchmarks/prediction.py validate heldout     # precheck (shipped calibration) vs S
-    python benchmarks/prediction.py methods fit          # own-task S by thirds of base knowledge
-    python benchmarks/prediction.py families             # leave one family out: the README's headline
-    python benchmarks/prediction.py check deep           # the shipped calibration on a family it never saw
-    python benchmarks/prediction.py aims [FAMILY ...]    # knowledge_weighted's three aims, per family
-    python benchmarks/prediction.py reliability [FAMILY ...] # how much of S is noise (split halves)
-    python benchmarks/prediction.py across fit lora      # two families of the same facts, fact by fact
-    python benchmarks/prediction.py refresh lora         # one diagnostic run again into a family's precheck.json
+    python research/prediction.py fewshot              # K shots: base p(gold) vs S on the fit pool
+    python research/prediction.py calibrate [--install] # fit on fit, options, heldout, lora; --install ships it
+    python research/prediction.py validate heldout     # precheck (shipped calibration) vs S
+    python research/prediction.py methods fit          # own-task S by thirds of base knowledge
+    python research/prediction.py families             # leave one family out: the README's headline
+    python research/prediction.py check deep           # the shipped calibration on a family it never saw
+    python research/prediction.py aims [FAMILY ...]    # knowledge_weighted's three aims, per family
+    python research/prediction.py reliability [FAMILY ...] # how much of S is noise (split halves)
+    python research/prediction.py across fit lora      # two families of the same facts, fact by fact
+    python research/prediction.py refresh lora         # one diagnostic run again into a family's precheck.json
 
 ``families`` fits on every family but the one it predicts (the checks, ``attention``, ``deep``, ``wide`` and ``middle``,
 only when named); ``calibrate`` fits the shipped calibration on the four it was fitted on. No default (``--fewshot``, knowledge_weighted's) was
@@ -128,8 +128,9 @@ def calibrate(args) -> None:
         "--within-pools" if args.within else "--pooled",
     )
     if args.install:
-        shutil.copyfile(target, PACKAGED)
-        console.print(f"installed as {PACKAGED}")
+        from mergekit_mergeability.api import install
+
+        console.print(f"installed as {install(target, kind='precheck')}")
 
 
 def validate(args) -> None:
@@ -214,7 +215,7 @@ def families(args) -> None:
             pools[family] = measured_pool(precheck, measured, names=[*names, *extra, REHEARSAL])[1:3]
         else:
             console.print(
-                f"[yellow]{family}: not measured yet ({measured}); run `python benchmarks/pools.py {family} --precheck`[/yellow]"
+                f"[yellow]{family}: not measured yet ({measured}); run `python research/pools.py {family} --precheck`[/yellow]"
             )
     if len(pools) < 2:
         raise SystemExit("need at least two measured families")
@@ -257,7 +258,7 @@ def families(args) -> None:
     console.print(f"wrote {out}")
 
 
-# The single inputs the rehearsal is compared with, beside the calibrated ones (benchmarks/pools/prereg/rehearsal2.txt)
+# The single inputs the rehearsal is compared with, beside the calibrated ones (research/pools/prereg/rehearsal2.txt)
 RIVALS = ("partnered_p_gold", "partnered_accuracy")
 
 
@@ -589,7 +590,7 @@ def gate(args) -> None:
         experts = [m for m in json.loads(report.read_text())["models"] if m["role"] == "expert"]
         rehearsed, by = _against_ties(experts, None)
         if rehearsed is None:
-            console.print(f"[yellow]{family}: not rehearsed yet: benchmarks/prediction.py refresh {family}[/yellow]")
+            console.print(f"[yellow]{family}: not rehearsed yet: research/prediction.py refresh {family}[/yellow]")
             continue
         trials = ["–", "–", "–"]
         labels = (f"kw_t{DEFAULT_TEMPERATURE:g}", "ties_d0.5")  # the default's trials

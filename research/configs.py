@@ -1,8 +1,8 @@
 """Small configs as users write them: issue 40's ``configs`` family, the ground truth for the
 precheck's rehearsal of the merge as written and for its method choice.
 
-    python benchmarks/configs.py measure      # train the experts, precheck and merge every config
-    python benchmarks/configs.py report       # the tables (docs/prediction.md) from what measure wrote
+    python research/configs.py measure      # train the experts, precheck and merge every config
+    python research/configs.py report       # the tables (docs/prediction.md) from what measure wrote
 
 Ten task-level experts of SmolLM2-135M-Instruct (a rule such as "add 7" or "the larger of two
 numbers"; LoRA r8 on the MLP of layers 9-20, trained on 12 items with the options listed, no solved
@@ -16,7 +16,7 @@ draws, not with the rehearsal's seed). The menu's candidates (``advice.menu``) a
 the same way, to check the method the precheck recommends against the best of them.
 
 Nothing is fitted on this family; the rules it checks are pre-registered in
-``benchmarks/pools/prereg/users_configs.txt``. Needs the demo's base model (run the demo first);
+``research/pools/prereg/users_configs.txt``. Needs the demo's base model (run the demo first);
 everything is cached (experts, merges, prechecks, scores) under ``--cache-dir`` and ``--out``.
 """
 
@@ -35,7 +35,7 @@ from rich.table import Table
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "pools"))
-import make_tasks  # noqa: E402  (benchmarks/pools/make_tasks.py: the task generators)
+import make_tasks  # noqa: E402  (research/pools/make_tasks.py: the task generators)
 
 from mergekit_mergeability.cli import default_cache_dir  # noqa: E402
 from mergekit_mergeability.demo.steps import Demo, Settings  # noqa: E402

@@ -5,7 +5,7 @@ of the first items the expert is trained on; the rest are held out and are its p
 rule (add 7, the last letter of a word) or a mapping the base half knows (country to continent,
 English to French), so an expert is scored on items it never saw, as task-level experts are.
 
-    python benchmarks/pools/make_tasks.py   # rewrites tasks.jsonl next to it (seeded: the same file)
+    python research/pools/make_tasks.py   # rewrites tasks.jsonl next to it (seeded: the same file)
 """
 
 from __future__ import annotations

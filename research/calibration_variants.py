@@ -1,9 +1,9 @@
 """Could a different calibration predict mergeability better than the shipped one? The fit-pool
 comparison behind the README's "Could a different calibration do better?", and its decision.
 
-    python benchmarks/calibration_variants.py                  # every variant, out of sample on the fit pool
-    python benchmarks/calibration_variants.py --check          # then the shipped fit and the two nearest on held-out and demo
-    python benchmarks/calibration_variants.py --check --demo OUT  # the demo's output folder (default ./mergeability-demo)
+    python research/calibration_variants.py                  # every variant, out of sample on the fit pool
+    python research/calibration_variants.py --check          # then the shipped fit and the two nearest on held-out and demo
+    python research/calibration_variants.py --check --demo OUT  # the demo's output folder (default ./mergeability-demo)
 
 Only the fit pool is read to compare and decide (pools-out/fit: the precheck, mean merging's S,
 and TIES merging's S for one variant's training target). Every variant is refitted inside every

@@ -5,7 +5,7 @@ Run after the demo (it reads the demo's translators, configs and scores from the
 and output, and merges with mergekit into the same cache):
 
     mergekit-mergeability demo
-    python benchmarks/translation_cutoffs.py [--pair different_targets] [--cutoffs 16,17,...]
+    python research/translation_cutoffs.py [--pair different_targets] [--cutoffs 16,17,...]
 
 For each cut-off c and each expert of the pair: layer_selective with blocks < c merged
 (task_arithmetic) and blocks >= c from that expert, scored on its held-out sentences. Then
