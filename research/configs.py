@@ -112,17 +112,19 @@ def without_probes(document: dict) -> dict:
 
 
 class Scorer:
-    """Each task's 48 unseen items, as its probe is scored (the options listed), on a
-    model folder: mean p(gold); cached by folder and task."""
+    """Each task's 48 unseen items (``TASK``), or its 16 probe items (``TASK/probe``), as its probe
+    is scored (the options listed), on a model folder: mean p(gold); cached by folder and task in
+    ``out/name``."""
 
-    def __init__(self, out: Path):
+    def __init__(self, out: Path, name: str = "scores.json"):
         from mergekit_mergeability.demo.experts import fact_instances
 
         rows = {r["id"]: r for r in map(json.loads, ROWS.read_text().splitlines())}
-        self.instances = {
-            task: fact_instances({"id": task, "items": r["scored"], "train": 0}, "options") for task, r in rows.items()
-        }
-        self.path = out / "scores.json"
+        self.instances = {}
+        for task, r in rows.items():
+            self.instances[task] = fact_instances({"id": task, "items": r["scored"], "train": 0}, "options")
+            self.instances[f"{task}/probe"] = fact_instances(r, "options")  # items[train:], the probe
+        self.path = out / name
         self.cache = json.loads(self.path.read_text()) if self.path.is_file() else {}
 
     def __call__(self, folder: Path, tasks) -> dict:
@@ -242,6 +244,21 @@ def report(args) -> None:
         f"recommended vs best of menu: mean gap {gap:.3f} [{low:.3f}, {high:.3f}] over {len(gaps)} configs "
         f"(bar ≤ 0.01); below the config as written by more than 0.02 on {sum(v > 0.02 for v in losses)} "
         f"(worst {max(losses):+.3f})"
+    )
+    # how far a probe's 16 items are from the 48 scored ones, before any merge: each expert alone
+    demo = Demo(SETTINGS, args.cache_dir, args.out, console, quiet=True)
+    experts, probe = demo.fact_experts(), Scorer(args.out, "scores_probe.json")
+    gaps = []
+    for task in sorted({t for r in records for t in r["members"]}):
+        folder = experts[task]["folder"]
+        alone = probe(folder, [task, f"{task}/probe"])
+        gaps.append(alone[f"{task}/probe"] - alone[task])
+        console.print(
+            f"{task}: alone on its probe {alone[f'{task}/probe']:.3f}, on the 48 scored items {alone[task]:.3f}"
+        )
+    gap, (low, high) = mean_interval(gaps)
+    console.print(
+        f"probe minus scored items, each expert alone: {gap:+.3f} [{low:+.3f}, {high:+.3f}] over {len(gaps)} experts"
     )
     refused = [f"{r['config']} {r['method']}" for r in records if r["verdict"] == "do_not_merge"]
     console.print(f"rule 2: do_not_merge on {len(refused)} of {len(records)} configs {refused or ''}")

@@ -226,18 +226,25 @@ class Demo:
         from mergekit.config import MergeConfiguration
         from mergekit.merge import MergeOptions, run_merge
 
+        from mergekit_mergeability.progress import task
         from mergekit_mergeability.sources.cache import Cache
 
         text = config.read_text()
         folder = self.cache / "merges" / Cache.key(text)[:16]
         if not folder.is_dir():
-            with atomic_folder(folder) as partial:
+            with task(f"mergekit: merging {config.stem}", 1, self.quiet) as advance, atomic_folder(folder) as partial:
                 run_merge(
                     MergeConfiguration.model_validate(yaml.safe_load(text)),
                     str(partial),
-                    MergeOptions(quiet=True, write_model_card=False, copy_tokenizer=True),
+                    MergeOptions(
+                        quiet=True,
+                        write_model_card=False,
+                        copy_tokenizer=True,
+                        lora_merge_cache=str(self.cache / "lora-merged"),  # a base+adapter model
+                    ),
                 )
                 compact(self.base(), partial)
+                advance(1)
         return folder
 
 
@@ -281,6 +288,7 @@ def run(
     from mergekit_mergeability.demo import reasoning
     from mergekit_mergeability.evaluation.validate import validate
     from mergekit_mergeability.output.terminal import print_precheck, print_validation
+    from mergekit_mergeability.progress import task
 
     console = console or Console()
     demo = Demo(settings, cache, out, console, quiet)
@@ -307,14 +315,15 @@ def run(
     reports = demo.mergeability(configs["facts"], knowledge_of(prechecks["facts"]))
     translated = translation.section(demo, configs, prechecks, settings.translation_layers)
     console.rule("5. results")
-    validations = {
-        method: validate(
-            out / "precheck" / "facts" / "precheck.json",
-            out / "mergeability" / method / "mergeability.json",
-            permutations=10_000,
-        )
-        for method in METHODS
-    }
+    validations = {}
+    with task("results: predicted against measured, 10,000 shuffles each", len(METHODS), quiet) as advance:
+        for method in METHODS:
+            validations[method] = validate(
+                out / "precheck" / "facts" / "precheck.json",
+                out / "mergeability" / method / "mergeability.json",
+                permutations=10_000,
+            )
+            advance(1)
     for method in METHODS:
         print_validation(validations[method])
     groups = knowledge_groups(prechecks["facts"])
