@@ -60,7 +60,7 @@ SETTINGS = Settings(
     fact_adapters=True,
     fact_format="options",
 )
-console = Console()
+console = Console(width=120)
 
 
 def write_rows() -> Path:
@@ -165,8 +165,12 @@ def measure(args) -> None:
     score(demo.base(), [f"task_{t}" for t in TASKS])
     for task in TASKS:
         score(experts[f"task_{task}"]["folder"], [f"task_{task}"])
-    records = []
+    saved = args.out / "configs.json"
+    records = json.loads(saved.read_text()) if saved.is_file() else []  # a rerun goes on where it stopped
+    done = {(r["config"], r["method"]) for r in records}
     for (label, members), method in itertools.product(list(groups()), METHODS):
+        if (label, method) in done:
+            continue
         begun = time.perf_counter()
         name = f"{label}_{method}"
         document = config(demo, experts, members, method)
@@ -182,7 +186,7 @@ def measure(args) -> None:
             for m in report["models"]
             if m["role"] != "base"
         }
-        for candidate, advice in menu(document, knowledge).items():
+        for candidate, advice in menu(document, knowledge).items() if args.menu_truth else ():
             merged = demo.merge(demo.write_config(f"{name}_{candidate}", without_probes(advice.config)))
             measured[candidate] = score(merged, tasks)
         records.append(
@@ -203,7 +207,7 @@ def measure(args) -> None:
                 "seconds": round(time.perf_counter() - begun, 1),
             }
         )
-        write_atomic(args.out / "configs.json", json.dumps(records, indent=1))
+        write_atomic(saved, json.dumps(records, indent=1))
         console.print(f"{name}: {records[-1]['verdict']} ({records[-1]['seconds']:.0f} s)")
 
 
@@ -213,7 +217,10 @@ def report(args) -> None:
     records = json.loads((args.out / "configs.json").read_text())
     console.print(f"configs family: {len(records)} configs, {sum(len(r['members']) for r in records)} rows")
     rows = [(r["method"], r["predicted"][t], r["measured"]["as_written"][t]) for r in records for t in r["members"]]
-    console.print(agreement("rule 1: rehearsed (predicted) vs measured own-task p(gold), merge as written", rows))
+    show(agreement("rule 1: rehearsed (predicted) vs measured own-task p(gold), merge as written", rows), args.markdown)
+    console.print(
+        f"mean predicted {sum(r[1] for r in rows) / len(rows):.3f}, mean measured {sum(r[2] for r in rows) / len(rows):.3f}"
+    )
     # rule 4 on the same merges: the no-probe prediction (signature kept on the shipped text)
     derived = [
         (r["method"], min(1.0, max(0.0, r["fluency"][t]["signature_kept"])), r["measured"]["as_written"][t])
@@ -222,13 +229,13 @@ def report(args) -> None:
         if (r["fluency"].get(t) or {}).get("signature_kept") is not None
     ]
     if len(derived) >= 3:
-        console.print(agreement("rule 4: signature kept (no probe) vs measured own-task p(gold)", derived))
+        show(agreement("rule 4: signature kept (no probe) vs measured own-task p(gold)", derived), args.markdown)
     # rule 3: the recommended candidate against the best of the menu and the config as written
     table = Table(title="rule 3: the recommended merge, measured on the 48 unseen items (mean over members)")
     for column in ("config", "recommended", "its score", "best of menu", "best", "as written", "gap to best"):
         table.add_column(column)
     gaps, losses = [], []
-    for r in records:
+    for r in (r for r in records if len(r["measured"]) > 1):  # the menu's candidates measured too
         kept = {c: sum(v.values()) / len(v) for c, v in r["measured"].items()}
         chosen = (r["method_choice"] or {}).get("chosen", "as_written")
         best = max(kept, key=kept.get)
@@ -238,12 +245,12 @@ def report(args) -> None:
             f"{r['config']} {r['method']}", chosen, f"{kept[chosen]:.3f}", best, f"{kept[best]:.3f}",
             f"{kept['as_written']:.3f}", f"{gaps[-1]:.3f}",
         )  # fmt: skip
-    console.print(table)
-    gap, (low, high) = mean_interval(gaps)
+    show(table, args.markdown)
+    gap, (low, high) = mean_interval(gaps) if gaps else (float("nan"), (float("nan"), float("nan")))
     console.print(
         f"recommended vs best of menu: mean gap {gap:.3f} [{low:.3f}, {high:.3f}] over {len(gaps)} configs "
         f"(bar ≤ 0.01); below the config as written by more than 0.02 on {sum(v > 0.02 for v in losses)} "
-        f"(worst {max(losses):+.3f})"
+        f"(worst {max(losses, default=float('nan')):+.3f})"
     )
     # how far a probe's 16 items are from the 48 scored ones, before any merge: each expert alone
     demo = Demo(SETTINGS, args.cache_dir, args.out, console, quiet=True)
@@ -262,6 +269,18 @@ def report(args) -> None:
     )
     refused = [f"{r['config']} {r['method']}" for r in records if r["verdict"] == "do_not_merge"]
     console.print(f"rule 2: do_not_merge on {len(refused)} of {len(records)} configs {refused or ''}")
+
+
+def show(table: Table, markdown: bool) -> None:
+    """A table on the terminal, or as a markdown table (for docs/prediction.md)."""
+    if not markdown:
+        console.print(table)
+        return
+    headers = [str(c.header) for c in table.columns]
+    print(f"\n**{table.title}**\n\n| " + " | ".join(headers) + " |\n|" + "---|" * len(headers))
+    for row in zip(*(list(c.cells) for c in table.columns)):
+        print("| " + " | ".join(map(str, row)) + " |")
+    print()
 
 
 def agreement(title: str, rows) -> Table:
@@ -289,6 +308,13 @@ def main() -> None:
     parser.add_argument("command", choices=("measure", "report", "rows"))
     parser.add_argument("--cache-dir", type=Path, default=default_cache_dir() / "demo")
     parser.add_argument("--out", type=Path, default=Path("pools-out") / "configs")
+    parser.add_argument("--markdown", action="store_true", help="report: the tables as markdown")
+    parser.add_argument(
+        "--no-menu-truth",
+        dest="menu_truth",
+        action="store_false",
+        help="measure: do not merge and score the menu's candidates (the method choice goes unchecked; half the time)",
+    )
     args = parser.parse_args()
     if args.command == "rows":
         console.print(f"wrote {write_rows()}")
