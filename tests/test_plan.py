@@ -548,3 +548,22 @@ def test_the_rest_of_an_update_that_is_rounding_residue_is_no_part():
     parts, names = conditional._parts([layers, layers, layers], np.array([5.0, 5.0 + 1e-7, math.sqrt(26.0)]))
     assert names[-1] == "rest"
     np.testing.assert_allclose(parts[:, -1], [0.0, 0.0, 1.0])
+
+
+def test_the_check_measures_merging_everything_beside_the_finalists_and_never_keeps_less(cancelling, tmp_path):
+    """The references (every expert with TIES, the mean merge, as configured) are measured outside
+    the budget; the plan written measures at least as much as each of them."""
+    root, config, out, _ = cancelling
+    checked = tmp_path / "checked"
+    result = CliRunner().invoke(
+        cli,
+        ["plan", str(config), "--out", str(checked), "--precheck", str(out / "precheck.json"), "--budget-evals", "1"]
+        + ["--no-cache", "-q", *FAST],
+    )
+    assert result.exit_code == 0, result.output
+    found = json.loads((checked / "plan.json").read_text())["checked"]
+    labels = [c["label"] for c in found["candidates"]]
+    assert {"reference: everything with TIES", "reference: everything, the mean merge"} <= set(labels)
+    assert found["spent"] <= 1
+    chosen = next(c for c in found["candidates"] if c["label"] == found["chosen"])
+    assert all(chosen["measured"] >= c["measured"] for c in found["candidates"] if c["label"].startswith("reference"))

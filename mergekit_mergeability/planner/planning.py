@@ -144,15 +144,30 @@ class Measurer:
         return np.array([self.trials.ends(name)[0]["score"] for name in self.pool.names])
 
 
+def references(decision: Decision) -> List[Tuple[str, List[Tuple[Tuple[int, ...], cond.Merge]]]]:
+    """What merging everything would give, as plans to measure beside the finalists: every expert
+    in one model with TIES, with the mean merge, and as the config says (where the plan models it)."""
+    everyone = tuple(range(len(decision.pool)))
+    found = [("reference: everything with TIES", decision.references["ties"].merge)]
+    found.append(("reference: everything, the mean merge", cond.Merge(cond.TASK_ARITHMETIC)))
+    configured = decision.references.get("configured")
+    if configured is not None and configured.merge is not None:
+        found.append(("reference: everything as configured", configured.merge))
+    return [(label, [(everyone, merge)]) for label, merge in found]
+
+
 def verify(decision: Decision, measurer: Measurer, budget: int) -> Dict[str, Any]:
     """Spend up to ``budget`` real evaluations (one = one merged model scored on its members'
     tasks) on the best candidate plans (the plan and the best plan with each method alone, by
-    predicted objective); keep the one that measures best."""
+    predicted objective), and measure the references (``references``: merging everything) beside
+    them whatever the budget; keep the one that measures best, so no plan is recommended that
+    the measurement puts below merging everything."""
     candidates = [("planned", [(s.members, s.merge) for s in decision.search.slots if s.members])]
     for method, result in decision.per_method.items():
         candidates.append((f"{method} only", [(s.members, s.merge) for s in result.slots if s.members]))
     seen, ranked = set(), []
-    for label, assignment in sorted(candidates, key=lambda c: -decision.objective_of(c[1])):
+    fixed = references(decision)
+    for label, assignment in fixed + sorted(candidates, key=lambda c: -decision.objective_of(c[1])):
         key = tuple(sorted((tuple(m), merge) for m, merge in assignment))
         if key not in seen:
             seen.add(key)
@@ -161,9 +176,10 @@ def verify(decision: Decision, measurer: Measurer, budget: int) -> Dict[str, Any
     checked, spent = [], 0
     for label, assignment in ranked:
         cost = len(assignment)
-        if spent + cost > budget:
+        reference = label.startswith("reference: ")
+        if not reference and spent + cost > budget:
             continue
-        spent += cost
+        spent += 0 if reference else cost
         values = base.copy()
         for members, merge in assignment:
             values[list(members)] = measurer.scores(members, merge)
