@@ -267,6 +267,19 @@ def report(args) -> None:
     console.print(
         f"probe minus scored items, each expert alone: {gap:+.3f} [{low:+.3f}, {high:+.3f}] over {len(gaps)} experts"
     )
+    # the rehearsal against the merge mergekit wrote, asked the same 16 probe items
+    same = []
+    for r in records:
+        folder = demo.merge(args.out / "configs" / f"{r['config']}_{r['method']}_merge.yml")  # cached
+        got = probe(folder, [f"{t}/probe" for t in r["members"]])
+        same += [(r["method"], abs(r["predicted"][t] - got[f"{t}/probe"])) for t in r["members"]]
+    for drawn in (False, True):
+        gaps = [d for method, d in same if (method in ("dare_ties", "della")) == drawn]
+        if gaps:
+            console.print(
+                f"rehearsal vs the written merge on the probe items, {'DARE/DELLA (drawn anew)' if drawn else 'task_arithmetic, ties'}: "
+                f"max |difference| {max(gaps):.4f}, mean {sum(gaps) / len(gaps):.4f} over {len(gaps)} rows"
+            )
     refused = [f"{r['config']} {r['method']}" for r in records if r["verdict"] == "do_not_merge"]
     console.print(f"rule 2: do_not_merge on {len(refused)} of {len(records)} configs {refused or ''}")
 
