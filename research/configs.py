@@ -1,8 +1,9 @@
 """Small configs as users write them: issue 40's ``configs`` family, the ground truth for the
 precheck's rehearsal of the merge as written and for its method choice.
 
-    python research/configs.py measure      # train the experts, precheck and merge every config
-    python research/configs.py report       # the tables (docs/prediction.md) from what measure wrote
+    python research/run.py configs measure [--no-menu-truth] [--archive]  # train, precheck, merge, score
+    python research/run.py configs report [--markdown]   # the tables of docs/prediction.md (a fresh
+                                                         # clone reads pools/measured/configs.json)
 
 Ten task-level experts of SmolLM2-135M-Instruct (a rule such as "add 7" or "the larger of two
 numbers"; LoRA r8 on the MLP of layers 9-20, trained on 12 items with the options listed, no solved
@@ -51,6 +52,7 @@ METHODS = {
     "della": {"weight": 1.0, "density": 0.5, "epsilon": 0.1, "lambda": 1.0},
 }
 ROWS = HERE / "pools" / "configs_tasks.jsonl"
+ARCHIVE = HERE / "pools" / "measured" / "configs.json"  # what `measure` wrote, kept (`measure --archive`)
 SETTINGS = Settings(
     facts=str(ROWS),
     pool="configs",
@@ -209,12 +211,18 @@ def measure(args) -> None:
         )
         write_atomic(saved, json.dumps(records, indent=1))
         console.print(f"{name}: {records[-1]['verdict']} ({records[-1]['seconds']:.0f} s)")
+    if args.archive:
+        console.print(f"archived: {write_atomic(ARCHIVE, saved.read_text())}")
 
 
 def report(args) -> None:
     from mergekit_mergeability.maths.stats import mean_interval
 
-    records = json.loads((args.out / "configs.json").read_text())
+    saved = args.out / "configs.json"
+    if not saved.is_file():  # a fresh clone: the archived measurement
+        console.print(f"{saved} not measured here: reading the archived {ARCHIVE}")
+        saved = ARCHIVE
+    records = json.loads(saved.read_text())
     console.print(f"configs family: {len(records)} configs, {sum(len(r['members']) for r in records)} rows")
     rows = [(r["method"], r["predicted"][t], r["measured"]["as_written"][t]) for r in records for t in r["members"]]
     show(agreement("rule 1: rehearsed (predicted) vs measured own-task p(gold), merge as written", rows), args.markdown)
@@ -252,8 +260,13 @@ def report(args) -> None:
         f"(bar ≤ 0.01); below the config as written by more than 0.02 on {sum(v > 0.02 for v in losses)} "
         f"(worst {max(losses, default=float('nan')):+.3f})"
     )
-    # how far a probe's 16 items are from the 48 scored ones, before any merge: each expert alone
+    refused = [f"{r['config']} {r['method']}" for r in records if r["verdict"] == "do_not_merge"]
+    console.print(f"rule 2: do_not_merge on {len(refused)} of {len(records)} configs {refused or ''}")
     demo = Demo(SETTINGS, args.cache_dir, args.out, console, quiet=True)
+    if not (demo.cache / "experts" / SETTINGS.pool).is_dir():
+        console.print("(the experts and merges are not in --cache-dir: the checks below need `configs measure` first)")
+        return
+    # how far a probe's 16 items are from the 48 scored ones, before any merge: each expert alone
     experts, probe = demo.fact_experts(), Scorer(args.out, "scores_probe.json")
     gaps = []
     for task in sorted({t for r in records for t in r["members"]}):
@@ -280,8 +293,6 @@ def report(args) -> None:
                 f"rehearsal vs the written merge on the probe items, {'DARE/DELLA (drawn anew)' if drawn else 'task_arithmetic, ties'}: "
                 f"max |difference| {max(gaps):.4f}, mean {sum(gaps) / len(gaps):.4f} over {len(gaps)} rows"
             )
-    refused = [f"{r['config']} {r['method']}" for r in records if r["verdict"] == "do_not_merge"]
-    console.print(f"rule 2: do_not_merge on {len(refused)} of {len(records)} configs {refused or ''}")
 
 
 def show(table: Table, markdown: bool) -> None:
@@ -322,6 +333,9 @@ def main() -> None:
     parser.add_argument("--cache-dir", type=Path, default=default_cache_dir() / "demo")
     parser.add_argument("--out", type=Path, default=Path("pools-out") / "configs")
     parser.add_argument("--markdown", action="store_true", help="report: the tables as markdown")
+    parser.add_argument(
+        "--archive", action="store_true", help=f"measure: then keep the records as {ARCHIVE.name} in the repository"
+    )
     parser.add_argument(
         "--no-menu-truth",
         dest="menu_truth",
