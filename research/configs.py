@@ -144,13 +144,14 @@ class Scorer:
         return {t: self.cache[key][t] for t in tasks}
 
 
-def precheck(config_path: Path, out: Path) -> dict:
+def precheck(config_path: Path, out: Path, menu: bool = True) -> dict:
     from mergekit_mergeability import api
     from mergekit_mergeability.settings import PrecheckSettings
 
     if (out / "precheck.json").is_file():
         return json.loads((out / "precheck.json").read_text())
-    settings = PrecheckSettings(device="cpu", dtype="float32", quiet=True, skip=("representations", "selectivity"))
+    skip = ("representations", "selectivity") + (() if menu else ("menu",))
+    settings = PrecheckSettings(device="cpu", dtype="float32", quiet=True, skip=skip)
     return api.precheck(config_path, settings=settings, out=out).to_json()
 
 
@@ -177,7 +178,7 @@ def measure(args) -> None:
         name = f"{label}_{method}"
         document = config(demo, experts, members, method)
         path = demo.write_config(name, document)
-        report = precheck(path, args.out / "precheck" / name)
+        report = precheck(path, args.out / "precheck" / name, args.menu_truth)  # no truth, no menu: unchecked
         tasks = [f"task_{m}" for m in members]
         folders = {model(demo, experts, m): f"task_{m}" for m in members}
         measured = {
@@ -340,7 +341,7 @@ def main() -> None:
         "--no-menu-truth",
         dest="menu_truth",
         action="store_false",
-        help="measure: do not merge and score the menu's candidates (the method choice goes unchecked; half the time)",
+        help="measure: do not rehearse the menu, nor merge and score its candidates (the method choice goes unchecked; half the time)",
     )
     args = parser.parse_args()
     if args.command == "rows":
