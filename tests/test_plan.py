@@ -450,16 +450,17 @@ def test_decide_states_the_objective_and_its_references(cancelling):
     shutil.rmtree(root / "plan_k2", ignore_errors=True)
 
 
-def test_budget_evals_measure_the_best_candidates_and_keep_the_best_measured(cancelling, tmp_path):
-    root, config, out, _ = cancelling
-    checked = tmp_path / "checked"
-    result = CliRunner().invoke(
-        cli,
-        ["plan", str(config), "--out", str(checked), "--precheck", str(out / "precheck.json"), "--budget-evals", "4"]
-        + ["--no-cache", "-q", *FAST],
-    )
+def checked_plan(cancelling, out: Path, budget: int) -> dict:
+    """plan.json of the cancelling pool planned with ``--budget-evals budget`` into ``out``."""
+    _, config, measured, _ = cancelling
+    arguments = ["plan", str(config), "--out", str(out), "--precheck", str(measured / "precheck.json")]
+    result = CliRunner().invoke(cli, arguments + ["--budget-evals", str(budget), "--no-cache", "-q", *FAST])
     assert result.exit_code == 0, result.output
-    plan = json.loads((checked / "plan.json").read_text())
+    return json.loads((out / "plan.json").read_text())
+
+
+def test_budget_evals_measure_the_best_candidates_and_keep_the_best_measured(cancelling, tmp_path):
+    plan = checked_plan(cancelling, tmp_path / "checked", 4)
     found = plan["checked"]
     assert found["spent"] <= 4 and found["candidates"]
     best = max(found["candidates"], key=lambda c: c["measured"])
@@ -553,15 +554,7 @@ def test_the_rest_of_an_update_that_is_rounding_residue_is_no_part():
 def test_the_check_measures_merging_everything_beside_the_finalists_and_never_keeps_less(cancelling, tmp_path):
     """The references (every expert with TIES, the mean merge, as configured) are measured outside
     the budget; the plan written measures at least as much as each of them."""
-    root, config, out, _ = cancelling
-    checked = tmp_path / "checked"
-    result = CliRunner().invoke(
-        cli,
-        ["plan", str(config), "--out", str(checked), "--precheck", str(out / "precheck.json"), "--budget-evals", "1"]
-        + ["--no-cache", "-q", *FAST],
-    )
-    assert result.exit_code == 0, result.output
-    found = json.loads((checked / "plan.json").read_text())["checked"]
+    found = checked_plan(cancelling, tmp_path / "checked", 1)["checked"]
     labels = [c["label"] for c in found["candidates"]]
     assert {"reference: everything with TIES", "reference: everything, the mean merge"} <= set(labels)
     assert found["spent"] <= 1
