@@ -16,7 +16,8 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult
-from mergekit_mergeability.diagnostics.dilution import PARTNERS, as_written, writable
+from mergekit_mergeability.diagnostics.dilution import PARTNERS, as_written
+from mergekit_mergeability.planned import writable
 from mergekit_mergeability.diagnostics.knowledge import scores
 from mergekit_mergeability.sources import TensorReader
 from mergekit_mergeability.tasks.probes import OPTIONS
@@ -40,7 +41,7 @@ def rehearse(measured, inputs: DiagnosticInputs) -> Optional[DiagnosticResult]:
         return None
     base = TensorReader(inputs.base.path)
     names = set().union(*inputs.touched.values())
-    if measured.errors() or not writable(inputs.merge, base, names):
+    if measured.errors() or not inputs.written:
         return None
     known = (measured.results.get("knowledge") or DiagnosticResult()).per_model
     knowledge = {m.name: known.get(m.name, {}).get("scored_mean_p_gold") for m in models}
@@ -48,7 +49,7 @@ def rehearse(measured, inputs: DiagnosticInputs) -> Optional[DiagnosticResult]:
     plans = {AS_WRITTEN: inputs.merge}
     for name, advice in menu(measured.spec.document, knowledge).items():
         candidate = plan(absolute(advice.config, sources), measured.spec.source)
-        if writable(candidate, base, names):
+        if writable(candidate, base.index, names):
             plans[name] = candidate
     module, tokenizer = load_causal_lm(inputs.base.path, settings.device, inputs.base.load_dtype(settings))
     paths = list(sources.values())
@@ -77,7 +78,7 @@ def passes(inputs: DiagnosticInputs) -> int:
     models = inputs.models
     if inputs.base is None or not 2 <= len(models) <= PARTNERS or not all(m.probes for m in models):
         return 0
-    if not writable(inputs.merge, TensorReader(inputs.base.path), set().union(*inputs.touched.values())):
+    if not inputs.written:
         return 0
     return 5 * sum(len(i.continuations) for m in models for i in m.probes)
 

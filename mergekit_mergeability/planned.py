@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import zlib
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
+from typing import Any, Callable, Collection, Dict, Iterator, Mapping, Optional, Set, Tuple
 
 from mergekit_mergeability.errors import UserError
 
@@ -156,3 +156,9 @@ def merged(planned: Planned, read: Callable[[str, str], Optional[Any]]) -> Any:
     if result is not None and planned.out_dtype:
         result = result.to(dtype_from_name(planned.out_dtype))
     return result
+
+
+def writable(plan: Optional[Dict[str, Planned]], base_tensors: Collection[str], names: Set[str]) -> bool:
+    """Whether the merge as planned can be built on the loaded base: its output has the base's
+    tensors (``base_tensors``), and each tensor the updates touch (``names``) is read as stored."""
+    return plan is not None and set(plan) == set(base_tensors) and all(plan[name].plain for name in names)

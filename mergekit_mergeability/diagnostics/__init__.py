@@ -86,6 +86,15 @@ class DiagnosticInputs:
         base = TensorReader(self.base.path)
         return {m.name: frozenset(changed(base, m.path)) for m in self.models}
 
+    @cached_property
+    def written(self) -> bool:
+        """Whether the config's merge as written can be built in memory on the loaded base
+        (``planned.writable`` over the tensors the updates touch)."""
+        from mergekit_mergeability.planned import writable
+        from mergekit_mergeability.sources import TensorReader
+
+        return writable(self.merge, TensorReader(self.base.path).index, set().union(*self.touched.values()))
+
 
 @dataclass
 class Finding:

@@ -185,12 +185,6 @@ def as_written(
         yield module
 
 
-def writable(plan: Optional[Dict[str, Planned]], base: TensorReader, names: Set[str]) -> bool:
-    """Whether the merge as planned can be built on the loaded base: its output has the base's
-    tensors, and each tensor the updates touch is read as stored."""
-    return plan is not None and set(plan) == set(base.index) and all(plan[name].plain for name in names)
-
-
 def diluted(module: torch.nn.Module, base: TensorReader, model: Source, share: float):
     """``module`` as θ_base + share·τ_model (``mixed`` with one model)."""
     return mixed(module, base, [(model, share, changed(base, model))])
@@ -244,9 +238,7 @@ class Dilution:
         """(which merge, c, e as ``rehearsed`` says, whether knowledge_weighted and TIES are compared,
         passes over every probe line)."""
         probed = [m for m in inputs.models if m.probes]
-        merge, in_sum, extra = self.rehearsed(
-            inputs.models, writable(inputs.merge, base, set().union(*inputs.touched.values()))
-        )
+        merge, in_sum, extra = self.rehearsed(inputs.models, inputs.written)
         # knowledge_weighted's shares need every model's knowledge, and weights it takes (≥ 0, not all 0)
         weights = [m.weight for m in inputs.models]
         # (a config whose merge as written is rehearsed has its method chosen by the menu instead: ``menu``)

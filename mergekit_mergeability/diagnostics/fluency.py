@@ -37,7 +37,7 @@ from typing import Dict
 import torch
 
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, Need
-from mergekit_mergeability.diagnostics.dilution import as_written, diluted, writable
+from mergekit_mergeability.diagnostics.dilution import as_written, diluted
 from mergekit_mergeability.progress import task
 from mergekit_mergeability.resources import shipped
 from mergekit_mergeability.sources import TensorReader, load_causal_lm
@@ -89,8 +89,7 @@ class Fluency:
 
     def passes(self, inputs: DiagnosticInputs, tokenizer) -> int:
         """Windows of the text read by the base, each model and the merge (0 where it will skip)."""
-        names = set().union(*inputs.touched.values())
-        if not writable(inputs.merge, TensorReader(inputs.base.path), names):
+        if not inputs.written:
             return 0
         return (len(inputs.models) + 2) * len(windows(tokenizer, shipped(TEXT).read_text()))
 
@@ -98,7 +97,7 @@ class Fluency:
         result = DiagnosticResult()
         base = TensorReader(inputs.base.path)
         names = set().union(*inputs.touched.values())
-        if not writable(inputs.merge, base, names):
+        if not inputs.written:
             message = "fluency: skipped, the merge as written cannot be built on the loaded base here"
             result.findings.append(
                 Finding("info", f"{message} (a hub model, slices that change the depth, or a rebuilt vocabulary)")
