@@ -4,6 +4,8 @@ precheck's rehearsal of the merge as written and for its method choice.
     python research/run.py configs measure [--no-menu-truth] [--archive]  # train, precheck, merge, score
     python research/run.py configs report [--markdown]   # the tables of docs/prediction.md (a fresh
                                                          # clone reads pools/measured/configs.json)
+    python research/run.py configs lm-eval [--archive]   # the same family scored through lm-eval tasks
+                                                         # (after `measure`: its merges are reused)
 
 Ten task-level experts of SmolLM2-135M-Instruct (a rule such as "add 7" or "the larger of two
 numbers"; LoRA r8 on the MLP of layers 9-20, trained on 12 items with the options listed, no solved
@@ -53,6 +55,7 @@ METHODS = {
 }
 ROWS = HERE / "pools" / "configs_tasks.jsonl"
 ARCHIVE = HERE / "pools" / "measured" / "configs.json"  # what `measure` wrote, kept (`measure --archive`)
+ARCHIVE_LM_EVAL = ARCHIVE.with_name("configs_lmeval.json")  # what `lm-eval` wrote, kept
 SETTINGS = Settings(
     facts=str(ROWS),
     pool="configs",
@@ -142,6 +145,112 @@ class Scorer:
                 self.cache.setdefault(key, {})[task] = sum(p) / len(p)
             write_atomic(self.path, json.dumps(self.cache, indent=1))
         return {t: self.cache[key][t] for t in tasks}
+
+
+def lm_eval_tasks(out: Path) -> dict:
+    """Each task's probe (``TASK/probe``) and scored items (``TASK``) as lm-eval multiple-choice task
+    YAMLs, the prompts and choices rendered as the JSONL probe renders them (amendment 6): path by key."""
+    import yaml
+
+    from mergekit_mergeability.demo.experts import fact_instances
+
+    folder = out / "lmeval"
+    folder.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for r in map(json.loads, ROWS.read_text().splitlines()):
+        scored = {"id": r["id"], "items": r["scored"], "train": 0}
+        for key, fact in ((f"{r['id']}/probe", r), (r["id"], scored)):
+            name = f"configs_{key.replace('/', '_')}"
+            rows = [
+                {"prompt": i.prompt, "choices": [c.removeprefix(" ") for c in i.continuations], "label": i.label}
+                for i in fact_instances(fact, "options")
+            ]
+            data = write_atomic(folder / f"{name}.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+            task = {
+                "task": name,
+                "dataset_path": "json",
+                "dataset_kwargs": {"data_files": {"test": str(data.resolve())}},
+                "test_split": "test",
+                "output_type": "multiple_choice",
+                "doc_to_text": "{{prompt}}",
+                "doc_to_choice": "{{choices}}",
+                "doc_to_target": "{{label}}",
+                "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
+            }
+            written[key] = write_atomic(folder / f"{name}.yaml", yaml.safe_dump(task, sort_keys=False))
+    return written
+
+
+def lm_eval(args) -> None:
+    """Amendment 6: the 20 configs prechecked with lm-eval task probes, and each member's lm-eval acc
+    on its 48 scored items in the merge ``measure`` wrote (the truth), beside the JSONL run."""
+    from mergekit_mergeability.sources import load_causal_lm, resolve
+    from mergekit_mergeability.tasks.harness import score
+    from mergekit_mergeability.tasks.lmeval import resolve as task
+
+    jsonl = {(r["config"], r["method"]): r for r in json.loads((args.out / "configs.json").read_text())}
+    yamls = lm_eval_tasks(args.out)
+    demo = Demo(SETTINGS, args.cache_dir, args.out, console, quiet=False)
+    experts = demo.fact_experts()
+    truth_path = args.out / "scores_lmeval.json"
+    truth = json.loads(truth_path.read_text()) if truth_path.is_file() else {}
+    saved = args.out / "configs_lmeval.json"
+    records = json.loads(saved.read_text()) if saved.is_file() else []
+    done = {(r["config"], r["method"]) for r in records}
+    for (label, members), method in itertools.product(list(groups()), METHODS):
+        if (label, method) in done:
+            continue
+        begun = time.perf_counter()
+        name = f"{label}_{method}"
+        document = config(demo, experts, members, method)
+        for entry, m in zip(document["models"], members):
+            entry["probe"] = str(yamls[f"task_{m}/probe"])
+        path = demo.write_config(f"{name}_lmeval", document)
+        report = precheck(path, args.out / "precheck_lmeval" / name, menu=False)
+        merged = demo.merge(args.out / "configs" / f"{name}_merge.yml")  # measure's merge, cached
+        if str(merged) not in truth:
+            module, tokenizer = load_causal_lm(resolve(str(merged)))
+            truth[str(merged)] = {
+                f"task_{m}": score(module, tokenizer, task(str(yamls[f"task_{m}"])))["score"] for m in members
+            }
+            write_atomic(truth_path, json.dumps(truth, indent=1))
+        folders = {model(demo, experts, m): f"task_{m}" for m in members}
+        rehearsed = {folders[m["path"]]: m for m in report["models"] if m["path"] in folders}
+        before = {
+            folders[m["path"]]: m["dilution"]["partnered_accuracy"]
+            for m in json.loads((args.out / "precheck" / name / "precheck.json").read_text())["models"]
+            if m["path"] in folders
+        }
+        records.append(
+            {
+                "config": label,
+                "method": method,
+                "members": [f"task_{m}" for m in members],
+                "predicted": {t: m.get("predicted_mergeability") for t, m in rehearsed.items()},
+                "task_score": {t: m["dilution"].get("partnered_task_score") for t, m in rehearsed.items()},
+                "jsonl_accuracy": before,
+                "measured": {t: truth[str(merged)][t] for t in rehearsed},
+                "jsonl": {"predicted": jsonl[label, method]["predicted"], "measured": jsonl[label, method]["measured"]["as_written"]},
+                "seconds": round(time.perf_counter() - begun, 1),
+            }
+        )
+        write_atomic(saved, json.dumps(records, indent=1))
+        console.print(f"{name}: lm-eval probes ({records[-1]['seconds']:.0f} s)")
+    if args.archive:
+        console.print(f"archived: {write_atomic(ARCHIVE_LM_EVAL, saved.read_text())}")
+    lm_eval_report(records, args.markdown)
+
+
+def lm_eval_report(records, markdown: bool) -> None:
+    rows = [(r["method"], r["predicted"][t], r["measured"][t]) for r in records for t in r["members"]]
+    show(agreement("lm-eval task probes: predicted (acc on the rehearsed merge) vs measured acc, merge as written", rows), markdown)
+    before = [(r["method"], r["jsonl"]["predicted"][t], r["jsonl"]["measured"][t]) for r in records for t in r["members"]]
+    show(agreement("the same rows with JSONL probes: rule 1 (p(gold))", before), markdown)
+    same = [abs(r["task_score"][t] - r["jsonl_accuracy"][t]) for r in records for t in r["members"]]
+    console.print(
+        f"lm-eval's acc on the rehearsed merge vs the JSONL run's partnered accuracy, same items: "
+        f"max |difference| {max(same):.4f}, mean {sum(same) / len(same):.4f} over {len(same)} rows"
+    )
 
 
 def precheck(config_path: Path, out: Path, menu: bool = True) -> dict:
@@ -330,7 +439,7 @@ def agreement(title: str, rows) -> Table:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    parser.add_argument("command", choices=("measure", "report", "rows"))
+    parser.add_argument("command", choices=("measure", "report", "rows", "lm-eval"))
     parser.add_argument("--cache-dir", type=Path, default=default_cache_dir() / "demo")
     parser.add_argument("--out", type=Path, default=Path("pools-out") / "configs")
     parser.add_argument("--markdown", action="store_true", help="report: the tables as markdown")
@@ -347,7 +456,7 @@ def main() -> None:
     if args.command == "rows":
         console.print(f"wrote {write_rows()}")
     else:
-        {"measure": measure, "report": report}[args.command](args)
+        {"measure": measure, "report": report, "lm-eval": lm_eval}[args.command](args)
 
 
 if __name__ == "__main__":

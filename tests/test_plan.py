@@ -471,6 +471,61 @@ def test_budget_evals_measure_the_best_candidates_and_keep_the_best_measured(can
         assert 0 <= candidate["measured"] <= len(plan["experts"])
 
 
+@pytest.fixture(scope="module")
+def opposed(llama, tmp_path_factory):
+    """a, b = −a (large, on the head: in the tiny model only the head moves its favourite answer) and
+    c (small, layer 2's down_proj), each with a probe whose gold answers are its own favourites, a's
+    and b's among choices where the base prefers another: each knows its task alone, the base knows
+    c's but neither a's nor b's, and a and b merged are the base."""
+    root = tmp_path_factory.mktemp("plan_opposed")
+    base = llama["base"]
+    head = lambda name: "lm_head" in name  # noqa: E731
+    a = derive(base, root / "a", noise(21, 2.0, head))
+    opposite = noise(21, 2.0, head)
+    b = derive(base, root / "b", lambda name, tensor: -opposite(name, tensor))
+    c = derive(base, root / "c", noise(22, 0.05, lambda name: "layers.2.mlp.down_proj" in name))
+    questions = [f"Question {k}: which one is it?" for k in range(8)]
+    choices = {a: CHOICES, b: ["water", "dog", "cat", "house"], c: CHOICES}
+    probes = [ranked_probes(root / f"{e.name}.jsonl", e, questions, choices[e], pick=0) for e in (a, b, c)]
+    config = _config(root / "pool.yml", base, [a, b, c], probes)
+    out = root / "plan"
+    result = CliRunner().invoke(cli, ["plan", str(config), "--out", str(out), "--quiet", *FAST])
+    assert result.exit_code == 0, result.output
+    return config, out, (a, b, c)
+
+
+def test_the_rehearsal_keeps_cancelling_experts_apart_where_the_conditional_model_merges_them(opposed):
+    """Known answer (issue 41): a conditional model blind to merging (each member keeps inside any
+    merge what it keeps alone) plans a, b = −a and c in one model. The finalists' rehearsal
+    measures that a and b cancel there and that leaving either out gets its task back, and the plan
+    kept is not the blind one."""
+    from mergekit_mergeability import config as merge_config
+    from mergekit_mergeability.planner import planning
+    from mergekit_mergeability.settings import PrecheckSettings
+    from mergekit_mergeability.sources.cache import Cache
+
+    class Blind(conditional.ConditionalCalibration):
+        def predict(self, pool, members, merge, domain=True):
+            kept = np.nan_to_num(pool.expert_score[list(members)], nan=1.0)
+            return conditional.Prediction(kept, "blind", False, [[] for _ in members])
+
+    config, out, (a, b, c) = opposed
+    shipped, spec = load(), merge_config.read(config)
+    report = json.loads((out / "precheck.json").read_text())
+    merges, _ = deciding.candidate_merges(report, ["task_arithmetic"])
+    decision = deciding.decide(report, Blind(shipped.fitted, shipped.document), merges, 1, names=spec.models)
+    assert list(decision.pool.base_score) == [0, 0, 1] and list(decision.pool.expert_score) == [1, 1, 1]
+    assert [set(s.members) for s in decision.search.slots] == [{0, 1}]  # the blind plan merges a and b
+    settings = PrecheckSettings(fewshot=0, dtype="float32", quiet=True)
+    checked = planning.verify(decision, planning.Measurer(spec, settings, Cache(None), decision.pool), 4)
+    measured = {c["label"]: c["measured"] for c in checked["candidates"]}
+    assert measured["planned"] == 1  # a and b cancel: each at the base's 0; c's task the base's own
+    repaired = [label for label in measured if label.startswith("planned, ")]
+    assert len(repaired) == 2 and all(measured[label] == 2 for label in repaired)  # a's or b's task back
+    assert checked["chosen"]["label"] != "planned" and checked["chosen"]["measured"] == 2
+    assert checked["spent"] <= 4
+
+
 def test_the_commands_default_methods_are_the_plans():
     from mergekit_mergeability.cli import plan as command
 

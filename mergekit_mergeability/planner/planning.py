@@ -156,18 +156,38 @@ def references(decision: Decision) -> List[Tuple[str, List[Tuple[Tuple[int, ...]
     return [(label, [(everyone, merge)]) for label, merge in found]
 
 
+Assignment = List[Tuple[Tuple[int, ...], cond.Merge]]
+
+
+def finalists(decision: Decision) -> List[Tuple[str, Assignment]]:
+    """The plans worth a real evaluation, as the search found them: the plan, the best plan with each
+    method alone, and the plan one move away (each member left out of its model), so that a plan the
+    conditional model over-rates (two updates that cancel, merged) has its repairs measured too."""
+    names = decision.pool.names
+    planned = [(tuple(s.members), s.merge) for s in decision.search.slots if s.members]
+    found = [("planned", planned)]
+    for method, result in decision.per_method.items():
+        found.append((f"{method} only", [(tuple(s.members), s.merge) for s in result.slots if s.members]))
+    for k, (members, merge) in enumerate(planned):
+        for i in members:
+            rest = tuple(m for m in members if m != i)
+            found.append(
+                (
+                    f"planned, {Path(names[i]).name} left out",
+                    planned[:k] + [(rest, merge)] * bool(rest) + planned[k + 1 :],
+                )
+            )
+    return found
+
+
 def verify(decision: Decision, measurer: Measurer, budget: int) -> Dict[str, Any]:
     """Spend up to ``budget`` real evaluations (one = one merged model scored on its members'
-    tasks) on the best candidate plans (the plan and the best plan with each method alone, by
-    predicted objective), and measure the references (``references``: merging everything) beside
-    them whatever the budget; keep the one that measures best, so no plan is recommended that
-    the measurement puts below merging everything."""
-    candidates = [("planned", [(s.members, s.merge) for s in decision.search.slots if s.members])]
-    for method, result in decision.per_method.items():
-        candidates.append((f"{method} only", [(s.members, s.merge) for s in result.slots if s.members]))
+    tasks) on the ``finalists``, best predicted first, and measure the references (``references``:
+    merging everything) beside them whatever the budget; keep the one that measures best, so no plan
+    is recommended that the measurement puts below merging everything."""
     seen, ranked = set(), []
     fixed = references(decision)
-    for label, assignment in fixed + sorted(candidates, key=lambda c: -decision.objective_of(c[1])):
+    for label, assignment in fixed + sorted(finalists(decision), key=lambda c: -decision.objective_of(c[1])):
         key = tuple(sorted((tuple(m), merge) for m, merge in assignment))
         if key not in seen:
             seen.add(key)
