@@ -325,7 +325,7 @@ def plan(
     models: int = 1,
     methods: Optional[Sequence[str]] = ("task_arithmetic", "ties", "knowledge_weighted", "layer_selective"),
     knobs: str = "defaults",
-    budget_evals: int = 0,
+    budget_evals: int = 4,
     precheck: Optional[PathLike] = None,
     measured: Optional[PathLike] = None,
     calibration: Optional[PathLike] = None,
@@ -342,7 +342,7 @@ def plan(
     precheck.json instead) it predicts each expert's own-task score inside any candidate merge
     and searches for the plan of at most ``models`` merged models that keeps most of the pool's
     tasks; ``budget_evals`` merged models are built and scored in memory to check the best
-    candidates. Writes plan.json, models/*.yml, precheck.json and report.html into ``out``.
+    candidates (0: the prediction alone), and merging everything is measured beside them. Writes plan.json, models/*.yml, precheck.json and report.html into ``out``.
     """
     from dataclasses import replace
 

@@ -530,7 +530,7 @@ def precheck(
     type=click.IntRange(min=0),
     default=api_default("plan", "budget_evals"),
     show_default=True,
-    help="Merged models to build and score in memory (each on its members' probes) to check the best candidate plans before choosing; merging everything (TIES, the mean, as configured) is measured beside them too.",
+    help="Merged models to build and score in memory (each on its members' probes) to check the best candidate plans before choosing; merging everything (TIES, the mean, as configured) is measured beside them too. 0: the prediction alone, no model built.",
 )
 @click.option(
     "--precheck",

@@ -25,6 +25,7 @@ from conftest import noise, ranked_probes
 
 BIN = Path(sys.executable).parent
 FAST = ["--fewshot", "0", "--dtype", "float32"]  # the lettered few-shot view is measured, not planned on
+PREDICTED = ["--budget-evals", "0"]  # the plan from the prediction alone, no merge built (the default checks)
 QUESTIONS = ["Which one is it?", "Pick the right one.", "What is the answer?"]
 CHOICES = ["Paris", "water", "fox", "dog"]
 
@@ -315,7 +316,7 @@ def cancelling(llama, tmp_path_factory):
     probes = [ranked_probes(root / f"{k}.jsonl", base, QUESTIONS, CHOICES, pick=1) for k in "abc"]
     config = _config(root / "pool.yml", base, [a, b, c], probes)
     out = root / "plan"
-    result = CliRunner().invoke(cli, ["plan", str(config), "--out", str(out), "--quiet", *FAST])
+    result = CliRunner().invoke(cli, ["plan", str(config), "--out", str(out), "--quiet", *FAST, *PREDICTED])
     assert result.exit_code == 0, result.output
     return root, config, out, (a, b, c)
 
@@ -374,19 +375,30 @@ def test_plan_writes_nothing_on_bad_input(cancelling, tmp_path):
     busy.mkdir()
     (busy / "notes.txt").write_text("mine")
     result = CliRunner().invoke(
-        cli, ["plan", str(config), "--out", str(busy), "--precheck", str(out / "precheck.json")]
+        cli, ["plan", str(config), "--out", str(busy), "--precheck", str(out / "precheck.json"), *PREDICTED]
     )
     assert result.exit_code == 2 and "not an earlier plan's folder" in result.output
     assert sorted(p.name for p in busy.iterdir()) == ["notes.txt"]
     fresh = tmp_path / "fresh"
     result = CliRunner().invoke(
-        cli, ["plan", str(config), "--out", str(fresh), "--precheck", str(out / "precheck.json"), "--methods", "slerp"]
+        cli,
+        [
+            "plan",
+            str(config),
+            "--out",
+            str(fresh),
+            "--precheck",
+            str(out / "precheck.json"),
+            "--methods",
+            "slerp",
+            *PREDICTED,
+        ],
     )
     assert result.exit_code == 2 and "--methods slerp" in result.output and not fresh.exists()
     other = tmp_path / "other.yml"
     other.write_text(config.read_text().replace(str(cancelling[3][2]), str(cancelling[3][0]) + "_missing"))
     result = CliRunner().invoke(
-        cli, ["plan", str(other), "--out", str(fresh), "--precheck", str(out / "precheck.json")]
+        cli, ["plan", str(other), "--out", str(fresh), "--precheck", str(out / "precheck.json"), *PREDICTED]
     )
     assert result.exit_code == 2 and not fresh.exists()
 
@@ -434,7 +446,17 @@ def test_a_pool_folder_without_a_probe_for_a_member_is_refused(llama, tmp_path):
     make_adapter(llama["base"], adapters / "e0", [LORA_TARGETS[0].format(0)], seed=1)
     (tmp_path / "probes").mkdir()
     result = CliRunner().invoke(
-        cli, ["plan", "--pool", str(adapters), "--probes", str(tmp_path / "probes"), "--out", str(tmp_path / "o")]
+        cli,
+        [
+            "plan",
+            "--pool",
+            str(adapters),
+            "--probes",
+            str(tmp_path / "probes"),
+            "--out",
+            str(tmp_path / "o"),
+            *PREDICTED,
+        ],
     )
     assert result.exit_code == 2 and "no probe for e0" in result.output and not (tmp_path / "o").exists()
 
@@ -463,8 +485,9 @@ def test_budget_evals_measure_the_best_candidates_and_keep_the_best_measured(can
     plan = checked_plan(cancelling, tmp_path / "checked", 4)
     found = plan["checked"]
     assert found["spent"] <= 4 and found["candidates"]
-    best = max(found["candidates"], key=lambda c: c["measured"])
-    assert found["chosen"] == best["label"]
+    top = max(c["measured"] for c in found["candidates"])
+    best = max((c for c in found["candidates"] if c["measured"] == top), key=lambda c: c["predicted"])
+    assert found["chosen"] == best["label"]  # measured best; of those measured alike, the better predicted
     # the plan written is the one measured best: its models are that candidate's
     assert [sorted(m["members"]) for m in plan["models"]] == [sorted(m["members"]) for m in best["models"]]
     for candidate in found["candidates"]:
@@ -489,7 +512,7 @@ def opposed(llama, tmp_path_factory):
     probes = [ranked_probes(root / f"{e.name}.jsonl", e, questions, choices[e], pick=0) for e in (a, b, c)]
     config = _config(root / "pool.yml", base, [a, b, c], probes)
     out = root / "plan"
-    result = CliRunner().invoke(cli, ["plan", str(config), "--out", str(out), "--quiet", *FAST])
+    result = CliRunner().invoke(cli, ["plan", str(config), "--out", str(out), "--quiet", *FAST, *PREDICTED])
     assert result.exit_code == 0, result.output
     return config, out, (a, b, c)
 

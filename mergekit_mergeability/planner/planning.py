@@ -17,6 +17,7 @@ import numpy as np
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.files import read_report
 from mergekit_mergeability.planner import conditional as cond
+from mergekit_mergeability.planner.search import TOLERANCE
 from mergekit_mergeability.planner.deciding import Decision, Planned, decide, mergekit_parameters
 from mergekit_mergeability import config
 from mergekit_mergeability.settings import PrecheckSettings, RunSettings
@@ -183,8 +184,9 @@ def finalists(decision: Decision) -> List[Tuple[str, Assignment]]:
 def verify(decision: Decision, measurer: Measurer, budget: int) -> Dict[str, Any]:
     """Spend up to ``budget`` real evaluations (one = one merged model scored on its members'
     tasks) on the ``finalists``, best predicted first, and measure the references (``references``:
-    merging everything) beside them whatever the budget; keep the one that measures best, so no plan
-    is recommended that the measurement puts below merging everything."""
+    merging everything) beside them whatever the budget; keep the one that measures best (of those
+    measured alike, the better predicted), so no plan is recommended that the measurement puts below
+    merging everything."""
     seen, ranked = set(), []
     fixed = references(decision)
     for label, assignment in fixed + sorted(finalists(decision), key=lambda c: -decision.objective_of(c[1])):
@@ -214,7 +216,8 @@ def verify(decision: Decision, measurer: Measurer, budget: int) -> Dict[str, Any
         )
     if not checked:
         return {"budget": budget, "spent": 0, "candidates": [], "chosen": None}
-    chosen = max(checked, key=lambda c: c["measured"])
+    best = max(c["measured"] for c in checked)  # measured alike (within rounding): the better predicted
+    chosen = max((c for c in checked if c["measured"] >= best - TOLERANCE), key=lambda c: c["predicted"])
     return {"budget": budget, "spent": spent, "candidates": checked, "chosen": chosen}
 
 
