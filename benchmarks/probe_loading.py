@@ -33,8 +33,8 @@ from pathlib import Path
 import yaml
 
 from _models import workdir
-from mergekit_mergeability import api, config
-from mergekit_mergeability.measure import load_inputs
+from mergekit_mergeability import api, merge_config
+from mergekit_mergeability.measuring import load_inputs
 from mergekit_mergeability.settings import PrecheckSettings
 from mergekit_mergeability.tasks import lmeval
 from mergekit_mergeability.tiny import make_family
@@ -74,26 +74,26 @@ def write_probes(root: Path, items: int, name: str = "facts", shots: int = 0):
     return jsonl, task
 
 
-def spec_for(family: dict, probes_of) -> config.MergeSpec:
+def spec_for(family: dict, probes_of) -> merge_config.MergeSpec:
     """The merge of ``family``'s experts, each probed with ``probes_of(expert)``."""
     models = [
         {"model": str(path), "probe": str(probes_of(name)), "parameters": {"weight": 1.0}}
         for name, path in family.items()
         if name != "base"
     ]
-    return config.from_document(
+    return merge_config.from_document(
         {"merge_method": "task_arithmetic", "base_model": str(family["base"]), "models": models}, Path.cwd()
     )
 
 
-def load(spec: config.MergeSpec, limit: int):
+def load(spec: merge_config.MergeSpec, limit: int):
     getattr(lmeval, "_built", {}).clear()  # a fresh precheck: nothing built yet in this process
     started = time.perf_counter()
     _, models = load_inputs(spec, spec.probes, limit)
     return time.perf_counter() - started, models
 
 
-def whole_precheck(spec: config.MergeSpec, out: Path, limit: int) -> float:
+def whole_precheck(spec: merge_config.MergeSpec, out: Path, limit: int) -> float:
     getattr(lmeval, "_built", {}).clear()
     started = time.perf_counter()
     api.precheck(spec, settings=PrecheckSettings(device="cpu", quiet=True, limit=limit), out=out)

@@ -99,13 +99,13 @@ def probes(root: Path) -> Path:
 
 
 def whole_precheck(paths: dict, probe: Path, out: Path, skip=()) -> None:
-    from mergekit_mergeability import api, config
+    from mergekit_mergeability import api, merge_config
     from mergekit_mergeability.settings import PrecheckSettings
 
     models = [
         {"model": str(p), "probe": str(probe), "parameters": {"weight": 1.0}} for n, p in paths.items() if n != "base"
     ]
-    spec = config.from_document(
+    spec = merge_config.from_document(
         {"merge_method": "task_arithmetic", "base_model": str(paths["base"]), "models": models}, out.parent
     )
     api.precheck(spec, settings=PrecheckSettings(device="cpu", quiet=True, limit=LINES, skip=tuple(skip)), out=out)
@@ -115,9 +115,9 @@ def phased(peak: PeakMemory) -> None:
     """Record each part of the precheck as a phase of ``peak``: loading, planning, every
     diagnostic, the decision, the report; within the rehearsal, its loading and each merge it
     builds (held while its probes are asked)."""
-    from mergekit_mergeability import measure
+    from mergekit_mergeability import measuring
     from mergekit_mergeability.diagnostics import dilution
-    from mergekit_mergeability.output import precheck
+    from mergekit_mergeability.output import precheck_report
     from mergekit_mergeability.plugins import plugin_diagnostics
 
     def wrap(owner, attribute: str, label=lambda args: "") -> None:
@@ -140,11 +140,11 @@ def phased(peak: PeakMemory) -> None:
         setattr(owner, attribute, run)
 
     for owner, attribute in (
-        (measure, "load_inputs"),
-        (measure, "plan"),
-        (measure, "decision"),
-        (precheck, "build"),
-        (precheck, "write"),
+        (measuring, "load_inputs"),
+        (measuring, "plan"),
+        (measuring, "decision"),
+        (precheck_report, "build"),
+        (precheck_report, "write"),
         (dilution, "load_causal_lm"),
         (dilution, "summed"),
     ):

@@ -29,7 +29,7 @@ from mergekit_mergeability.results import (
 )
 
 if TYPE_CHECKING:
-    from mergekit_mergeability.config import MergeSpec
+    from mergekit_mergeability.merge_config import MergeSpec
     from mergekit_mergeability.cost import Cost
     from mergekit_mergeability.describe import MethodRow
     from mergekit_mergeability.settings import PrecheckSettings, RunSettings, SweepSettings
@@ -74,10 +74,10 @@ def precheck(
     """
     from types import MappingProxyType
 
-    from mergekit_mergeability import measure as measuring
+    from mergekit_mergeability import measuring
     from mergekit_mergeability.decide.verdict import DO_NOT_MERGE
     from mergekit_mergeability.errors import MeasurementError
-    from mergekit_mergeability.output import precheck as reports
+    from mergekit_mergeability.output import precheck_report
     from mergekit_mergeability.plugins import results as answers_of
     from mergekit_mergeability.settings import PrecheckSettings
 
@@ -88,9 +88,9 @@ def precheck(
         measured = measuring.measure(spec, probes or {}, settings)
     except MeasurementError:
         if out is not None:  # an earlier run's advice must not outlive a failed measurement
-            reports.remove_recommended(Path(out))
+            precheck_report.remove_recommended(Path(out))
         raise
-    report = reports.build(measured, settings, measuring.decision(measured, settings, _against_ties))
+    report = precheck_report.build(measured, settings, measuring.decision(measured, settings, _against_ties))
     failures: List[str] = []  # a plugin's bug must not cost the user the report: a warning, the others still answer
     answers = answers_of(
         measuring.REPORT_HOOK, failed=failures.append, report=MappingProxyType(report), config_path=str(spec.source)
@@ -102,10 +102,10 @@ def precheck(
     if report["recommendation"]["verdict"] == DO_NOT_MERGE:
         reasons = ["; ".join(report["recommendation"]["reasons"]), *reasons]
     report["stop"] = [r for r in reasons if r]
-    recommended = reports.recommended(report, measured)
+    recommended = precheck_report.recommended(report, measured)
     if out is not None:
-        reports.write(report, measured, Path(out), recommended)
-    return PrecheckResult.from_json(report, recommended=reports.parsed(recommended))
+        precheck_report.write(report, measured, Path(out), recommended)
+    return PrecheckResult.from_json(report, recommended=precheck_report.parsed(recommended))
 
 
 _precheck = precheck  # for plan, whose parameter of that name is an earlier precheck.json
@@ -119,7 +119,7 @@ def precheck_cost(
     and one pass of each kind timed on the base (``cost.Cost``; its ``line()`` says it)."""
     from dataclasses import replace
 
-    from mergekit_mergeability import measure as measuring
+    from mergekit_mergeability import measuring
     from mergekit_mergeability.errors import UserError
     from mergekit_mergeability.settings import PrecheckSettings
 
@@ -146,11 +146,11 @@ def evaluate(
     (expert − base). Scores are cached by content under ``cache_dir`` (None: not cached). With
     ``out``, writes evaluation.json and evaluation.png there.
     """
-    from mergekit_mergeability.evaluation import evaluate as evaluation
+    from mergekit_mergeability.evaluation import merge_scores
     from mergekit_mergeability.settings import RunSettings
 
     _folder(out)
-    report = evaluation.evaluate(
+    report = merge_scores.evaluate(
         _spec(config),
         Path(merged),
         list(tasks) if tasks else None,
@@ -158,7 +158,7 @@ def evaluate(
         _cache(cache_dir),
     )
     if out is not None:
-        evaluation.write(report, Path(out))
+        merge_scores.write(report, Path(out))
     return Evaluation.from_json(report)
 
 
@@ -183,16 +183,16 @@ def mergeability(
     """
     import tempfile
 
-    from mergekit_mergeability.evaluation import mergeability as protocol
+    from mergekit_mergeability.evaluation import pool_trials
     from mergekit_mergeability.settings import RunSettings
 
     _folder(out)
     spec, settings = _spec(pool), _resolved(settings or RunSettings())
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(out) if out is not None else Path(scratch)
-        report = protocol.measure(spec, method, partners, trials, seed, settings, _cache(cache_dir), folder)
+        report = pool_trials.measure(spec, method, partners, trials, seed, settings, _cache(cache_dir), folder)
         if out is not None:
-            protocol.write(report, folder)
+            pool_trials.write(report, folder)
     return Mergeability.from_json(report)
 
 
@@ -283,9 +283,9 @@ def install(calibration: PathLike, *, kind: str = "precheck") -> Path:
     from mergekit_mergeability.decide.calibration import DEFAULT, Calibration
     from mergekit_mergeability.errors import UserError
     from mergekit_mergeability.files import write_atomic
-    from mergekit_mergeability.planner import fit
+    from mergekit_mergeability.planner import conditional_fit
 
-    readers = {"precheck": (Calibration.load, DEFAULT), "plan": (fit.load, fit.DEFAULT)}
+    readers = {"precheck": (Calibration.load, DEFAULT), "plan": (conditional_fit.load, conditional_fit.DEFAULT)}
     if kind not in readers:
         raise UserError(f"install: kind {kind!r}; use precheck or plan")
     read, target = readers[kind]
@@ -392,7 +392,7 @@ def methods() -> List["MethodRow"]:
 
 def _spec(config: Config, pools: bool = False) -> "MergeSpec":
     """A config as the commands read it: a file, a document, a MergeSpec, or (``pools``) a folder of adapters."""
-    from mergekit_mergeability import config as merge_config
+    from mergekit_mergeability import merge_config
 
     if isinstance(config, merge_config.MergeSpec):
         return config
@@ -444,6 +444,6 @@ def _cache(folder: Optional[PathLike]):
 def _against_ties(report: Dict[str, Any]) -> Optional[Tuple[float, float]]:
     """knowledge_weighted's and TIES's predicted mean score on the precheck's merge (the plan's
     shipped conditional prediction): the precheck recommends knowledge_weighted only where it leads."""
-    from mergekit_mergeability.planner import deciding, fit
+    from mergekit_mergeability.planner import conditional_fit, deciding
 
-    return deciding.knowledge_weighted_against_ties(report, fit.load())
+    return deciding.knowledge_weighted_against_ties(report, conditional_fit.load())

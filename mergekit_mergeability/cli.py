@@ -113,7 +113,7 @@ def merge(config_file: Path, out_path: Path, mergekit_options: tuple):
     """
     if out_path.exists() and any(out_path.iterdir()):
         raise UserError(f"{out_path}: output folder exists and is not empty; remove it or choose another")
-    from mergekit_mergeability.config import check_local_weights
+    from mergekit_mergeability.merge_config import check_local_weights
 
     check_local_weights(config_file)
     # Importing mergekit registers the plugins' methods: this package's import installed the hook.

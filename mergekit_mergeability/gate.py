@@ -56,7 +56,7 @@ def check(merge_config) -> None:
     """Run the precheck on the config being planned; raise UserError to stop the merge."""
     if not enabled():
         return
-    from mergekit_mergeability import api, config
+    from mergekit_mergeability import api, merge_config
     from mergekit_mergeability.errors import MeasurementError, UserError
     from mergekit_mergeability.output.terminal import print_precheck
 
@@ -65,7 +65,7 @@ def check(merge_config) -> None:
     from mergekit_mergeability.settings import PrecheckSettings
     from mergekit_mergeability.sources import auto_device
 
-    spec = config.from_document(document, Path.cwd())
+    spec = merge_config.from_document(document, Path.cwd())
     try:
         result = api.precheck(spec, settings=PrecheckSettings(device=auto_device(), quiet=True), out=out)
     except MeasurementError as error:  # fail closed: no verdict is not a go-ahead

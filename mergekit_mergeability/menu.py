@@ -29,7 +29,7 @@ def rehearse(measured, inputs: DiagnosticInputs) -> Optional[DiagnosticResult]:
     """Per candidate (``as_written`` and the menu), per member: its probe's items as scored, in
     ``per_instance`` (member -> one record per item: candidate -> value) and their mean in
     ``per_model``; None where the menu is not rehearsed."""
-    from mergekit_mergeability.config import absolute
+    from mergekit_mergeability.merge_config import absolute
     from mergekit_mergeability.decide.advice import menu
     from mergekit_mergeability.decide.verdict import AS_WRITTEN
     from mergekit_mergeability.planned import plan

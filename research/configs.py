@@ -122,7 +122,7 @@ class Scorer:
     ``out/name``."""
 
     def __init__(self, out: Path, name: str = "scores.json"):
-        from mergekit_mergeability.demo.experts import fact_instances
+        from mergekit_mergeability.demo.training import fact_instances
 
         rows = {r["id"]: r for r in map(json.loads, ROWS.read_text().splitlines())}
         self.instances = {}
@@ -133,7 +133,7 @@ class Scorer:
         self.cache = json.loads(self.path.read_text()) if self.path.is_file() else {}
 
     def __call__(self, folder: Path, tasks) -> dict:
-        from mergekit_mergeability.demo.experts import gold_probability
+        from mergekit_mergeability.demo.training import gold_probability
         from mergekit_mergeability.sources import load_causal_lm, resolve
 
         key = str(folder)
@@ -152,7 +152,7 @@ def lm_eval_tasks(out: Path) -> dict:
     YAMLs, the prompts and choices rendered as the JSONL probe renders them (amendment 6): path by key."""
     import yaml
 
-    from mergekit_mergeability.demo.experts import fact_instances
+    from mergekit_mergeability.demo.training import fact_instances
 
     folder = out / "lmeval"
     folder.mkdir(parents=True, exist_ok=True)
@@ -230,7 +230,10 @@ def lm_eval(args) -> None:
                 "task_score": {t: m["dilution"].get("partnered_task_score") for t, m in rehearsed.items()},
                 "jsonl_accuracy": before,
                 "measured": {t: truth[str(merged)][t] for t in rehearsed},
-                "jsonl": {"predicted": jsonl[label, method]["predicted"], "measured": jsonl[label, method]["measured"]["as_written"]},
+                "jsonl": {
+                    "predicted": jsonl[label, method]["predicted"],
+                    "measured": jsonl[label, method]["measured"]["as_written"],
+                },
                 "seconds": round(time.perf_counter() - begun, 1),
             }
         )
@@ -243,8 +246,15 @@ def lm_eval(args) -> None:
 
 def lm_eval_report(records, markdown: bool) -> None:
     rows = [(r["method"], r["predicted"][t], r["measured"][t]) for r in records for t in r["members"]]
-    show(agreement("lm-eval task probes: predicted (acc on the rehearsed merge) vs measured acc, merge as written", rows), markdown)
-    before = [(r["method"], r["jsonl"]["predicted"][t], r["jsonl"]["measured"][t]) for r in records for t in r["members"]]
+    show(
+        agreement(
+            "lm-eval task probes: predicted (acc on the rehearsed merge) vs measured acc, merge as written", rows
+        ),
+        markdown,
+    )
+    before = [
+        (r["method"], r["jsonl"]["predicted"][t], r["jsonl"]["measured"][t]) for r in records for t in r["members"]
+    ]
     show(agreement("the same rows with JSONL probes: rule 1 (p(gold))", before), markdown)
     same = [abs(r["task_score"][t] - r["jsonl_accuracy"][t]) for r in records for t in r["members"]]
     console.print(

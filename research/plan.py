@@ -62,12 +62,12 @@ def _pairs(arguments, out: Path, families):
 
 
 def fit(args) -> None:
-    from mergekit_mergeability.planner import fit as fitting
+    from mergekit_mergeability.planner import conditional_fit
 
     pairs = _pairs(args.measured, args.out, args.families.split(","))
     started = time.perf_counter()
-    rows = fitting.measured_rows(pairs)
-    document = fitting.fit(rows, permutations=args.permutations)
+    rows = conditional_fit.measured_rows(pairs)
+    document = conditional_fit.fit(rows, permutations=args.permutations)
     seconds = time.perf_counter() - started
     table = Table(
         "rule",
@@ -115,7 +115,7 @@ def fit(args) -> None:
         import tempfile
 
         target = args.output or Path(tempfile.mkdtemp(prefix="conditional-")) / "conditional.json"
-        written = fitting.write(document, target, command)
+        written = conditional_fit.write(document, target, command)
         if args.install:
             from mergekit_mergeability.api import install
 
@@ -164,7 +164,7 @@ def _measure(base: Path, folders, models: int) -> dict:
     from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
     from mergekit_mergeability.diagnostics.weights import WeightStatistics
     from mergekit_mergeability.settings import PrecheckSettings
-    from mergekit_mergeability.planner import deciding, fit as fitting
+    from mergekit_mergeability.planner import deciding, conditional_fit
 
     tensor_position("model.embed_tokens.weight")  # mergekit's architectures import (~3 s): not the pass
     inputs = DiagnosticInputs(
@@ -177,7 +177,7 @@ def _measure(base: Path, folders, models: int) -> dict:
         result = WeightStatistics().run(inputs)
         weight_seconds = time.perf_counter() - started
     report = _report(result, [str(f) for f in folders], str(base))
-    calibration = fitting.load()
+    calibration = conditional_fit.load()
     with PeakMemory() as plan_peak:
         started = time.perf_counter()
         merges, _ = deciding.candidate_merges(report, None)
@@ -251,12 +251,12 @@ def check(args) -> None:
     from mergekit_mergeability.cli import default_cache_dir
     from mergekit_mergeability.settings import RunSettings
     from mergekit_mergeability.sources.cache import Cache
-    from mergekit_mergeability.planner import conditional, deciding, fit as fitting, planning
-    from mergekit_mergeability import config as merge_config
+    from mergekit_mergeability.planner import conditional, deciding, conditional_fit, planning
+    from mergekit_mergeability import merge_config
 
     spec = merge_config.read(args.pool)
     report = planning.read_precheck(args.precheck, spec)
-    calibration = fitting.load(args.calibration)
+    calibration = conditional_fit.load(args.calibration)
     experts, bases = planning.expert_scores(args.measured)
     merges, _ = deciding.candidate_merges(report, args.methods.split(",") if args.methods else None)
     decided = deciding.decide(
@@ -340,12 +340,12 @@ METHODS = {  # label as research/pools.py writes it -> the merge it ran (knowled
 
 
 def methods(args) -> None:
-    from mergekit_mergeability.planner import conditional, fit as fitting
+    from mergekit_mergeability.planner import conditional, conditional_fit
 
     folder = Path(args.pool)
     report = json.loads((folder / "precheck" / "precheck.json").read_text())
     mean = json.loads((folder / "mergeability" / "mean" / "mergeability.json").read_text())
-    calibration = fitting.load(args.calibration)
+    calibration = conditional_fit.load(args.calibration)
     pool = conditional.from_report(report)
     index = {name: i for i, name in enumerate(pool.names)}
     order = np.argsort(pool.knowledge, kind="stable")

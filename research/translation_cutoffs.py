@@ -26,7 +26,7 @@ from mergekit_mergeability.demo import translation
 from mergekit_mergeability.demo.steps import FULL, Demo
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.files import write_atomic
-from mergekit_mergeability import api, config as merge_config
+from mergekit_mergeability import api, merge_config
 from mergekit_mergeability.settings import PrecheckSettings
 
 

@@ -79,9 +79,9 @@ def test_a_bad_setting_is_one_line(config):
 
 def test_a_bad_device_limit_or_out_is_refused_before_any_work(config, tmp_path, monkeypatch):
     import mergekit_mergeability as mm
-    from mergekit_mergeability import measure
+    from mergekit_mergeability import measuring
 
-    monkeypatch.setattr(measure, "measure", lambda *a, **k: pytest.fail("measured despite a bad argument"))
+    monkeypatch.setattr(measuring, "measure", lambda *a, **k: pytest.fail("measured despite a bad argument"))
     with pytest.raises(mm.UserError, match=r"^device 'gpu': not a device torch knows; use cpu, cuda, cuda:N or mps$"):
         mm.precheck(config, settings=mm.PrecheckSettings(quiet=True, device="gpu"))
     with pytest.raises(mm.UserError, match=r"^limit 0: must be at least 1"):
@@ -158,14 +158,14 @@ def test_install_ships_a_calibration_read_first_and_refuses_a_broken_one(tmp_pat
     from mergekit_mergeability import api
     from mergekit_mergeability.decide import calibration
     from mergekit_mergeability.errors import UserError
-    from mergekit_mergeability.planner import fit
+    from mergekit_mergeability.planner import conditional_fit
 
-    shipped = {"precheck": calibration.DEFAULT, "plan": fit.DEFAULT}
+    shipped = {"precheck": calibration.DEFAULT, "plan": conditional_fit.DEFAULT}
     for kind, default in shipped.items():
         target = tmp_path / kind / default.name
         target.parent.mkdir()
         shutil.copyfile(default, target)
-        monkeypatch.setattr(calibration if kind == "precheck" else fit, "DEFAULT", target)
+        monkeypatch.setattr(calibration if kind == "precheck" else conditional_fit, "DEFAULT", target)
         broken = tmp_path / f"{kind}-broken.json"
         broken.write_text('{"not": "a calibration"}')
         with pytest.raises(UserError, match="broken.json"):

@@ -9,7 +9,6 @@ import pytest
 
 from mergekit_mergeability import sources
 from mergekit_mergeability.sources import TensorReader, load_causal_lm, resolve, tensor_index
-from mergekit_mergeability.sources import hub as hub_source
 from mergekit_mergeability.sources.folder import read_header, weight_files
 from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
 from mergekit_mergeability.diagnostics.compatibility import Compatibility
@@ -101,7 +100,7 @@ def hub(llama, monkeypatch):
     fake = FakeHub({"org/base": llama["base"], "org/expert": llama["expert0"]})
     for name in ("hf_hub_download", "get_safetensors_metadata", "snapshot_download"):
         monkeypatch.setattr(huggingface_hub, name, getattr(fake, name))
-    monkeypatch.setattr(hub_source, "reachable", lambda: True)  # the fake hub is online
+    monkeypatch.setattr("mergekit_mergeability.sources.hub.reachable", lambda: True)  # the fake hub is online
     return fake
 
 
@@ -130,12 +129,12 @@ def test_an_unknown_hub_id_in_a_config_names_its_field(hub, llama, tmp_path):
     still says which field of which file named the id."""
     import yaml
 
-    from mergekit_mergeability import config
+    from mergekit_mergeability import merge_config
 
     path = tmp_path / "pool.yml"
     models = [{"model": str(llama["expert0"])}, {"model": "org/missing"}]
     path.write_text(yaml.safe_dump({"merge_method": "task_arithmetic", "base_model": "org/base", "models": models}))
-    missing = config.read(path).sources()["org/missing"]
+    missing = merge_config.read(path).sources()["org/missing"]
     with pytest.raises(
         UserError, match=f"^{re.escape(str(path))}: models\\[1\\].model: model org/missing: no such folder"
     ):
@@ -152,9 +151,9 @@ def test_offline_a_hub_id_is_looked_up_in_the_cache_only_and_fails_at_once(hub, 
         asked.append(kwargs)
         raise huggingface_hub.errors.LocalEntryNotFoundError("not in the cache")
 
-    monkeypatch.setattr(hub_source, "reachable", lambda: False)
+    monkeypatch.setattr("mergekit_mergeability.sources.hub.reachable", lambda: False)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", not_cached)
-    unreachable = f"the hub \\({re.escape(hub_source._host())}\\) cannot be reached to look it up"
+    unreachable = f"the hub \\({re.escape(sources.hub._host())}\\) cannot be reached to look it up"
     with pytest.raises(UserError, match=f"^model models/nope: no such folder, and {unreachable}"):
         sources.model_config(resolve("models/nope"))
     assert asked and all(kwargs.get("local_files_only") for kwargs in asked)

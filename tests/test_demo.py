@@ -89,7 +89,7 @@ def test_a_merge_is_stored_as_the_matrices_it_changed_and_links_to_the_base(llam
 def test_training_from_the_first_trained_block_gives_the_full_models_loss(llama):
     import transformers
 
-    from mergekit_mergeability.demo.experts import _batch, _hidden_before, _upper_loss
+    from mergekit_mergeability.demo.training import _batch, _hidden_before, _upper_loss
 
     model = transformers.AutoModelForCausalLM.from_pretrained(llama["base"])
     tokenizer = transformers.AutoTokenizer.from_pretrained(llama["base"])
@@ -120,7 +120,7 @@ def test_knowledge_of_reads_reports_before_and_after_schema_3():
 def test_a_task_expert_trains_on_its_first_items_and_is_probed_on_the_rest():
     """The ``tasks`` family (research/pools/make_tasks.py): task-level rows are scored on the
     items their expert never saw; a fact row's phrasings are both what it trains on and its probe."""
-    from mergekit_mergeability.demo.experts import fact_instances, fact_lines
+    from mergekit_mergeability.demo.training import fact_instances, fact_lines
 
     items = [{"question": f"What is {n} plus 1?", "choices": [str(n + 1), str(n)], "label": 0} for n in range(5)]
     task = {"id": "task_next", "items": items, "train": 3}

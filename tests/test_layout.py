@@ -30,17 +30,17 @@ RULES = {
 # fails the test until its exception goes, here and in docs/layout.md.
 EXCEPTIONS = {
     ("diagnostics", "settings"): "a diagnostic's inputs carry the precheck's settings, typed (PrecheckSettings)",
-    ("decide", "config"): "advice rewrites the user's config: config.model_entries walks its models",
+    ("decide", "merge_config"): "advice rewrites the user's config: merge_config.model_entries walks its models",
     ("decide", "methods"): "advice recommends knowledge_weighted with its defaults and the shares it gives",
-    ("output", "measure"): "output/precheck.py builds precheck.json from the measurements (report.build's successor)",
+    ("output", "measuring"): "output/precheck_report.py builds precheck.json from the measurements",
     ("output", "decide"): "precheck.json and the terminal table name the decision's features, verdicts and advice",
     ("output", "diagnostics"): "precheck.json's selectivity block uses the selectivity diagnostic's collision rule",
-    ("output", "config"): "the recommended configs are written with absolute model paths (config.absolute)",
+    ("output", "merge_config"): "the recommended configs are written with absolute model paths (merge_config.absolute)",
     ("output", "settings"): "precheck.json records the settings its LAPE block was measured with",
 }
 # api wires measure -> decide -> write: only it runs the measurements and writes the precheck's files
-WIRED_ONLY_BY_API = {"mergekit_mergeability.measure", "mergekit_mergeability.output.precheck"}
-ALSO_READS_MEASUREMENTS = {"mergekit_mergeability.output.precheck"}  # the serialiser, given them by api
+WIRED_ONLY_BY_API = {"mergekit_mergeability.measuring", "mergekit_mergeability.output.precheck_report"}
+ALSO_READS_MEASUREMENTS = {"mergekit_mergeability.output.precheck_report"}  # the serialiser, given them by api
 
 
 def modules() -> Dict[str, Path]:
@@ -156,3 +156,35 @@ def test_only_the_api_wires_measure_decide_write():
     for wired in WIRED_ONLY_BY_API:
         users = {m for m, imported in graph.items() if wired in imported}
         assert users <= {"mergekit_mergeability.api", *ALSO_READS_MEASUREMENTS} - {wired}, (wired, users)
+
+
+def test_no_module_name_repeats_across_the_folders():
+    """One name, one thing: ``fit.py`` in two folders is two things a reader must tell apart."""
+    seen: Dict[str, List[str]] = {}
+    for name in modules():
+        if name != PACKAGE and not name.endswith("__init__"):
+            seen.setdefault(name.rpartition(".")[2], []).append(name)
+    assert not {k: v for k, v in seen.items() if len(v) > 1}
+
+
+def test_no_import_renames_a_project_module():
+    """A module goes by its own name wherever it is imported (``import … as`` may rename a function,
+    and the package itself may be ``mm``, as users write it)."""
+    known = modules()
+    renamed = []
+    for path in sorted(
+        p for folder in (PACKAGE, "research", "benchmarks", "tests") for p in (REPO / folder).rglob("*.py")
+    ):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                named = [(a.name, a.asname) for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                named = [(f"{node.module}.{a.name}", a.asname) for a in node.names]
+            else:
+                continue
+            renamed += [
+                f"{path.relative_to(REPO)}:{node.lineno} {name} as {alias}"
+                for name, alias in named
+                if alias and alias != name.rpartition(".")[2] and name in known and (name, alias) != (PACKAGE, "mm")
+            ]
+    assert not renamed, renamed

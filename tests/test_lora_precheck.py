@@ -8,7 +8,7 @@ import yaml
 
 from mergekit_mergeability.sources import resolve
 from mergekit_mergeability.diagnostics import weights
-from mergekit_mergeability import config
+from mergekit_mergeability import merge_config
 from mergekit_mergeability.api import precheck
 from mergekit_mergeability.settings import PrecheckSettings
 from mergekit_mergeability.sources.adapter import materialise
@@ -55,7 +55,7 @@ def _precheck(llama, root, members, label):
     }
     path = root / f"{label}.yml"
     path.write_text(yaml.safe_dump(document))
-    precheck(config.read(path), settings=PrecheckSettings(quiet=True), out=root / label)
+    precheck(merge_config.read(path), settings=PrecheckSettings(quiet=True), out=root / label)
     return json.loads((root / label / "precheck.json").read_text())
 
 
@@ -96,7 +96,9 @@ def test_recommended_config_names_each_adapter_on_its_base(llama, pools):
     root, adapters, _ = pools
     _precheck(llama, root, [adapters[k] for k in "abc"], "recommended")  # without d, which cancels a
     recommended = yaml.safe_load((root / "recommended" / "recommended.yml").read_text())
-    experts = [m["model"] for m in config.model_entries(recommended) if m["model"] != recommended.get("base_model")]
+    experts = [
+        m["model"] for m in merge_config.model_entries(recommended) if m["model"] != recommended.get("base_model")
+    ]
     assert experts and set(experts) <= {f"{llama['base'].resolve()}+{adapters[k].resolve()}" for k in "abc"}
 
 
@@ -156,7 +158,7 @@ def test_an_adapter_among_model_folders_is_streamed_as_base_plus_update(llama, p
 
 
 def test_probe_option_names_an_adapter_by_its_folder(llama, pools):
-    from mergekit_mergeability.measure import probe_specs
+    from mergekit_mergeability.measuring import probe_specs
 
     root, adapters, _ = pools
     document = {
@@ -164,5 +166,5 @@ def test_probe_option_names_an_adapter_by_its_folder(llama, pools):
         "base_model": str(llama["base"]),
         "models": [{"model": f"{llama['base']}+{adapters[n]}"} for n in "ab"],
     }
-    spec = config.from_document(document, root)
+    spec = merge_config.from_document(document, root)
     assert probe_specs(spec, {"b": "probe.jsonl"}) == {f"{llama['base']}+{adapters['b']}": "probe.jsonl"}

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from mergekit_mergeability.cli import main as cli
 from mergekit_mergeability.planner import conditional, deciding, search
-from mergekit_mergeability.planner.fit import load
+from mergekit_mergeability.planner.conditional_fit import load
 from mergekit_mergeability.planner.reports import SCHEMA
 from mergekit_mergeability.tiny import derive, make_adapter, state_dict
 
@@ -522,7 +522,7 @@ def test_the_rehearsal_keeps_cancelling_experts_apart_where_the_conditional_mode
     merge what it keeps alone) plans a, b = −a and c in one model. The finalists' rehearsal
     measures that a and b cancel there and that leaving either out gets its task back, and the plan
     kept is not the blind one."""
-    from mergekit_mergeability import config as merge_config
+    from mergekit_mergeability import merge_config
     from mergekit_mergeability.planner import planning
     from mergekit_mergeability.settings import PrecheckSettings
     from mergekit_mergeability.sources.cache import Cache
@@ -562,7 +562,7 @@ def test_a_layer_selective_model_runs_with_mergekit_and_keeps_its_upper_models_t
     cut-off merged, above it the upper model's own."""
     from mergekit_mergeability.sources.architecture import tensor_position
     from mergekit_mergeability.planner import reports, planning
-    from mergekit_mergeability import config as merge_config
+    from mergekit_mergeability import merge_config
 
     root, config, out, (a, b, c) = cancelling
     report = json.loads((out / "precheck.json").read_text())
@@ -603,11 +603,11 @@ def test_a_layer_selective_model_runs_with_mergekit_and_keeps_its_upper_models_t
 
 
 def test_the_precheck_weighs_knowledge_weighted_against_ties_on_the_same_merge(cancelling):
-    from mergekit_mergeability.planner import fit
+    from mergekit_mergeability.planner import conditional_fit
     from mergekit_mergeability.planner.deciding import knowledge_weighted_against_ties as against
 
     _, _, out, _ = cancelling
-    report, shipped = json.loads((out / "precheck.json").read_text()), fit.load()
+    report, shipped = json.loads((out / "precheck.json").read_text()), conditional_fit.load()
     kw, ties = against(report, shipped)
     assert 0 <= kw <= 1 and 0 <= ties <= 1
     recorded = report["recommendation"]["knowledge_weighted_against_ties"]

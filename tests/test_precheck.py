@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from mergekit_mergeability.cli import main
 from mergekit_mergeability.plugins import contributions, hookimpl, plugin_manager
 from mergekit_mergeability.decide.calibration import Calibration
-from mergekit_mergeability.output.precheck import SCHEMA
+from mergekit_mergeability.output.precheck_report import SCHEMA
 from mergekit_mergeability.tiny import CORPUS, derive
 
 from conftest import noise, precheck_cli, ranked_probes
@@ -654,7 +654,7 @@ def test_a_dry_run_says_the_passes_and_roughly_how_long_and_writes_nothing(tmp_p
 
 
 def test_the_cost_line_counts_the_passes_the_progress_bars_then_count(tmp_path, pool, monkeypatch):
-    from mergekit_mergeability import api, measure as measuring, progress
+    from mergekit_mergeability import api, measuring, progress
     from mergekit_mergeability.settings import PrecheckSettings
 
     totals = {}

@@ -22,7 +22,7 @@ from mergekit_mergeability.diagnostics.selectivity import (
 )
 from mergekit_mergeability.maths import lape
 from mergekit_mergeability.decide.verdict import cutoff_from_curve, decide_cutoff, divergence_curve
-from mergekit_mergeability.output.precheck import SCHEMA
+from mergekit_mergeability.output.precheck_report import SCHEMA
 from mergekit_mergeability.settings import PrecheckSettings
 from mergekit_mergeability.tasks import load
 from mergekit_mergeability.tiny import ARCHITECTURES, derive, train_tokenizer

@@ -30,7 +30,7 @@ from mergekit_mergeability.methods.knowledge_weighted import (
     DEFAULT_TEMPERATURE,
     DEFAULT_TIES,
 )
-from mergekit_mergeability.config import model_entries
+from mergekit_mergeability.merge_config import model_entries
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.decide.verdict import (
     DO_NOT_MERGE,

@@ -42,7 +42,7 @@ def training_pairs(task, count: int, seed: int) -> List[Tuple[str, str]]:
 def thinking_model(demo) -> Path:
     """B, trained once into the demo's cache (a folder sharing the base's unchanged shards)."""
     from mergekit_mergeability.demo.checkpoints import save_expert
-    from mergekit_mergeability.demo.experts import train_low_rank, updated
+    from mergekit_mergeability.demo.training import train_low_rank, updated
     from mergekit_mergeability.tasks.lmeval import resolve
     from mergekit_mergeability.interpolation.answers import GenerationTask
 

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 import yaml
 from rich.console import Console
 
-from mergekit_mergeability.demo import bases, experts as training, translation
+from mergekit_mergeability.demo import bases, training, translation
 from mergekit_mergeability.demo.checkpoints import compact, save_adapter, save_expert
 from mergekit_mergeability.files import atomic_folder, write_atomic
 from mergekit_mergeability.resources import shipped
@@ -194,8 +194,8 @@ class Demo:
         label: Optional[str] = None,
     ) -> Dict[str, Any]:
         """The mergeability protocol on the fact pool with one method and its parameters."""
-        from mergekit_mergeability.evaluation import mergeability as protocol
-        from mergekit_mergeability import config as merge_config
+        from mergekit_mergeability.evaluation import pool_trials
+        from mergekit_mergeability import merge_config
         from mergekit_mergeability.sources.cache import Cache
 
         document = yaml.safe_load(facts_config.read_text())
@@ -207,7 +207,7 @@ class Demo:
         label = label or method
         path = self.write_config(f"pool_{label}", pool)
         out = self.out / "mergeability" / label
-        report = protocol.measure(
+        report = pool_trials.measure(
             merge_config.read(path),
             method,
             self.s.partners,
@@ -217,7 +217,7 @@ class Demo:
             Cache(self.cache / "scores"),
             out,
         )
-        protocol.write(report, out)
+        pool_trials.write(report, out)
         return report
 
     def merge(self, config: Path) -> Path:

@@ -32,7 +32,7 @@ def rows() -> List[dict]:
 def train(demo) -> Dict[str, Path]:
     """Each translator: a rank-r update of up_proj in the upper blocks, trained on its own
     training sentences only (the held-out ones score it)."""
-    from mergekit_mergeability.demo import experts
+    from mergekit_mergeability.demo import training
     from mergekit_mergeability.demo.checkpoints import save_expert
     from mergekit_mergeability.sources.cache import Cache
     from mergekit_mergeability.progress import task
@@ -55,7 +55,7 @@ def train(demo) -> Dict[str, Path]:
             if not folder.is_dir():
                 model, tokenizer = demo.model()
                 own = [r for r in data if r["expert"] == name and r["split"] == "train"]
-                changed = experts.translation_expert(
+                changed = training.translation_expert(
                     model,
                     tokenizer,
                     own,
@@ -142,14 +142,14 @@ def score(demo, name: str, label: str, path: Path, expert: Optional[str] = None)
     """Merge ``path`` with mergekit and score it on each expert's held-out sentences (only
     ``expert``'s when given): per expert chrF, BLEU, kept (merged chrF ÷ alone), and the
     expert's and the base's own scores."""
-    from mergekit_mergeability.evaluation import evaluate
-    from mergekit_mergeability import config as merge_config
+    from mergekit_mergeability.evaluation import merge_scores
+    from mergekit_mergeability import merge_config
     from mergekit_mergeability.sources.cache import Cache
 
     spec = merge_config.read(path)
     cutoff = (spec.document.get("parameters") or {}).get("cutoff")
-    report = evaluate.evaluate(spec, demo.merge(path), None, demo.run_settings(), Cache(demo.cache / "scores"))
-    evaluate.write(
+    report = merge_scores.evaluate(spec, demo.merge(path), None, demo.run_settings(), Cache(demo.cache / "scores"))
+    merge_scores.write(
         report, demo.out / "evaluation" / name / f"{label.replace(' ', '_')}_{Path(expert).name if expert else 'both'}"
     )
     scores, rows = report["scores"], []

@@ -16,10 +16,10 @@ import numpy as np
 
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.files import read_report
-from mergekit_mergeability.planner import conditional as cond
+from mergekit_mergeability.planner import conditional
 from mergekit_mergeability.planner.search import TOLERANCE
 from mergekit_mergeability.planner.deciding import Decision, Planned, decide, mergekit_parameters
-from mergekit_mergeability import config
+from mergekit_mergeability import merge_config
 from mergekit_mergeability.settings import PrecheckSettings, RunSettings
 
 PRECHECK_FIELDS = ("path", "role", "knowledge", "weights")
@@ -31,7 +31,7 @@ SKIPPED = (
 PROBE_SUFFIXES = (".jsonl", ".yaml", ".yml")
 
 
-def pool_spec(folder: Path, base: Optional[Path], probes: Optional[Path]) -> config.MergeSpec:
+def pool_spec(folder: Path, base: Optional[Path], probes: Optional[Path]) -> merge_config.MergeSpec:
     """A folder of peft adapters or model folders, each with a probe ``PROBES/<name>.jsonl``
     (or .yaml, .yml), as the config that merges them all: task_arithmetic, equal weights."""
     from mergekit_mergeability.sources import adapter
@@ -81,11 +81,11 @@ def pool_spec(folder: Path, base: Optional[Path], probes: Optional[Path]) -> con
         base_reference = bases.pop()
     else:
         base_reference = str(base_path)
-    document = {"merge_method": cond.TASK_ARITHMETIC, "base_model": base_reference, "models": entries}
-    return config.from_document(document, folder.resolve())
+    document = {"merge_method": conditional.TASK_ARITHMETIC, "base_model": base_reference, "models": entries}
+    return merge_config.from_document(document, folder.resolve())
 
 
-def read_precheck(path: Path, spec: config.MergeSpec) -> Dict[str, Any]:
+def read_precheck(path: Path, spec: merge_config.MergeSpec) -> Dict[str, Any]:
     """A precheck.json written earlier, checked to measure every expert of the pool."""
     report = read_report(path, "precheck", PRECHECK_FIELDS)
     experts = {m["path"]: m for m in report["models"] if m["role"] == "expert"}
@@ -116,23 +116,25 @@ class Measurer:
     the members' updates merged with mergekit's ``merge_tensors``, patched into one loaded base,
     each member scored on its own task; scores cached by content (``--cache-dir``)."""
 
-    def __init__(self, spec: config.MergeSpec, settings: RunSettings, cache, pool: Optional[cond.Pool] = None):
+    def __init__(
+        self, spec: merge_config.MergeSpec, settings: RunSettings, cache, pool: Optional[conditional.Pool] = None
+    ):
         from mergekit_mergeability.tasks import lmeval
         from mergekit_mergeability.sources.cache import fingerprint
-        from mergekit_mergeability.evaluation.mergeability import Trials, check_pool
+        from mergekit_mergeability.evaluation.pool_trials import Trials, check_pool
 
-        check_pool(spec, 1, cond.TASK_ARITHMETIC)
+        check_pool(spec, 1, conditional.TASK_ARITHMETIC)
         folders = spec.sources()
         tasks = lmeval.resolve_all(dict.fromkeys(spec.probes[m] for m in spec.models), spec.folder)
         own_task = {m: tasks[spec.probes[m]] for m in spec.models}
         fingerprints = {name: fingerprint(folder) for name, folder in folders.items()}
         self.spec, self.pool = spec, pool
         self.trials = Trials(
-            folders, spec.base_model, cond.TASK_ARITHMETIC, {}, {}, fingerprints, own_task, settings, cache
+            folders, spec.base_model, conditional.TASK_ARITHMETIC, {}, {}, fingerprints, own_task, settings, cache
         )
         self.evaluations = 0
 
-    def scores(self, members: Sequence[int], merge: cond.Merge) -> np.ndarray:
+    def scores(self, members: Sequence[int], merge: conditional.Merge) -> np.ndarray:
         """Each member's own-task score inside the merge of ``members`` (pool indices)."""
         method, shared, per_model = mergekit_parameters(self.pool, members, merge)
         names = [self.pool.names[i] for i in members]
@@ -145,19 +147,19 @@ class Measurer:
         return np.array([self.trials.ends(name)[0]["score"] for name in self.pool.names])
 
 
-def references(decision: Decision) -> List[Tuple[str, List[Tuple[Tuple[int, ...], cond.Merge]]]]:
+def references(decision: Decision) -> List[Tuple[str, List[Tuple[Tuple[int, ...], conditional.Merge]]]]:
     """What merging everything would give, as plans to measure beside the finalists: every expert
     in one model with TIES, with the mean merge, and as the config says (where the plan models it)."""
     everyone = tuple(range(len(decision.pool)))
     found = [("reference: everything with TIES", decision.references["ties"].merge)]
-    found.append(("reference: everything, the mean merge", cond.Merge(cond.TASK_ARITHMETIC)))
+    found.append(("reference: everything, the mean merge", conditional.Merge(conditional.TASK_ARITHMETIC)))
     configured = decision.references.get("configured")
     if configured is not None and configured.merge is not None:
         found.append(("reference: everything as configured", configured.merge))
     return [(label, [(everyone, merge)]) for label, merge in found]
 
 
-Assignment = List[Tuple[Tuple[int, ...], cond.Merge]]
+Assignment = List[Tuple[Tuple[int, ...], conditional.Merge]]
 
 
 def finalists(decision: Decision) -> List[Tuple[str, Assignment]]:
@@ -221,7 +223,7 @@ def verify(decision: Decision, measurer: Measurer, budget: int) -> Dict[str, Any
     return {"budget": budget, "spent": spent, "candidates": checked, "chosen": chosen}
 
 
-def choose(decision: Decision, assignment: Sequence[Tuple[Sequence[int], cond.Merge]]) -> None:
+def choose(decision: Decision, assignment: Sequence[Tuple[Sequence[int], conditional.Merge]]) -> None:
     """Make ``assignment`` the decision's plan (what ``verify`` measured best)."""
     values = np.nan_to_num(decision.pool.base_score, nan=0.0)
     planned: List[Planned] = []
@@ -235,7 +237,7 @@ def choose(decision: Decision, assignment: Sequence[Tuple[Sequence[int], cond.Me
 
 
 def run(
-    spec: config.MergeSpec,
+    spec: merge_config.MergeSpec,
     out: Path,
     measure: Callable[[], Dict[str, Any]],
     *,
@@ -251,19 +253,19 @@ def run(
 ) -> Tuple[Dict[str, Any], Decision]:
     """The whole plan: the precheck's report on the pool (``precheck``'s, else ``measure()``'s, a
     precheck.json document), decide, check with real evaluations if asked, write ``out``."""
-    from mergekit_mergeability.planner import fit, reports
+    from mergekit_mergeability.planner import conditional_fit, reports
     from mergekit_mergeability.planner.deciding import candidate_merges, steps
     from mergekit_mergeability.progress import task
 
     reports.check_out(out)
-    conditional = fit.load(calibration)
+    fitted = conditional_fit.load(calibration)
     experts, bases = expert_scores(measured)
     report = read_precheck(precheck, spec) if precheck else measure()
     merges, notes = candidate_merges(report, methods, knobs)
     with task("plan: searching", steps(len(spec.models), merges), settings.quiet) as advance:
         decision = decide(
             report,
-            conditional,
+            fitted,
             merges,
             models,
             names=spec.models,
@@ -285,7 +287,7 @@ def run(
         decision,
         spec,
         report,
-        conditional,
+        fitted,
         {
             "precheck": str(precheck) if precheck else None,
             "measured": str(measured) if measured else None,

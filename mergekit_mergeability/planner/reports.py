@@ -224,7 +224,7 @@ def configs(decision: Decision, spec, document: Mapping[str, Any]) -> Dict[str, 
     """file → YAML text: one mergekit config per planned model."""
     import yaml
 
-    from mergekit_mergeability.config import absolute
+    from mergekit_mergeability.merge_config import absolute
 
     resolved = spec.sources()
     written = {}

@@ -15,7 +15,7 @@ from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.evaluation.scorer import Scorer
 from mergekit_mergeability.files import SCHEMA_VERSION, write_atomic
 from mergekit_mergeability.maths.retention import normalised_gain, retention
-from mergekit_mergeability.config import MergeSpec
+from mergekit_mergeability.merge_config import MergeSpec
 from mergekit_mergeability.progress import task as progress
 from mergekit_mergeability.settings import RunSettings
 from mergekit_mergeability.sources import check_model

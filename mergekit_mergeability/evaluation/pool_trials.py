@@ -21,7 +21,7 @@ from mergekit_mergeability.evaluation.protocol import TrialLog, partners, summar
 from mergekit_mergeability.evaluation.scorer import Scorer
 from mergekit_mergeability.files import SCHEMA_VERSION, write_atomic
 from mergekit_mergeability.maths.retention import normalised_gain
-from mergekit_mergeability.config import MergeSpec, model_entries
+from mergekit_mergeability.merge_config import MergeSpec, model_entries
 from mergekit_mergeability.progress import task as progress
 from mergekit_mergeability.settings import RunSettings
 from mergekit_mergeability.sources import TensorReader

@@ -19,8 +19,8 @@ from mergekit_mergeability.decide.verdict import RELATIVE_DROP
 from mergekit_mergeability.diagnostics.selectivity import COLLISION_SHARE, SPECIFIC, colliding_layers
 from mergekit_mergeability.files import SCHEMA_VERSION, write_atomic
 from mergekit_mergeability.names import short_names
-from mergekit_mergeability.measure import Measurements, layer_norms, metrics, per_layer
-from mergekit_mergeability.config import absolute
+from mergekit_mergeability.measuring import Measurements, layer_norms, metrics, per_layer
+from mergekit_mergeability.merge_config import absolute
 from mergekit_mergeability.settings import PrecheckSettings
 
 SCHEMA = Path(__file__).with_name("precheck.schema.json")

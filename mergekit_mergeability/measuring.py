@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, 
 from mergekit_mergeability import tasks
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
 from mergekit_mergeability.errors import MeasurementError, UserError
-from mergekit_mergeability.config import MergeSpec
+from mergekit_mergeability.merge_config import MergeSpec
 from mergekit_mergeability.cost import Cost, estimate
 from mergekit_mergeability.progress import note
 from mergekit_mergeability.settings import PrecheckSettings
@@ -118,7 +118,7 @@ def measure(
         raise MeasurementError(
             "the built-in diagnostics did not load (see the warning above); reinstall mergekit-mergeability"
         )
-    from mergekit_mergeability.config import tokenizer_source
+    from mergekit_mergeability.merge_config import tokenizer_source
     from mergekit_mergeability.decide.advice import update_size
 
     specs = probe_specs(spec, overrides)
@@ -200,7 +200,7 @@ def plan(measured: Measurements) -> Optional[Dict[str, Any]]:
     merge would refuse is one line now, not a recommendation that fails later; the rehearsal
     merges its tensors in memory. Only for local folders and adapters on them (hub models would
     need their configs fetched); None otherwise."""
-    from mergekit_mergeability.config import absolute
+    from mergekit_mergeability.merge_config import absolute
     from mergekit_mergeability.planned import plan as planned
     from mergekit_mergeability.sources import update_of
 
