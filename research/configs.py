@@ -382,6 +382,10 @@ def report(args) -> None:
     )
     refused = [f"{r['config']} {r['method']}" for r in records if r["verdict"] == "do_not_merge"]
     console.print(f"rule 2: do_not_merge on {len(refused)} of {len(records)} configs {refused or ''}")
+    scored = args.out / "configs_lmeval.json"
+    scored = scored if scored.is_file() else ARCHIVE_LM_EVAL
+    if scored.is_file():  # amendment 6: the same family scored through lm-eval tasks
+        lm_eval_report(json.loads(scored.read_text()), args.markdown)
     demo = Demo(SETTINGS, args.cache_dir, args.out, console, quiet=True)
     if not (demo.cache / "experts" / SETTINGS.pool).is_dir():
         console.print("(the experts and merges are not in --cache-dir: the checks below need `configs measure` first)")

@@ -9,6 +9,7 @@ it) → decide (``decide``) → optionally check the best candidates with real e
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -197,7 +198,7 @@ def verify(decision: Decision, measurer: Measurer, budget: int) -> Dict[str, Any
             seen.add(key)
             ranked.append((label, assignment))
     base = np.nan_to_num(decision.pool.base_score, nan=0.0)
-    checked, spent = [], 0
+    checked, spent, started = [], 0, time.perf_counter()
     for label, assignment in ranked:
         cost = len(assignment)
         reference = label.startswith("reference: ")
@@ -216,11 +217,12 @@ def verify(decision: Decision, measurer: Measurer, budget: int) -> Dict[str, Any
                 "values": values,
             }
         )
+    seconds = time.perf_counter() - started
     if not checked:
-        return {"budget": budget, "spent": 0, "candidates": [], "chosen": None}
+        return {"budget": budget, "spent": 0, "candidates": [], "chosen": None, "seconds": seconds}
     best = max(c["measured"] for c in checked)  # measured alike (within rounding): the better predicted
     chosen = max((c for c in checked if c["measured"] >= best - TOLERANCE), key=lambda c: c["predicted"])
-    return {"budget": budget, "spent": spent, "candidates": checked, "chosen": chosen}
+    return {"budget": budget, "spent": spent, "candidates": checked, "chosen": chosen, "seconds": seconds}
 
 
 def choose(decision: Decision, assignment: Sequence[Tuple[Sequence[int], conditional.Merge]]) -> None:

@@ -217,6 +217,7 @@ def _checked(checked: Mapping[str, Any], pool: conditional.Pool) -> Dict[str, An
         ],
         "chosen": chosen["label"] if chosen else None,
         "difference": (chosen["measured"] - chosen["predicted"]) if chosen else None,
+        "seconds": round(checked["seconds"], 1),
     }
 
 
@@ -318,13 +319,23 @@ def print_plan(document: Mapping[str, Any], out: Optional[Path] = None) -> None:
         console.print(f"[dim]{note}[/dim]")
     checked = document.get("checked")
     if checked and checked["chosen"]:
-        console.print(
-            f"checked with {checked['spent']} real evaluations: chose {checked['chosen']} (measured − predicted {checked['difference']:+.2f})"
-        )
+        rows = Table("plan", "tasks predicted", "measured", title=_checked_title(checked))
+        rows.columns[0].overflow = "fold"
+        for c in checked["candidates"]:
+            mark = " ◀ chosen" if c["label"] == checked["chosen"] else ""
+            rows.add_row(c["label"] + mark, f"{c['predicted']:.2f}", f"{c['measured']:.2f}")
+        console.print(rows)
     if out is not None:
         console.print(
             f"wrote {out}/plan.json, {out}/report.html and {len(document['models'])} config(s) under {out}/{MODELS}/"
         )
+
+
+def _checked_title(checked: Mapping[str, Any]) -> str:
+    return (
+        f"checked by rehearsal: {checked['spent']} merged models built and scored in memory, and merging"
+        f" everything beside them ({checked.get('seconds', 0):.0f} s)"
+    )
 
 
 def _short(label: Optional[str]) -> str:
@@ -371,6 +382,18 @@ def render(document: Mapping[str, Any]) -> str:
         for r in objective["references"].values()
     )
     notes = "".join(f"<li>{esc(n)}</li>" for n in document["search"]["notes"])
+    checked = document.get("checked") or {}
+    tried = "".join(
+        f"<tr><td>{esc(c['label'])}{' <b>(chosen)</b>' if c['label'] == checked['chosen'] else ''}</td>"
+        f"<td>{c['predicted']:.2f}</td><td>{c['measured']:.2f}</td></tr>"
+        for c in checked.get("candidates", [])
+    )
+    rehearsed = (
+        f"<h2>{esc(_checked_title(checked))}</h2><table><thead><tr><th>plan</th><th>tasks predicted</th>"
+        f"<th>measured</th></tr></thead><tbody>{tried}</tbody></table>"
+        if tried
+        else ""
+    )
     judged = []
     for rule, held in document["calibration"]["out_of_sample"].items():
         for how, sizes in held.items():
@@ -388,7 +411,7 @@ td,th{{border:1px solid #ccc;padding:2px 6px}}img{{max-width:100%}}</style></hea
 <h2>Planned models</h2><ul>{models}</ul>{images}
 <h2>Experts</h2><table><thead><tr><th>expert</th><th>planned model</th><th>predicted there</th><th>alone</th>
 <th>everything, as configured</th><th>everything, TIES</th></tr></thead><tbody>{rows}</tbody></table>
-{footnote}
+{footnote}{rehearsed}
 <h2>How good the prediction is (out of sample, on measured merges)</h2><ul>{"".join(judged) or "<li>no out-of-sample numbers in this calibration</li>"}</ul>
 <h2>Notes</h2><ul>{notes or "<li>none</li>"}</ul></body></html>
 """
