@@ -90,6 +90,15 @@ def groups():
             yield f"n{size}_{n}", sorted(rng.sample(TASKS, size))
 
 
+def to_measure(saved: Path):
+    """The records ``saved`` holds (a rerun goes on where it stopped) and the (label, members,
+    method) still to measure."""
+    records = json.loads(saved.read_text()) if saved.is_file() else []
+    done = {(r["config"], r["method"]) for r in records}
+    left = [(label, members, m) for (label, members), m in itertools.product(list(groups()), METHODS)]
+    return records, [(label, members, m) for label, members, m in left if (label, m) not in done]
+
+
 def model(demo: Demo, experts, task: str) -> str:
     """An expert as users write a LoRA adapter in a mergekit config: ``base+adapter``."""
     return f"{demo.base()}+{experts[f'task_{task}']['folder']}"
@@ -195,11 +204,8 @@ def lm_eval(args) -> None:
     truth_path = args.out / "scores_lmeval.json"
     truth = json.loads(truth_path.read_text()) if truth_path.is_file() else {}
     saved = args.out / "configs_lmeval.json"
-    records = json.loads(saved.read_text()) if saved.is_file() else []
-    done = {(r["config"], r["method"]) for r in records}
-    for (label, members), method in itertools.product(list(groups()), METHODS):
-        if (label, method) in done:
-            continue
+    records, left = to_measure(saved)
+    for label, members, method in left:
         begun = time.perf_counter()
         name = f"{label}_{method}"
         document = config(demo, experts, members, method)
@@ -288,11 +294,8 @@ def measure(args) -> None:
     for task in TASKS:
         score(experts[f"task_{task}"]["folder"], [f"task_{task}"])
     saved = args.out / "configs.json"
-    records = json.loads(saved.read_text()) if saved.is_file() else []  # a rerun goes on where it stopped
-    done = {(r["config"], r["method"]) for r in records}
-    for (label, members), method in itertools.product(list(groups()), METHODS):
-        if (label, method) in done:
-            continue
+    records, left = to_measure(saved)
+    for label, members, method in left:
         begun = time.perf_counter()
         name = f"{label}_{method}"
         document = config(demo, experts, members, method)
