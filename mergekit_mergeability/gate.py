@@ -52,7 +52,7 @@ def keep_documents(module: ModuleType) -> None:
     configuration.model_validate = model_validate
 
 
-def check(merge_config) -> None:
+def check(mergekit_config) -> None:
     """Run the precheck on the config being planned; raise UserError to stop the merge."""
     if not enabled():
         return
@@ -60,7 +60,7 @@ def check(merge_config) -> None:
     from mergekit_mergeability.errors import MeasurementError, UserError
     from mergekit_mergeability.output.terminal import print_precheck
 
-    document = _documents.get(id(merge_config)) or merge_config.model_dump(mode="json", exclude_none=True)
+    document = _documents.get(id(mergekit_config)) or mergekit_config.model_dump(mode="json", exclude_none=True)
     out = report_folder()
     from mergekit_mergeability.settings import PrecheckSettings
     from mergekit_mergeability.sources import auto_device
