@@ -19,6 +19,7 @@ from mergekit_mergeability.errors import MeasurementError, UserError
 from mergekit_mergeability.merge_config import MergeSpec
 from mergekit_mergeability.cost import Cost, estimate
 from mergekit_mergeability.progress import note
+from mergekit_mergeability.records import DilutionStats, FluencyStats, KnowledgeStats, PairWeights, Record, WeightStats
 from mergekit_mergeability.settings import PrecheckSettings
 from mergekit_mergeability.tasks import probes
 
@@ -226,10 +227,22 @@ def per_layer(results: Mapping[str, DiagnosticResult], diagnostic: str, pairs: b
     return {k: v for k, v in results[diagnostic].per_layer.items() if isinstance(k, tuple) == pairs}
 
 
-def layer_norms(results: Mapping[str, DiagnosticResult]) -> Dict[str, Optional[List[float]]]:
-    """Per model: its update's norm per decoder layer (the weights diagnostic's), as precheck.json
-    holds it in ``weights.layer_update_norm``."""
-    return {m: v.get("update_norm") for m, v in per_layer(results, "weights", pairs=False).items()}
+RECORDS = {"knowledge": KnowledgeStats, "weights": WeightStats, "dilution": DilutionStats, "fluency": FluencyStats}
+
+
+def blocks(results: Mapping[str, DiagnosticResult], model: str) -> Dict[str, Optional[Record]]:
+    """A model's measurements, one record per built-in diagnostic (``RECORDS``; None where it did
+    not run), as precheck.json's ``models`` hold them: the weights with their layers."""
+    found = {
+        name: None if v is None else record.of(v)
+        for name, record in RECORDS.items()
+        for v in [metrics(results, name, model)]
+    }
+    if found["weights"] is not None:
+        found["weights"] = WeightStats.measured(
+            metrics(results, "weights", model), per_layer(results, "weights", False).get(model)
+        )
+    return found
 
 
 def decision(
@@ -250,29 +263,18 @@ def decision(
 
     spec, results = measured.spec, measured.results
     names = short_names([m.name for m in ([measured.base] if measured.base else []) + list(measured.models)])
-    layers = layer_norms(results)
-    experts = [
-        {
-            "path": m.name,
-            "role": "expert",
-            "knowledge": metrics(results, "knowledge", m.name),
-            "weights": metrics(results, "weights", m.name),
-            "dilution": metrics(results, "dilution", m.name),
-            "fluency": metrics(results, "fluency", m.name),
-        }
-        for m in measured.models
-    ]
-    for expert in experts:  # as precheck.json holds them: the plan's prediction reads the layers
-        if expert["weights"] is not None:
-            expert["weights"] = {**expert["weights"], "layer_update_norm": layers.get(expert["path"])}
-    weights = results["weights"].per_pair if "weights" in results else {}
-    knowledge = {e["path"]: (e["knowledge"] or {}).get("scored_mean_p_gold") for e in experts}
-    pairs = [{"a": a, "b": b, **values} for (a, b), values in weights.items()]
+    experts = [{"path": m.name, "role": "expert", **blocks(results, m.name)} for m in measured.models]
+    weights = {
+        pair: PairWeights.of(values)
+        for pair, values in (results["weights"].per_pair if "weights" in results else {}).items()
+    }
+    knowledge = {e["path"]: KnowledgeStats.of(e["knowledge"]).scored_mean_p_gold for e in experts}
+    pairs = [{"a": a, "b": b, **values.json()} for (a, b), values in weights.items()]
     return decide(
         experts,
         Calibration.load(settings.calibration),
         configured_weights(spec.document),
-        {pair: values["cosine"] for pair, values in weights.items()},
+        {pair: values.cosine for pair, values in weights.items()},
         {pair: layers["cka_unbiased"] for pair, layers in per_layer(results, "representations").items()},
         {pair: layers["specific_overlap"] for pair, layers in per_layer(results, "selectivity").items()},
         base=spec.base_model,

@@ -20,6 +20,7 @@ from mergekit_mergeability.diagnostics.dilution import PARTNERS, as_written
 from mergekit_mergeability.planned import writable
 from mergekit_mergeability.diagnostics.knowledge import scores
 from mergekit_mergeability.sources import TensorReader
+from mergekit_mergeability.records import KnowledgeStats
 from mergekit_mergeability.tasks.probes import OPTIONS
 
 NAME = "menu"  # its results sit beside the diagnostics' in precheck.json
@@ -44,7 +45,7 @@ def rehearse(measured, inputs: DiagnosticInputs) -> Optional[DiagnosticResult]:
     if measured.errors() or not inputs.written:
         return None
     known = (measured.results.get("knowledge") or DiagnosticResult()).per_model
-    knowledge = {m.name: known.get(m.name, {}).get("scored_mean_p_gold") for m in models}
+    knowledge = {m.name: KnowledgeStats.of(known.get(m.name)).scored_mean_p_gold for m in models}
     sources = {m.name: m.path for m in (inputs.base, *models)}
     plans = {AS_WRITTEN: inputs.merge}
     for name, advice in menu(measured.spec.document, knowledge).items():

@@ -6,6 +6,7 @@ precheck's rehearsal of the merge as written and for its method choice.
                                                          # clone reads pools/measured/configs.json)
     python research/run.py configs lm-eval [--archive]   # the same family scored through lm-eval tasks
                                                          # (after `measure`: its merges are reused)
+    python research/run.py configs plan-check            # issue 41: plan on the ten experts, scored unseen
 
 Ten task-level experts of SmolLM2-135M-Instruct (a rule such as "add 7" or "the larger of two
 numbers"; LoRA r8 on the MLP of layers 9-20, trained on 12 items with the options listed, no solved
@@ -454,9 +455,93 @@ def agreement(title: str, rows) -> Table:
     return table
 
 
+def plan_check(args) -> None:
+    """issue 41 on items the plan never saw: the family's ten experts as one pool (task_arithmetic,
+    weights 1/10, each with its 16-item probe), planned with ``mergekit-mergeability plan`` twice, by
+    the rehearsal (``--budget-evals 4``, the default) and by the prediction alone (``0``); each plan's
+    configs, and everything merged with TIES and with the mean merge, merged by mergekit and every
+    expert scored on its 48 unseen items (left out: the base's score; alone: its own)."""
+    import subprocess
+
+    import numpy as np
+
+    from mergekit_mergeability.maths.stats import mean_interval
+
+    if not ROWS.is_file():
+        write_rows()
+    demo = Demo(SETTINGS, args.cache_dir, args.out, console, quiet=False)
+    experts = demo.fact_experts()
+    tasks = [f"task_{t}" for t in TASKS]
+    score = Scorer(args.out)
+    base = score(demo.base(), tasks)
+    own = {t: score(experts[t]["folder"], [t])[t] for t in tasks}
+    task_of = {model(demo, experts, t[5:]): t for t in tasks}
+    entry = lambda t, parameters: {"model": model(demo, experts, t[5:]), "parameters": parameters}  # noqa: E731
+    pool = demo.write_config(
+        "plan_pool",
+        {
+            "merge_method": "task_arithmetic",
+            "base_model": str(demo.base()),
+            "models": [{**entry(t, {"weight": 0.1}), "probe": str(experts[t]["probe"])} for t in tasks],
+            "dtype": "float32",
+        },
+    )
+    everything = {
+        "everything, TIES": {
+            "merge_method": "ties",
+            "models": [entry(t, {"weight": 1.0, "density": 0.5}) for t in tasks],
+        },
+        "everything, the mean merge": {
+            "merge_method": "task_arithmetic",
+            "models": [entry(t, {"weight": 0.1}) for t in tasks],
+        },
+    }
+    arms = {}
+    for label, document in everything.items():
+        path = demo.write_config(
+            label.replace(", ", "_").replace(" ", "_"), {**document, "base_model": str(demo.base()), "dtype": "float32"}
+        )
+        arms[label] = [(tasks, path)]
+    for k in args.models:
+        for budget in (4, 0):
+            out = args.out / "plan" / f"k{k}_budget{budget}"
+            if not (out / "plan.json").is_file():
+                command = [sys.executable, "-m", "mergekit_mergeability", "plan", str(pool), "--out", str(out)]
+                subprocess.run([*command, "--models", str(k), "--budget-evals", str(budget)], check=True)
+            planned = json.loads((out / "plan.json").read_text())["models"]
+            arms[f"K = {k}, {'rehearsed' if budget else 'predicted'}"] = [
+                ([task_of[m] for m in model_["members"]], out / model_["file"]) for model_ in planned
+            ]
+    kept = {}
+    for label, models in arms.items():
+        values = dict(base)
+        for members, path in models:
+            values.update({members[0]: own[members[0]]} if len(members) == 1 else score(demo.merge(path), members))
+        kept[label] = np.array([values[t] for t in tasks])
+        console.print(
+            f"{label}: {kept[label].sum():.2f} of {len(tasks)} ({', '.join(f'{len(m)}' for m, _ in models)} experts per model)"
+        )
+    best = max(everything, key=lambda label: kept[label].sum())
+    table = Table("plan", "kept (of 10, unseen items)", f"− {best} [95%]", "÷")
+    for label in arms:
+        _, (low, high) = mean_interval(kept[label] - kept[best])  # over experts, paired; × 10: in tasks
+        low, high = low * len(tasks), high * len(tasks)
+        table.add_row(
+            label,
+            f"{kept[label].sum():.2f}",
+            f"{kept[label].sum() - kept[best].sum():+.2f} [{low:+.2f}, {high:+.2f}]",
+            f"{kept[label].sum() / kept[best].sum():.2f}×",
+        )
+    show(table, args.markdown)
+    write_atomic(args.out / "plan_check.json", json.dumps({k: v.tolist() for k, v in kept.items()}, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    parser.add_argument("command", choices=("measure", "report", "rows", "lm-eval"))
+    parser.add_argument("command", choices=("measure", "report", "rows", "lm-eval", "plan-check"))
+    parser.add_argument(
+        "--models", type=int, nargs="+", default=[1, 2], help="plan-check: K, the merged models planned"
+    )
     parser.add_argument("--cache-dir", type=Path, default=default_cache_dir() / "demo")
     parser.add_argument("--out", type=Path, default=Path("pools-out") / "configs")
     parser.add_argument("--markdown", action="store_true", help="report: the tables as markdown")
@@ -473,7 +558,7 @@ def main() -> None:
     if args.command == "rows":
         console.print(f"wrote {write_rows()}")
     else:
-        {"measure": measure, "report": report, "lm-eval": lm_eval}[args.command](args)
+        {"measure": measure, "report": report, "lm-eval": lm_eval, "plan-check": plan_check}[args.command](args)
 
 
 if __name__ == "__main__":

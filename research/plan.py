@@ -197,10 +197,11 @@ def _measure(base: Path, folders, models: int) -> dict:
 
 def _report(result, experts, base: str) -> dict:
     """A precheck report's shape from the weight pass alone (no probes: no knowledge)."""
+    from mergekit_mergeability.records import WeightStats
+
     models = [{"path": base, "role": "base", "knowledge": None, "weights": None}]
     for name in experts:
-        weights = dict(result.per_model[name])
-        weights["layer_update_norm"] = result.per_layer[name]["update_norm"]
+        weights = WeightStats.measured(result.per_model[name], result.per_layer[name]).json()
         models.append({"path": name, "role": "expert", "knowledge": None, "weights": weights})
     pairs = [{"a": a, "b": b, **values} for (a, b), values in result.per_pair.items()]
     return {"models": models, "pairs": pairs, "layers": {"cutoff": None}}

@@ -13,6 +13,8 @@ from typing import Dict, List, Set
 
 from conftest import REPO
 
+from mergekit_mergeability.decide.features import FEATURES
+
 PACKAGE = "mergekit_mergeability"
 ROOT = REPO / PACKAGE
 
@@ -188,3 +190,45 @@ def test_no_import_renames_a_project_module():
                 if alias and alias != name.rpartition(".")[2] and name in known and (name, alias) != (PACKAGE, "mm")
             ]
     assert not renamed, renamed
+
+
+def test_each_metric_of_a_built_in_record_is_spelt_only_by_its_record():
+    """A metric's name as a string (``"update_norm"``) is written in records.py and the schema
+    alone: everyone else reads the record's field, so renaming a metric is one edit and the schema."""
+    import dataclasses
+    import re
+
+    from mergekit_mergeability import records
+
+    names = {
+        f.name
+        for record in vars(records).values()
+        if isinstance(record, type) and issubclass(record, records.Record) and record is not records.Record
+        for f in dataclasses.fields(record)
+    }
+    assert {"update_norm", "scored_mean_p_gold", "partnered_accuracy", "signature_kept"} <= names
+    spelt = {
+        name: {
+            str(path.relative_to(ROOT))
+            for path in modules().values()
+            if path.name != "records.py" and re.search(rf"[\"']{name}[\"']", path.read_text())
+        }
+        - OTHER_THINGS.get(name, set())
+        - ({"decide/features.py"} if name in FEATURES else set())  # a feature of the same name, listed there
+        for name in names
+    }
+    assert {name: where for name, where in spelt.items() if where} == {}
+
+
+# Words a record uses that name other things too, and where they do
+OTHER_THINGS = {
+    "fewshot": {"merge_config.py"},  # the config's fewshot: key (a file of solved examples)
+    # the interpolation sweep's accuracy per λ, in its own report (interpolation/schema.json)
+    "accuracy": {
+        "maths/stages.py",
+        "interpolation/sweeping.py",
+        "output/plots.py",
+        "output/terminal.py",
+        "output/html.py",
+    },
+}

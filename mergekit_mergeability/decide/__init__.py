@@ -70,6 +70,7 @@ def decide(
     ``choice``: the config as written and the menu rehearsed (``verdict.choose_method``), which then
     chooses the method."""
     from mergekit_mergeability.decide.calibration import domain_check
+    from mergekit_mergeability.records import WeightStats
     from mergekit_mergeability.decide.features import features
     from mergekit_mergeability.decide.verdict import (
         RELATIVE_DROP,
@@ -87,7 +88,7 @@ def decide(
     table = features(experts)
     against_ties, against_ties_by = _against_ties(experts, against_ties)
     calibrated = {name: Prediction(*calibration.predict(values)) for name, values in table.items()}
-    norms = {m["path"]: (m["weights"] or {}).get("update_norm") for m in experts if m["role"] == "expert"}
+    norms = {m["path"]: WeightStats.of(m["weights"]).update_norm for m in experts if m["role"] == "expert"}
     kept = kept_shares(configured, norms, cosines)
     predictions = derived(predict(calibrated, kept), experts)
     outside = domain_check(calibration, experts, table)

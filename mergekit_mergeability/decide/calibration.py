@@ -31,6 +31,7 @@ from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.files import SCHEMA_VERSION, read_report
 from mergekit_mergeability.maths import fitting
 from mergekit_mergeability.maths.stats import correlate
+from mergekit_mergeability.records import KnowledgeStats
 
 DEFAULT = Path(__file__).with_name("calibration.json")
 # What the shipped prediction reads first, where the precheck measured it: the model's own probe on a
@@ -132,13 +133,14 @@ def probe_domain(models: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
     for model in models:
         if model["role"] != "expert":
             continue
-        k = model.get("knowledge") or {}
+        k = KnowledgeStats.of(model.get("knowledge"))
+        measured = model.get("knowledge") is not None
         described.append(
             {
                 "path": model["path"],
-                "format": k.get("scored_format", "cloze") if k else None,
-                "shots": k.get("scored_shots"),
-                "lines": k.get("instances"),
+                "format": k.format if measured else None,
+                "shots": k.scored_shots,
+                "lines": k.instances,
             }
         )
     return described

@@ -41,6 +41,8 @@ import math
 import statistics
 from typing import Any, Dict, Mapping, Optional, Sequence
 
+from mergekit_mergeability.records import PARTNERED, DilutionStats, KnowledgeStats, WeightStats
+
 FEATURES: Dict[str, int] = {
     "p_gold": +1,
     "gap": -1,
@@ -71,6 +73,8 @@ FEATURES: Dict[str, int] = {
 # (docs/prediction.md, "each update asked at a ninth of its size"). The dilution's margin is
 # measured and reported, not fitted: it failed the test written down for it on the `wide` family
 # (docs/prediction.md, "a family the prediction does not reach").
+# the features that depend on who the model is merged with (plan's conditional model replaces them)
+POOL_LEVEL = ("pool_cosine", "mean_sign_conflict")
 LETTERED = ("p_gold", "gap", "accuracy", "letter_p_gold", "gold_logprob_per_token")
 UNFITTED = (*LETTERED, "diluted_margin", "partnered_p_gold", "partnered_accuracy", "rehearsal")
 CALIBRATED: Dict[str, int] = {name: d for name, d in FEATURES.items() if name not in UNFITTED}
@@ -119,57 +123,49 @@ def say(feature: str, value: float) -> str:
 def features(models: Sequence[Mapping[str, Any]]) -> Dict[str, Features]:
     """Per expert of a precheck report's ``models``: every feature (None where not measured)."""
     experts = [m for m in models if m["role"] == "expert"]
-    weights = {m["path"]: m.get("weights") or {} for m in experts}
-    medians = {key: _median([w.get(key) for w in weights.values()]) for key in ("update_norm", "top_singular_value")}
+    weights = {m["path"]: WeightStats.of(m.get("weights")) for m in experts}
+    norms = _median([w.update_norm for w in weights.values()])
+    singular = _median([w.top_singular_value for w in weights.values()])
     table = {}
     for model in experts:
-        k, w, d = model.get("knowledge") or {}, weights[model["path"]], model.get("dilution") or {}
+        k, w = KnowledgeStats.of(model.get("knowledge")), weights[model["path"]]
+        d = DilutionStats.of(model.get("dilution"))
         table[model["path"]] = {
-            "p_gold": k.get("mean_p_gold"),
-            "gap": k.get("mean_gap"),
-            "accuracy": k.get("accuracy"),
-            "letter_p_gold": k.get("mean_letter_p_gold"),
-            "gold_logprob_per_token": k.get("mean_gold_logprob_per_token"),
-            "scored_p_gold": _scored(k, "mean_p_gold"),
-            "scored_accuracy": _scored(k, "accuracy"),
-            "scored_gap": _scored(k, "mean_gap"),
-            "scored_gold_logprob_per_token": _scored(k, "mean_gold_logprob_per_token"),
-            "relative_norm": _log_ratio(w.get("update_norm"), medians["update_norm"]),
-            "relative_top_sv": _log_ratio(w.get("top_singular_value"), medians["top_singular_value"]),
-            "pool_cosine": w.get("pool_cosine"),
-            "mean_sign_conflict": w.get("mean_sign_conflict"),
-            "diluted_p_gold": d.get("diluted_mean_p_gold"),
-            "diluted_accuracy": d.get("diluted_accuracy"),
-            "diluted_margin": d.get("diluted_mean_margin"),
-            "partnered_p_gold": d.get("partnered_mean_p_gold"),
-            "partnered_accuracy": d.get("partnered_accuracy"),
+            "p_gold": k.mean_p_gold,
+            "gap": k.mean_gap,
+            "accuracy": k.accuracy,
+            "letter_p_gold": k.mean_letter_p_gold,
+            "gold_logprob_per_token": k.mean_gold_logprob_per_token,
+            "scored_p_gold": k.scored_mean_p_gold,
+            "scored_accuracy": k.scored_accuracy,
+            "scored_gap": k.scored_mean_gap,
+            "scored_gold_logprob_per_token": k.scored_mean_gold_logprob_per_token,
+            "relative_norm": _log_ratio(w.update_norm, norms),
+            "relative_top_sv": _log_ratio(w.top_singular_value, singular),
+            "pool_cosine": w.pool_cosine,
+            "mean_sign_conflict": w.mean_sign_conflict,
+            "diluted_p_gold": d.diluted_mean_p_gold,
+            "diluted_accuracy": d.diluted_accuracy,
+            "diluted_margin": d.diluted_mean_margin,
+            "partnered_p_gold": d.partnered_mean_p_gold,
+            "partnered_accuracy": d.partnered_accuracy,
             "rehearsal": rehearsal(model),
         }
     return table
-
-
-# the formats it was decided on; an lm-eval task's own metric on the rehearsed merge (acc, exact_match, ...)
-REHEARSED = {"options": "partnered_mean_p_gold", "cloze": "partnered_accuracy", "lm-eval": "partnered_task_score"}
 
 
 def rehearsal(model: Mapping[str, Any]) -> Optional[float]:
     """A precheck model's own probe on the rehearsed merge (``dilution``'s partnered pass), read as
     its task is scored: p(gold) where its options are listed, accuracy where it is cloze, the task's
     own metric where it is an lm-eval task; None for a mix of formats, where it was never tested."""
-    scored = REHEARSED.get((model.get("knowledge") or {}).get("scored_format", "cloze"))
-    return (model.get("dilution") or {}).get(scored) if scored else None
+    return compared(model, PARTNERED)
 
 
 def compared(model: Mapping[str, Any], method: str) -> Optional[float]:
     """A precheck model's own probe on the whole config merged with ``method`` (``dilution``'s
     compared merges: knowledge_weighted, ties), read as ``rehearsal`` reads its partnered view."""
-    scored = REHEARSED.get((model.get("knowledge") or {}).get("scored_format", "cloze"))
-    return (model.get("dilution") or {}).get(scored.replace("partnered", method, 1)) if scored else None
-
-
-def _scored(knowledge: Mapping[str, Any], key: str) -> Optional[float]:
-    """A knowledge value as the task is scored (``task_*`` in reports before schema 2.2)."""
-    return knowledge.get(f"scored_{key}", knowledge.get(f"task_{key}"))
+    scored = KnowledgeStats.of(model.get("knowledge")).format
+    return DilutionStats.of(model.get("dilution")).scored(method, scored)
 
 
 def _median(values) -> Optional[float]:

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from mergekit_mergeability.maths.cka import shared_depth
+from mergekit_mergeability.records import FluencyStats
 
 LOW_PREDICTION = 0.5
 LOST = 0.3  # predicted below this, a model's task is lost in the merge: never "nothing the precheck can predict"
@@ -194,7 +195,7 @@ def derived(predictions: Mapping[str, Prediction], experts: Sequence[Mapping[str
     keeps (``fluency``'s ``signature_kept``, clipped to [0, 1]); the others as they are."""
     found = dict(predictions)
     for model in experts:
-        kept = (model.get("fluency") or {}).get("signature_kept")
+        kept = FluencyStats.of(model.get("fluency")).signature_kept
         if model.get("knowledge") is None and kept is not None and model["path"] in found:
             reason = f"no probe: derived from its own shift on a shipped general text, of which the merge as written keeps {kept:.2f} (not yet measured against mergeability)"
             found[model["path"]] = Prediction(min(max(kept, 0.0), 1.0), [reason])

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import asdict
 from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Set, Tuple
 
 import torch
@@ -59,6 +58,7 @@ from mergekit_mergeability.maths.merging import COMPARED, DEFAULT_DENSITY, DEFAU
 from mergekit_mergeability.maths.merging import knowledge_weights, threshold_in_blocks
 from mergekit_mergeability.planned import Planned, merged
 from mergekit_mergeability.progress import task
+from mergekit_mergeability.records import DilutionStats
 from mergekit_mergeability.sources import (
     Source,
     TensorReader,
@@ -198,8 +198,8 @@ def partnered(module, tokenizer, model: ModelInput, advance, settings) -> Dict[s
     100 so that every score lies in [0, 1]), ``--limit`` items."""
     from mergekit_mergeability.tasks.harness import TRANSLATION_METRICS, score
 
-    view = asdict(choice_scores.aggregate(scores(module, tokenizer, list(model.probes), advance)))
-    found: Dict[str, Any] = {"partnered_accuracy": view["accuracy"], "partnered_mean_p_gold": view["mean_p_gold"]}
+    view = choice_scores.aggregate(scores(module, tokenizer, list(model.probes), advance))
+    found: Dict[str, Any] = dict(partnered_accuracy=view.accuracy, partnered_mean_p_gold=view.mean_p_gold)
     if model.task is not None:
         scored = score(module, tokenizer, model.task, settings.limit, settings.batch_size, str(module.device))
         scale = 100 if scored["primary"] in TRANSLATION_METRICS else 1
@@ -272,13 +272,13 @@ class Dilution:
             for model in models:
                 own = (model.path, self.share, touched[model.name])
                 with mixed(module, base, [own]):
-                    view = asdict(choice_scores.aggregate(scores(module, tokenizer, list(model.probes), advance)))
-                result.per_model[model.name] = {
-                    "share": self.share,
-                    "diluted_accuracy": view["accuracy"],
-                    "diluted_mean_p_gold": view["mean_p_gold"],
-                    "diluted_mean_margin": view["mean_margin"],
-                }
+                    view = choice_scores.aggregate(scores(module, tokenizer, list(model.probes), advance))
+                result.per_model[model.name] = dict(
+                    share=self.share,
+                    diluted_accuracy=view.accuracy,
+                    diluted_mean_p_gold=view.mean_p_gold,
+                    diluted_mean_margin=view.mean_margin,
+                )
                 if not in_sum:
                     continue
                 # Σ_j c_j·τ_j (summed once, or read model by model for this model alone) plus its own extra share
@@ -298,10 +298,12 @@ class Dilution:
                         result.per_model[model.name].update(
                             rehearsed=merge,
                             **partnered(module, tokenizer, model, advance, settings),
-                            **({} if model.share is None else {"partnered_share": model.share}),
+                            **({} if model.share is None else dict(partnered_share=model.share)),
                         )
             if compare:
                 self.compare(module, tokenizer, base, models, touched, inputs.update_size, advance, result)
+        # each model's values, named as its record names them (a misspelt one fails here)
+        result.per_model = {name: DilutionStats(**values).json() for name, values in result.per_model.items()}
         return result
 
     def compare(self, module, tokenizer, base, models, touched, scale, advance, result: DiagnosticResult) -> None:
@@ -310,10 +312,10 @@ class Dilution:
         from the base's p(gold) on each probe times the configured weights, and TIES at density 0.5
         with the configured weights; both at the configured update size ``scale``."""
 
-        def asked(model) -> dict:
-            return asdict(choice_scores.aggregate(scores(module, tokenizer, list(model.probes), advance)))
+        def asked(model) -> choice_scores.TaskKnowledge:
+            return choice_scores.aggregate(scores(module, tokenizer, list(model.probes), advance))
 
-        known = [asked(model)["mean_p_gold"] for model in models]
+        known = [asked(model).mean_p_gold for model in models]
         weights = [m.weight for m in models]
         shares = {
             "knowledge_weighted": knowledge_weights(known, DEFAULT_TEMPERATURE, weights).tolist(),
@@ -325,5 +327,5 @@ class Dilution:
                 for model in models:
                     view = asked(model)
                     result.per_model[model.name].update(
-                        {f"{method}_accuracy": view["accuracy"], f"{method}_mean_p_gold": view["mean_p_gold"]}
+                        {f"{method}_accuracy": view.accuracy, f"{method}_mean_p_gold": view.mean_p_gold}
                     )

@@ -39,6 +39,7 @@ import torch
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, Need
 from mergekit_mergeability.diagnostics.dilution import as_written, diluted
 from mergekit_mergeability.progress import task
+from mergekit_mergeability.records import FluencyStats
 from mergekit_mergeability.resources import shipped
 from mergekit_mergeability.sources import TensorReader, load_causal_lm
 
@@ -123,12 +124,12 @@ class Fluency:
         own = {name: perplexity(values) for name, values in logprobs.items()}
         ppl_base, merged = perplexity(at_base), perplexity(at_merge)
         for model in inputs.models:
-            result.per_model[model.name] = {
-                "perplexity": own[model.name],
-                "base_perplexity": ppl_base,
-                "merged_perplexity": merged,
-                "signature_kept": signature_kept(logprobs[model.name], at_base, at_merge),
-            }
+            result.per_model[model.name] = FluencyStats(
+                perplexity=own[model.name],
+                base_perplexity=ppl_base,
+                merged_perplexity=merged,
+                signature_kept=signature_kept(logprobs[model.name], at_base, at_merge),
+            ).json()
         worst = max(ppl_base, *own.values())
         if not merged <= FALLS_APART * worst:  # NaN falls apart too
             # where every model has a probe, the rehearsal of each one's own task speaks for the merge

@@ -25,6 +25,7 @@ from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult
 from mergekit_mergeability.diagnostics.activations import choice_logprobs
 from mergekit_mergeability.maths import choice_scores
 from mergekit_mergeability.progress import task
+from mergekit_mergeability.records import MIXED, KnowledgeStats
 from mergekit_mergeability.sources import load_causal_lm
 from mergekit_mergeability.tasks import probes
 
@@ -77,13 +78,12 @@ def base_knowledge(inputs: DiagnosticInputs) -> DiagnosticResult:
             recast = [i for i, a in zip(scored[name], asked) if not _same_request(i, a)]
             again = iter(scores(model, tokenizer, recast, advance))
             as_task = [s if _same_request(i, a) else next(again) for i, a, s in zip(scored[name], asked, paper)]
-            view = asdict(choice_scores.aggregate(as_task))
-            result.per_model[name] = {
-                **asdict(choice_scores.aggregate(paper)),
-                "fewshot": shots,
-                **{f"scored_{key}": view[key] for key in SCORED},
+            result.per_model[name] = KnowledgeStats.asked(
+                asdict(choice_scores.aggregate(paper)),
+                asdict(choice_scores.aggregate(as_task)),
+                fewshot=shots,
                 **scored_format(scored[name]),
-            }
+            ).json()
             result.per_instance[name] = [
                 {**asdict(s), "scored_p_gold": t.p_gold, "scored_correct": t.correct} for s, t in zip(paper, as_task)
             ]
@@ -93,20 +93,16 @@ def base_knowledge(inputs: DiagnosticInputs) -> DiagnosticResult:
     return result
 
 
-# The knowledge features asked as the task is scored ("scored_*" in precheck.json)
-SCORED = ("accuracy", "mean_p_gold", "mean_gap", "mean_gold_logprob_per_token", "mean_margin")
-
-
 def scored_format(instances) -> dict:
     """How a probe set is scored: its format (``mixed`` when lines differ), shots and
     whether every line said so itself."""
     formats = sorted({i.format for i in instances})
     shots = sorted({i.shots for i in instances})
-    return {
-        "scored_format": formats[0] if len(formats) == 1 else "mixed",
-        "scored_shots": shots[0] if len(shots) == 1 else shots,
-        "scored_format_declared": all(i.declared for i in instances),
-    }
+    return dict(
+        scored_format=formats[0] if len(formats) == 1 else MIXED,
+        scored_shots=shots[0] if len(shots) == 1 else shots,
+        scored_format_declared=all(i.declared for i in instances),
+    )
 
 
 def _assumed(models) -> str:

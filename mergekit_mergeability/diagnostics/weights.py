@@ -33,6 +33,7 @@ from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult
 from mergekit_mergeability.maths import lowrank
 from mergekit_mergeability.maths.spectral import TopSingularValue
 from mergekit_mergeability.progress import task
+from mergekit_mergeability.records import LAYERS, PairWeights, Record, WeightStats
 from mergekit_mergeability.sources import Source, TensorReader, same_model, tensor_index, tensors, update_of
 from mergekit_mergeability.sources.architecture import UnknownTensorError, tensor_position
 
@@ -219,48 +220,49 @@ def shard_sums(names: Sequence[str], base: Source, sources: Mapping[str, Source]
 def _result(sums: _Sums) -> DiagnosticResult:
     result = DiagnosticResult()
     norms = {m: math.sqrt(sum(parts.values())) for m, parts in sums.squares.items()}
+    for (a, b), dot, sign_dot, both in sums.pairs():
+        result.per_pair[a, b] = PairWeights(
+            cosine=dot / (norms[a] * norms[b]) if norms[a] * norms[b] > 0 else 0.0,
+            sign_conflict=(both - sign_dot) / (2 * both) if both else 0.0,
+        ).json()
+    pool = interference(sums.models, sums.dots, result.per_pair)
     for model, parts in sums.squares.items():
         depth = 1 + max((p for p in parts if isinstance(p, int)), default=-1)
         bad = sums.nonfinite[model]
-        result.per_model[model] = {
-            "update_norm": norms[model],
-            "top_singular_value": sums.top_singular[model],
-            "nonfinite": float(bad),
-            "embedding_norm": math.sqrt(parts.get("embedding", 0.0)),
-            "head_norm": math.sqrt(parts.get("head", 0.0)),
-        }
-        result.per_layer[model] = {"update_norm": [math.sqrt(parts.get(i, 0.0)) for i in range(depth)]}
+        stats = WeightStats(
+            update_norm=norms[model],
+            top_singular_value=sums.top_singular[model],
+            nonfinite=float(bad),
+            embedding_norm=math.sqrt(parts.get("embedding", 0.0)),
+            head_norm=math.sqrt(parts.get("head", 0.0)),
+            **pool.get(model, {}),
+        )
+        result.per_model[model] = Record.json(stats)  # its layers go to per_layer: without the null
+        result.per_layer[model] = {LAYERS: [math.sqrt(parts.get(i, 0.0)) for i in range(depth)]}
         if bad:
             result.findings.append(
                 Finding("error", f"{model}: {bad} NaN/Inf values in its weights; re-export the checkpoint")
             )
-    for (a, b), dot, sign_dot, both in sums.pairs():
-        result.per_pair[a, b] = {
-            "cosine": dot / (norms[a] * norms[b]) if norms[a] * norms[b] > 0 else 0.0,
-            "sign_conflict": (both - sign_dot) / (2 * both) if both else 0.0,
-        }
-    for model, values in interference(sums.models, sums.dots, result.per_pair).items():
-        result.per_model[model].update(values)
     return result
 
 
 def interference(models, dots: torch.Tensor, pairs) -> Dict[str, Dict[str, float]]:
     """How each update sits in the pool: cos(τ_i, Σ_{j≠i} τ_j) (negative: the others pull
-    against it), and its mean pairwise cosine and sign conflict."""
+    against it), and its mean pairwise cosine and sign conflict (``WeightStats``' fields)."""
     found = {}
     if len(models) < 2:
         return found
     total = dots.sum()
     for i, model in enumerate(models):
-        others = [pairs[(a, b)] for (a, b) in pairs if model in (a, b)]
+        others = [PairWeights.of(pairs[(a, b)]) for (a, b) in pairs if model in (a, b)]
         with_rest = float(dots[i].sum() - dots[i, i])
         rest_norm = math.sqrt(max(float(total - 2 * dots[i].sum() + dots[i, i]), 0.0))
         own_norm = math.sqrt(max(float(dots[i, i]), 0.0))
-        found[model] = {
-            "pool_cosine": with_rest / (own_norm * rest_norm) if own_norm * rest_norm > 0 else 0.0,
-            "mean_cosine": sum(p["cosine"] for p in others) / len(others),
-            "mean_sign_conflict": sum(p["sign_conflict"] for p in others) / len(others),
-        }
+        found[model] = dict(
+            pool_cosine=with_rest / (own_norm * rest_norm) if own_norm * rest_norm > 0 else 0.0,
+            mean_cosine=sum(p.cosine for p in others) / len(others),
+            mean_sign_conflict=sum(p.sign_conflict for p in others) / len(others),
+        )
     return found
 
 

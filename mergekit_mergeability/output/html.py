@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional
 
 from mergekit_mergeability.decide.features import rehearsal
 from mergekit_mergeability.names import shorten
+from mergekit_mergeability.records import DilutionStats, KnowledgeStats, PairWeights, WeightStats
 from mergekit_mergeability.output.terminal import (
     STAGE_NAMES,
     known,
@@ -164,7 +165,7 @@ def _menu_table(choice: Optional[Dict[str, Any]], names: Dict[str, str]) -> str:
 
 def _model_row(model: Dict[str, Any], report: Dict[str, Any]) -> str:
     esc = html.escape
-    k, w = model["knowledge"] or {}, model["weights"] or {}
+    k, w = KnowledgeStats.of(model["knowledge"]), WeightStats.of(model["weights"])
     p_gold, accuracy = known(model, report)
     probe = model["probe"] or "–"
     cells = [
@@ -174,12 +175,12 @@ def _model_row(model: Dict[str, Any], report: Dict[str, Any]) -> str:
     for value, digits in (
         (p_gold, 2),
         (accuracy, 2),
-        (k.get("mean_p_gold"), 2),
-        ((model.get("dilution") or {}).get("diluted_mean_p_gold"), 2),
+        (k.mean_p_gold, 2),
+        (DilutionStats.of(model.get("dilution")).diluted_mean_p_gold, 2),
         (rehearsal(model), 2),
-        (w.get("update_norm"), 3),
-        (w.get("top_singular_value"), 3),
-        (w.get("pool_cosine"), 2),
+        (w.update_norm, 3),
+        (w.top_singular_value, 3),
+        (w.pool_cosine, 2),
         (model.get("kept_share"), 2),
         (model["predicted_mergeability"], 2),
     ):
@@ -328,7 +329,7 @@ def _knowledge_plot(report) -> Optional[str]:
 
 
 def _cosine_plot(report, names) -> Optional[str]:
-    pairs = [p for p in report["pairs"] if p.get("cosine") is not None]
+    pairs = [p for p in report["pairs"] if PairWeights.of(p).cosine is not None]
     if not pairs:
         return None
     members = list(dict.fromkeys([p["a"] for p in pairs] + [p["b"] for p in pairs]))
@@ -340,7 +341,7 @@ def _cosine_plot(report, names) -> Optional[str]:
         grid = np.full((len(members), len(members)), np.nan)
         for p in pairs:
             i, j = members.index(p["a"]), members.index(p["b"])
-            grid[i, j] = grid[j, i] = p["cosine"]
+            grid[i, j] = grid[j, i] = PairWeights.of(p).cosine
         image = ax.imshow(grid, vmin=-1, vmax=1, cmap="RdBu")
         if len(members) <= ANNOTATED:
             for (i, j), value in np.ndenumerate(grid):

@@ -9,7 +9,7 @@ from dataclasses import asdict
 import math
 import shutil
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from mergekit_mergeability.decide import Decision
 from mergekit_mergeability.decide.advice import MAIN, PER_EXPERT, Advice, advise, configured_update
@@ -19,7 +19,7 @@ from mergekit_mergeability.decide.verdict import RELATIVE_DROP
 from mergekit_mergeability.diagnostics.selectivity import COLLISION_SHARE, SPECIFIC, colliding_layers
 from mergekit_mergeability.files import SCHEMA_VERSION, write_atomic
 from mergekit_mergeability.names import short_names
-from mergekit_mergeability.measuring import Measurements, layer_norms, metrics, per_layer
+from mergekit_mergeability.measuring import Measurements, blocks, per_layer
 from mergekit_mergeability.merge_config import absolute
 from mergekit_mergeability.settings import PrecheckSettings
 
@@ -32,7 +32,6 @@ def build(measured: Measurements, settings: PrecheckSettings, decision: Decision
 
     spec, results = measured.spec, measured.results
     names = short_names([m.name for m in ([measured.base] if measured.base else []) + list(measured.models)])
-    norms = layer_norms(results)
     specific = {
         m: {k[len(SPECIFIC) :]: v for k, v in layers.items()}
         for m, layers in per_layer(results, "selectivity", pairs=False).items()
@@ -40,15 +39,9 @@ def build(measured: Measurements, settings: PrecheckSettings, decision: Decision
     instances = results["knowledge"].per_instance if "knowledge" in results else {}
     models = [_model(measured.base.name, names, "base")] if measured.base else []
     for m in measured.models:
-        knowledge = metrics(results, "knowledge", m.name)
-        weights = metrics(results, "weights", m.name)
-        dilution = metrics(results, "dilution", m.name)
-        record = _model(
-            m.name, names, "expert", measured.probe_specs.get(m.name), knowledge, weights, norms.get(m.name), dilution
-        )
-        if knowledge is not None:
+        record = _model(m.name, names, "expert", measured.probe_specs.get(m.name), blocks(results, m.name))
+        if record["knowledge"] is not None:
             record["knowledge"]["per_instance"] = instances.get(m.name, [])
-        record["fluency"] = metrics(results, "fluency", m.name)
         models.append(record)
     loaded_in = {m.name: m.dtype for m in ([measured.base] if measured.base else []) + list(measured.models)}
     for record in models:
@@ -140,18 +133,19 @@ def _domain_findings(outside: Dict[str, List[str]], names: Dict[str, str]) -> Li
     return findings
 
 
-def _model(
-    path, names, role, probe=None, knowledge=None, weights=None, layer_norms=None, dilution=None
-) -> Dict[str, Any]:
+def _model(path, names, role, probe=None, measured: Mapping[str, Any] = {}) -> Dict[str, Any]:
+    """A model's entry in precheck.json; ``measured``: its records (``measuring.blocks``), written
+    here as JSON."""
+    written = {name: None if record is None else record.json() for name, record in measured.items()}
     return {
         "path": path,
         "name": names[path],
         "role": role,
         "probe": probe,
-        "knowledge": None if knowledge is None else dict(knowledge),
-        "weights": None if weights is None else {**weights, "layer_update_norm": layer_norms},
-        "dilution": None if dilution is None else dict(dilution),
-        "fluency": None,
+        "knowledge": written.get("knowledge"),
+        "weights": written.get("weights"),
+        "dilution": written.get("dilution"),
+        "fluency": written.get("fluency"),
         "features": None,
         "kept_share": None,
         "predicted_mergeability": None,

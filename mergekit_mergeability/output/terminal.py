@@ -85,11 +85,11 @@ def print_precheck(report: Printable, out: Optional[Path] = None, verbose: bool 
 def known(model: Dict[str, Any], report: Dict[str, Any]):
     """The base's p(gold) and accuracy on a model's probes, asked the way the calibration reads
     knowledge (as the task scores it, or the paper's lettered few-shot prompt)."""
-    from mergekit_mergeability.decide.features import _scored
+    from mergekit_mergeability.records import KnowledgeStats
 
-    k = model["knowledge"] or {}
+    k = KnowledgeStats.of(model["knowledge"])
     as_task = (report.get("calibration") or {}).get("knowledge_feature", "p_gold").startswith(("scored_", "task_"))
-    return (_scored(k, "mean_p_gold"), _scored(k, "accuracy")) if as_task else (k.get("mean_p_gold"), k.get("accuracy"))
+    return (k.scored_mean_p_gold, k.scored_accuracy) if as_task else (k.mean_p_gold, k.accuracy)
 
 
 def legend(models) -> Dict[str, list]:

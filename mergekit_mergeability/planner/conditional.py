@@ -47,11 +47,11 @@ import numpy as np
 
 from mergekit_mergeability.maths import fitting
 from mergekit_mergeability.maths.merging import DEFAULT_TEMPERATURE
-from mergekit_mergeability.decide.features import CALIBRATED, features as expert_features
+from mergekit_mergeability.decide.features import CALIBRATED, POOL_LEVEL, features as expert_features
+from mergekit_mergeability.records import KnowledgeStats, PairWeights, WeightStats
 from mergekit_mergeability.decide.verdict import KEPT_CAP
 
-# The expert's own features: the calibration's, less the two that depend on who it is merged with
-POOL_LEVEL = ("pool_cosine", "mean_sign_conflict")
+# The expert's own features: the calibration's, less those that depend on who it is merged with
 EXPERT: Dict[str, int] = {name: d for name, d in CALIBRATED.items() if name not in POOL_LEVEL}
 CONDITIONAL: Dict[str, int] = {
     "own_coefficient": +1,
@@ -177,22 +177,23 @@ def from_report(
         raise KeyError(missing[0])
     n = len(names)
     index = {name: i for i, name in enumerate(names)}
-    weights = [experts[name].get("weights") or {} for name in names]
-    norms = np.array([w.get("update_norm") or 0.0 for w in weights], dtype=float)
+    weights = [WeightStats.of(experts[name].get("weights")) for name in names]
+    norms = np.array([w.update_norm or 0.0 for w in weights], dtype=float)
     cosine, conflict = np.eye(n), np.zeros((n, n))
     for pair in report.get("pairs", []):
-        i, j = index.get(pair["a"]), index.get(pair["b"])
-        if i is None or j is None or pair.get("cosine") is None:
+        i, j, stats = index.get(pair["a"]), index.get(pair["b"]), PairWeights.of(pair)
+        if i is None or j is None or stats.cosine is None:
             continue
-        cosine[i, j] = cosine[j, i] = pair["cosine"]
-        conflict[i, j] = conflict[j, i] = pair.get("sign_conflict") or 0.0
+        cosine[i, j] = cosine[j, i] = stats.cosine
+        conflict[i, j] = conflict[j, i] = stats.sign_conflict or 0.0
     table = expert_features([experts[name] for name in names])
     values = lambda name, keys: [np.nan if table[name].get(k) is None else table[name][k] for k in keys]  # noqa: E731
     parts, part_names = _parts(weights, norms)
     base = []
     for name in names:
-        knowledge = experts[name].get("knowledge") or {}
-        score = (base_scores or {}).get(name, knowledge.get("scored_accuracy", knowledge.get("accuracy")))
+        knowledge = KnowledgeStats.of(experts[name].get("knowledge"))
+        asked = knowledge.accuracy if knowledge.scored_accuracy is None else knowledge.scored_accuracy
+        score = (base_scores or {}).get(name, asked)
         base.append(np.nan if score is None else score)
     return Pool(
         names=names,
@@ -207,13 +208,15 @@ def from_report(
     )
 
 
-def _parts(weights: Sequence[Mapping[str, Any]], norms: np.ndarray) -> Tuple[np.ndarray, Tuple[Any, ...]]:
-    """‖τ_i‖ per decoder layer, embedding, head, and the rest (tensors of no layer)."""
-    depth = max((len(w.get("layer_update_norm") or ()) for w in weights), default=0)
+def _parts(weights: Sequence[WeightStats], norms: np.ndarray) -> Tuple[np.ndarray, Tuple[Any, ...]]:
+    """‖τ_i‖ per decoder layer, embedding, head, and the rest (tensors of no layer); ``weights``: the
+    records, or their blocks as precheck.json holds them."""
+    weights = [WeightStats.of(w) for w in weights]
+    depth = max((len(w.layer_update_norm or ()) for w in weights), default=0)
     rows = []
     for w, total in zip(weights, norms):
-        layers = list(w.get("layer_update_norm") or ())
-        known = [*layers, *[0.0] * (depth - len(layers)), w.get("embedding_norm") or 0.0, w.get("head_norm") or 0.0]
+        layers = list(w.layer_update_norm or ())
+        known = [*layers, *[0.0] * (depth - len(layers)), w.embedding_norm or 0.0, w.head_norm or 0.0]
         rest_squared = total**2 - sum(v * v for v in known)
         # what the named parts leave of the total; below REST_FLOOR of it, the residue of the
         # subtraction in floating point (which would add a part to sample and move every sample)

@@ -21,6 +21,7 @@ from mergekit_mergeability.planner import conditional
 from mergekit_mergeability.planner.search import TOLERANCE
 from mergekit_mergeability.planner.deciding import Decision, Planned, decide, mergekit_parameters
 from mergekit_mergeability import merge_config
+from mergekit_mergeability.records import WeightStats
 from mergekit_mergeability.settings import PrecheckSettings, RunSettings
 
 PRECHECK_FIELDS = ("path", "role", "knowledge", "weights")
@@ -96,7 +97,7 @@ def read_precheck(path: Path, spec: merge_config.MergeSpec) -> Dict[str, Any]:
             raise UserError(
                 f"--precheck {path}: no measurements of {name} ({where} of {spec.source}); run the precheck on this pool, or leave --precheck out"
             )
-        if not (experts[name].get("weights") or {}).get("update_norm"):
+        if not WeightStats.of(experts[name].get("weights")).update_norm:
             raise UserError(f"--precheck {path}: {name} has no weight statistics (was the weights diagnostic skipped?)")
     return report
 
