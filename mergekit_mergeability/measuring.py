@@ -19,7 +19,15 @@ from mergekit_mergeability.errors import MeasurementError, UserError
 from mergekit_mergeability.merge_config import MergeSpec
 from mergekit_mergeability.cost import Cost, estimate
 from mergekit_mergeability.progress import note
-from mergekit_mergeability.records import DilutionStats, FluencyStats, KnowledgeStats, PairWeights, Record, WeightStats
+from mergekit_mergeability.records import (
+    DilutionStats,
+    FluencyStats,
+    KnowledgeStats,
+    PairLayers,
+    PairWeights,
+    Record,
+    WeightStats,
+)
 from mergekit_mergeability.settings import PrecheckSettings
 from mergekit_mergeability.tasks import probes
 
@@ -275,8 +283,8 @@ def decision(
         Calibration.load(settings.calibration),
         configured_weights(spec.document),
         {pair: values.cosine for pair, values in weights.items()},
-        {pair: layers["cka_unbiased"] for pair, layers in per_layer(results, "representations").items()},
-        {pair: layers["specific_overlap"] for pair, layers in per_layer(results, "selectivity").items()},
+        {pair: PairLayers.of(layers).cka_unbiased for pair, layers in per_layer(results, "representations").items()},
+        {pair: PairLayers.of(layers).specific_overlap for pair, layers in per_layer(results, "selectivity").items()},
         base=spec.base_model,
         method=spec.merge_method,
         errors=measured.errors(),

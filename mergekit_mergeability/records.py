@@ -75,6 +75,20 @@ class PairWeights(Record):
 
 
 @dataclass(frozen=True)
+class PairLayers(Record):
+    """Two models layer by layer: their representations' CKA (``diagnostics.representations``; index 0
+    the embedding output, then one per decoder block) and their group-specific neurons' overlap
+    (``diagnostics.selectivity``, one per block); a pair's entry in precheck.json's ``pairs``."""
+
+    cka: Optional[List[Optional[float]]] = None  # biased linear CKA, answer span
+    cka_unbiased: Optional[List[Optional[float]]] = None  # unbiased (minibatch): what the verdict reads
+    cka_prompt: Optional[List[Optional[float]]] = None  # biased, prompt span
+    specific_overlap: Optional[List[Optional[float]]] = None
+    specific_collisions: Optional[List[float]] = None  # experts only
+    specific_union: Optional[List[float]] = None
+
+
+@dataclass(frozen=True)
 class KnowledgeStats(Record):
     """The base on a model's probe (``diagnostics.knowledge``): asked as the paper asks it (lettered,
     few-shot: ``maths.choice_scores.TaskKnowledge``'s fields), and ``scored_*`` as its task scores it."""

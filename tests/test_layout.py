@@ -223,6 +223,8 @@ def test_each_metric_of_a_built_in_record_is_spelt_only_by_its_record():
 # Words a record uses that name other things too, and where they do
 OTHER_THINGS = {
     "fewshot": {"merge_config.py"},  # the config's fewshot: key (a file of solved examples)
+    # the cut-off signal named after the metric it reads (--cutoff-signal cka)
+    "cka": {"cli.py", "settings.py", "decide/__init__.py", "decide/verdict.py", "output/html.py"},
     # the interpolation sweep's accuracy per λ, in its own report (interpolation/schema.json)
     "accuracy": {
         "maths/stages.py",

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from mergekit_mergeability.files import write_atomic
 from mergekit_mergeability.resources import shipped
+from mergekit_mergeability.records import PairLayers
 
 PAIRS = {"different_targets": ("zorbish_a", "kelvic_a"), "shared_target": ("zorbish_a", "zorbish_b")}
 LOST = 0.5  # a merge "loses most" of a translator when it keeps less than this share of its chrF
@@ -194,17 +195,15 @@ def layer_signals(precheck: Dict[str, Any]) -> Dict[str, List[float]]:
     overlap of group-specific neurons, expert vs expert and base vs each expert (mean)."""
     pairs = precheck["pairs"]
     base = precheck["base_model"]
-    between = next(p for p in pairs if base not in (p["a"], p["b"]))
-    from_base = [p for p in pairs if base in (p["a"], p["b"])]
+    between = PairLayers.of(next(p for p in pairs if base not in (p["a"], p["b"])))
+    from_base = [PairLayers.of(p) for p in pairs if base in (p["a"], p["b"])]
     signals = {
-        "cka_experts": between["cka_unbiased"],
-        "cka_lowest": [min(values) for values in zip(*(p["cka_unbiased"] for p in pairs))],
+        "cka_experts": between.cka_unbiased,
+        "cka_lowest": [min(values) for values in zip(*(PairLayers.of(p).cka_unbiased for p in pairs))],
     }
-    if "specific_overlap" in between:
-        signals["overlap_experts"] = between["specific_overlap"]
-        signals["overlap_base"] = [
-            statistics.fmean(values) for values in zip(*(p["specific_overlap"] for p in from_base))
-        ]
+    if between.specific_overlap is not None:
+        signals["overlap_experts"] = between.specific_overlap
+        signals["overlap_base"] = [statistics.fmean(values) for values in zip(*(p.specific_overlap for p in from_base))]
     return signals
 
 

@@ -22,6 +22,7 @@ from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult
 from mergekit_mergeability.diagnostics.activations import score
 from mergekit_mergeability.maths.cka import layerwise
 from mergekit_mergeability.progress import task
+from mergekit_mergeability.records import PairLayers
 from mergekit_mergeability.sources import load_causal_lm, merged, patched, update_of
 
 MIN_ROWS = 4  # the unbiased estimator's minimum; fewer rows say little anyway
@@ -61,12 +62,12 @@ class Representations:
         batch = inputs.settings.cka_batch_size
         for a, b in itertools.combinations(pooled, 2):
             (answer_a, prompt_a), (answer_b, prompt_b) = pooled[a], pooled[b]
-            curves = {
-                "cka": layerwise(answer_a, answer_b),
-                "cka_unbiased": layerwise(answer_a, answer_b, unbiased=True, batch_size=batch),
-                "cka_prompt": layerwise(prompt_a, prompt_b),
-            }
-            result.per_layer[(a, b)] = {k: _only(v, selected) for k, v in curves.items()}
+            curves = PairLayers(
+                cka=layerwise(answer_a, answer_b),
+                cka_unbiased=layerwise(answer_a, answer_b, unbiased=True, batch_size=batch),
+                cka_prompt=layerwise(prompt_a, prompt_b),
+            )
+            result.per_layer[(a, b)] = {k: _only(v, selected) for k, v in curves.json().items()}
         depth = len(next(iter(pooled.values()))[0])
         if selected is not None and max(selected) >= depth:
             outside = sorted(i for i in selected if i >= depth)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import re
+from dataclasses import replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -36,6 +37,7 @@ from mergekit_mergeability.diagnostics.activations import encode, pad
 from mergekit_mergeability.maths import lape
 from mergekit_mergeability.names import short_names
 from mergekit_mergeability.progress import task
+from mergekit_mergeability.records import PairLayers
 from mergekit_mergeability.settings import SELECTIVITY_SPANS as SPANS
 from mergekit_mergeability.sources import load_causal_lm
 
@@ -96,11 +98,12 @@ class Selectivity:
             result.per_layer[name] = {f"{SPECIFIC}{g}": c.tolist() for g, c in zip(groups, lape.counts(mask))}
         experts = {m.name for m in inputs.models}
         for a, b in itertools.combinations(masks, 2):
-            layers = {"specific_overlap": lape.overlap(masks[a], masks[b]).tolist()}
+            layers = PairLayers(specific_overlap=lape.overlap(masks[a], masks[b]).tolist())
             if a in experts and b in experts:
-                layers["specific_collisions"] = lape.collisions(masks[a], masks[b]).tolist()
-                layers["specific_union"] = lape.specific_union(masks[a], masks[b]).tolist()
-                hit = colliding_layers(layers["specific_collisions"], layers["specific_union"])
+                collisions = lape.collisions(masks[a], masks[b]).tolist()
+                union = lape.specific_union(masks[a], masks[b]).tolist()
+                layers = replace(layers, specific_collisions=collisions, specific_union=union)
+                hit = colliding_layers(collisions, union)
                 if hit:
                     result.findings.append(
                         Finding(
@@ -108,7 +111,7 @@ class Selectivity:
                             f"selectivity: {a} and {b}: specific neurons collide in block{'s' if len(hit) > 1 else ''} {', '.join(map(str, hit))} (≥ {COLLISION_SHARE:.0%} of them specific to different groups in the two)",
                         )
                     )
-            result.per_layer[(a, b)] = layers
+            result.per_layer[(a, b)] = layers.json()
         return result
 
 

@@ -8,11 +8,11 @@ import base64
 import html
 import math
 import warnings
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from mergekit_mergeability.decide.features import rehearsal
 from mergekit_mergeability.names import shorten
-from mergekit_mergeability.records import DilutionStats, KnowledgeStats, PairWeights, WeightStats
+from mergekit_mergeability.records import DilutionStats, KnowledgeStats, PairLayers, PairWeights, WeightStats
 from mergekit_mergeability.output.terminal import (
     STAGE_NAMES,
     known,
@@ -211,13 +211,13 @@ def _figure(draw, title: str, width: float = 8, height: float = 4) -> str:
 
 
 def _cka_plot(report, names) -> Optional[str]:
-    pairs = [p for p in report["pairs"] if p.get("cka_unbiased")]
+    pairs = [p for p in map(PairLayers.of, report["pairs"]) if p.cka_unbiased]
     if not pairs:
         return None
     layers = report["layers"]
 
     def draw(fig, ax):
-        _lines(ax, _pair_curves(pairs, names, "cka_unbiased"), "pairs")
+        _lines(ax, _pair_curves(report["pairs"], names, lambda p: p.cka_unbiased), "pairs")
         level = layers.get("cka_effective_threshold") or layers["cka_threshold"]
         drop = f" (shared level − {layers['cka_relative_drop']:g})" if level > layers["cka_threshold"] else ""
         ax.axhline(level, color="grey", linestyle="--", label=f"threshold {level:.2f}{drop}")
@@ -225,17 +225,20 @@ def _cka_plot(report, names) -> Optional[str]:
             ax.axvline(layers["cutoff"] + 0.5, color="red", linestyle=":", label=f"cut-off {layers['cutoff']}")
         _layer_axis(ax, "layer (0 = embeddings, i = output of block i−1)")
         ax.set_ylabel("unbiased CKA (answer span)")
-        lowest = min([level, *(v for p in pairs for v in p["cka_unbiased"] if v is not None)])
+        lowest = min([level, *(v for p in pairs for v in p.cka_unbiased if v is not None)])
         ax.set_ylim(max(lowest - 0.05, -0.05), 1.01)
         ax.legend(fontsize="small")
 
     return _figure(draw, "Representation similarity per layer")
 
 
-def _pair_curves(pairs, names, metric: str) -> Dict[str, List[float]]:
+def _pair_curves(pairs, names, metric: Callable[[PairLayers], Optional[List]]) -> Dict[str, List[float]]:
+    """Per pair of precheck.json's ``pairs`` where ``metric`` (of its layers) was measured: its curve."""
     return {
-        f"{names.get(p['a'], p['a'])} vs {names.get(p['b'], p['b'])}": [math.nan if v is None else v for v in p[metric]]
+        f"{names.get(p['a'], p['a'])} vs {names.get(p['b'], p['b'])}": [math.nan if v is None else v for v in values]
         for p in pairs
+        for values in [metric(PairLayers.of(p))]
+        if values
     }
 
 
@@ -277,13 +280,13 @@ def _specific_plot(report) -> Optional[str]:
 
 
 def _overlap_plot(report, names) -> Optional[str]:
-    pairs = [p for p in report["pairs"] if any(v is not None for v in p.get("specific_overlap") or ())]
+    pairs = [p for p in report["pairs"] if any(v is not None for v in PairLayers.of(p).specific_overlap or ())]
     if not pairs:
         return None
     selectivity = report["layers"]["selectivity"]
 
     def draw(fig, ax):
-        _lines(ax, _pair_curves(pairs, names, "specific_overlap"), "pairs")
+        _lines(ax, _pair_curves(pairs, names, lambda p: p.specific_overlap), "pairs")
         blocks = sorted({b for c in selectivity["collisions"] for b in c["blocks"]})
         for i, block in enumerate(blocks):
             ax.axvline(block, color="red", linestyle=":", label="experts' specific neurons collide" if i == 0 else None)

@@ -20,6 +20,7 @@ from mergekit_mergeability.diagnostics.selectivity import COLLISION_SHARE, SPECI
 from mergekit_mergeability.files import SCHEMA_VERSION, write_atomic
 from mergekit_mergeability.names import short_names
 from mergekit_mergeability.measuring import Measurements, blocks, per_layer
+from mergekit_mergeability.records import PairLayers
 from mergekit_mergeability.merge_config import absolute
 from mergekit_mergeability.settings import PrecheckSettings
 
@@ -167,9 +168,10 @@ def _selectivity(
     if not specific:
         return None
     collisions = [
-        {"a": a, "b": b, "blocks": colliding_layers(layers["specific_collisions"], layers["specific_union"])}
+        {"a": a, "b": b, "blocks": colliding_layers(pair.specific_collisions, pair.specific_union)}
         for (a, b), layers in per_layer(results, "selectivity").items()
-        if "specific_collisions" in layers
+        for pair in [PairLayers.of(layers)]
+        if pair.specific_collisions is not None
     ]
     return {
         "span": settings.selectivity_span,
