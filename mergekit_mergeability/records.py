@@ -1,7 +1,7 @@
 """The built-in diagnostics' measurements, one typed record each.
 
 A record owns its metrics' names: its fields are the keys of its block in precheck.json (a model's
-``weights``, ``knowledge``, ``dilution``, ``fluency``; a pair's weight statistics), so a metric is
+``weights``, ``knowledge``, ``dilution``, ``fluency``; a pair's in ``pairs``), so a metric is
 renamed here and in the schema, nowhere else. A diagnostic builds its record and hands the hook
 ``record.json()`` (third-party diagnostics keep the hook's plain dicts); whoever reads one, from a
 diagnostic's result or from a precheck.json on disk, reads it with ``Record.of`` and its fields.

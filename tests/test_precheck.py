@@ -679,3 +679,30 @@ def test_the_cost_line_counts_the_passes_the_progress_bars_then_count(tmp_path, 
     assert counted["fluency"] % totals["fluency"] == 0 < counted["fluency"]  # (models + 2) passes of whole windows
     assert totals["menu"] <= counted["menu"] <= 5 * totals["menu"] // 2  # the menu may hold fewer candidates
     assert "selectivity" not in counted and "weights" in counted and counted["weights"] == 0
+
+
+def test_the_knowledge_bar_ends_at_its_total_for_probes_asked_with_their_options_listed(tmp_path, pool, monkeypatch):
+    """The bar's total is what the pass then advances: for a probe scored with its options listed,
+    the recast request's letters count too (a 10-expert pool once showed 2,396 of 1,917)."""
+    from mergekit_mergeability import api, measuring
+    from mergekit_mergeability.diagnostics import knowledge
+    from mergekit_mergeability.settings import PrecheckSettings
+
+    lines = [json.loads(line) for line in Path(pool["probe_known"]).read_text().splitlines()]
+    probe = tmp_path / "options.jsonl"
+    probe.write_text("".join(json.dumps({**r, "format": "options", "shots": 1}) + "\n" for r in lines))
+    bars = []
+    real = knowledge.task
+
+    @contextlib.contextmanager
+    def recording(description, total, quiet=False):
+        done = [0]
+        with real(description, total, True) as advance:
+            yield lambda n=1: (done.__setitem__(0, done[0] + n), advance(n))
+        bars.append((total, done[0]))
+
+    monkeypatch.setattr(knowledge, "task", recording)
+    config = _config(tmp_path, {**pool, "options": probe}, ["known", "unknown"], ["options", "options"])
+    skip = ("dilution", "fluency", "representations", "selectivity", "menu")
+    measuring.measure(api._spec(config), {}, PrecheckSettings(quiet=True, skip=skip))
+    assert len(bars) == 1 and bars[0][0] == bars[0][1] > 0, bars

@@ -91,12 +91,13 @@ def choice_logprobs(model, tokenizer, instances: Sequence[Instance], batch_size:
                 model, tokenizer, instance.prompt, instance.continuations + instance.letters
             )
             options, letters = scores[: len(instance.continuations)], scores[len(instance.continuations) :]
-            yield options, (letters if instance.letters else None)
+            found = options, (letters if instance.letters else None)
         else:
             (scored,) = score(model, tokenizer, [(instance.prompt, instance.gold)], distribution=True)
-            yield scored.distribution, scored.continuation_ids
-        if progress is not None:
+            found = scored.distribution, scored.continuation_ids
+        if progress is not None:  # before the yield: a caller that stops at the last one still counts it
             progress(len(instance.continuations) + len(instance.letters))
+        yield found
 
 
 @torch.inference_mode()

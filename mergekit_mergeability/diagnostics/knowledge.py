@@ -58,7 +58,10 @@ def sequences(scored, lettered) -> int:
     """Sequences scored: every lettered option and letter, and the task's own request where it differs."""
     asked = sum(len(i.continuations) + len(i.letters) for instances in lettered.values() for i in instances)
     return asked + sum(
-        len(i.continuations) for name in scored for i, a in zip(scored[name], lettered[name]) if not _same_request(i, a)
+        len(i.continuations) + len(i.letters)
+        for name in scored
+        for i, a in zip(scored[name], lettered[name])
+        if not _same_request(i, a)
     )
 
 

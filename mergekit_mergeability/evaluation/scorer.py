@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping
+from typing import Any, Callable, Dict, List, Mapping, Sequence
 
 import torch
 
@@ -57,15 +57,23 @@ class Scorer:
     def patch(self, recipe: Any, task: Task, make: Callable[[], Mapping[str, torch.Tensor]]) -> Dict[str, Any]:
         """The base with ``make()``'s tensors patched in; ``make`` runs only on a cache miss,
         so ``recipe`` must identify what it returns."""
-        key = self.cache.key("patch", self.base_fingerprint, recipe, *self.settings(task))
-        cached = self.cache.get(key)
-        if cached is not None:
-            return cached
-        module, tokenizer = self.base_module()
-        with patched(module, make()):
-            result = self._run(module, tokenizer, task)
-        release_freed_memory()  # the patched-in tensors are freed now: their pages go back to the system
-        return self.cache.put(key, result)
+        return self.patch_many(recipe, [task], make)[0]
+
+    def patch_many(
+        self, recipe: Any, tasks: Sequence[Task], make: Callable[[], Mapping[str, torch.Tensor]]
+    ) -> List[Dict[str, Any]]:
+        """``patch`` for several tasks on one patched model: ``make`` runs once, if any task misses."""
+        keys = [self.cache.key("patch", self.base_fingerprint, recipe, *self.settings(task)) for task in tasks]
+        found = [self.cache.get(key) for key in keys]
+        if any(result is None for result in found):
+            module, tokenizer = self.base_module()
+            with patched(module, make()):
+                found = [
+                    self.cache.put(key, self._run(module, tokenizer, task)) if result is None else result
+                    for result, key, task in zip(found, keys, tasks)
+                ]
+            release_freed_memory()  # the patched-in tensors are freed now: their pages go back to the system
+        return found
 
     def base_module(self):
         if self._module is None:

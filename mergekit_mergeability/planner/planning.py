@@ -21,6 +21,7 @@ from mergekit_mergeability.planner import conditional
 from mergekit_mergeability.planner.search import TOLERANCE
 from mergekit_mergeability.planner.deciding import Decision, Planned, decide, mergekit_parameters
 from mergekit_mergeability import merge_config
+from mergekit_mergeability.progress import task
 from mergekit_mergeability.records import WeightStats
 from mergekit_mergeability.settings import PrecheckSettings, RunSettings
 
@@ -130,7 +131,7 @@ class Measurer:
         tasks = lmeval.resolve_all(dict.fromkeys(spec.probes[m] for m in spec.models), spec.folder)
         own_task = {m: tasks[spec.probes[m]] for m in spec.models}
         fingerprints = {name: fingerprint(folder) for name, folder in folders.items()}
-        self.spec, self.pool = spec, pool
+        self.spec, self.pool, self.quiet = spec, pool, settings.quiet
         self.trials = Trials(
             folders, spec.base_model, conditional.TASK_ARITHMETIC, {}, {}, fingerprints, own_task, settings, cache
         )
@@ -143,7 +144,7 @@ class Measurer:
         # one Trials for every merge: its loaded base and updates are reused, the recipe changes
         self.trials.method, self.trials.shared, self.trials.per_model = method, shared, per_model
         self.evaluations += 1
-        return np.array([self.trials.score(name, [n for n in names if n != name]) for name in names])
+        return np.array(self.trials.scores(names))
 
     def base_scores(self) -> np.ndarray:
         return np.array([self.trials.ends(name)[0]["score"] for name in self.pool.names])
@@ -199,25 +200,29 @@ def verify(decision: Decision, measurer: Measurer, budget: int) -> Dict[str, Any
             seen.add(key)
             ranked.append((label, assignment))
     base = np.nan_to_num(decision.pool.base_score, nan=0.0)
-    checked, spent, started = [], 0, time.perf_counter()
+    measured, spent, started = [], 0, time.perf_counter()
     for label, assignment in ranked:
-        cost = len(assignment)
         reference = label.startswith("reference: ")
-        if not reference and spent + cost > budget:
-            continue
-        spent += 0 if reference else cost
-        values = base.copy()
-        for members, merge in assignment:
-            values[list(members)] = measurer.scores(members, merge)
-        checked.append(
-            {
-                "label": label,
-                "assignment": assignment,
-                "predicted": decision.objective_of(assignment),
-                "measured": float(values.sum()),
-                "values": values,
-            }
-        )
+        if reference or spent + len(assignment) <= budget:
+            spent += 0 if reference else len(assignment)
+            measured.append((label, assignment))
+    checked = []
+    merges = sum(len(assignment) for _, assignment in measured)
+    with task("plan: checking by rehearsal (merged models)", merges, measurer.quiet) as advance:
+        for label, assignment in measured:
+            values = base.copy()
+            for members, merge in assignment:
+                values[list(members)] = measurer.scores(members, merge)
+                advance(1)
+            checked.append(
+                {
+                    "label": label,
+                    "assignment": assignment,
+                    "predicted": decision.objective_of(assignment),
+                    "measured": float(values.sum()),
+                    "values": values,
+                }
+            )
     seconds = time.perf_counter() - started
     if not checked:
         return {"budget": budget, "spent": 0, "candidates": [], "chosen": None, "seconds": seconds}
@@ -258,7 +263,6 @@ def run(
     precheck.json document), decide, check with real evaluations if asked, write ``out``."""
     from mergekit_mergeability.planner import conditional_fit, reports
     from mergekit_mergeability.planner.deciding import candidate_merges, steps
-    from mergekit_mergeability.progress import task
 
     reports.check_out(out)
     fitted = conditional_fit.load(calibration)
