@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Collection, Dict, Iterator, Mapping, Optional, Set, Tuple
 
 from mergekit_mergeability.errors import UserError
+from mergekit_mergeability.progress import quiet_config_warnings
 
 SEED = 0  # the random methods' seed, mixed with each tensor's name
 
@@ -69,7 +70,7 @@ def plan(document: Mapping[str, Any], source: Any) -> Dict[str, Planned]:
     try:
         config = MergeConfiguration.model_validate(dict(document))
         architecture = get_architecture_info(config, options)
-        with _ours(), _adapters_read_as_their_bases(config), _quiet_config_warnings():
+        with _ours(), _adapters_read_as_their_bases(config), quiet_config_warnings():
             planner = MergePlanner(config, architecture, options, _model_out_config(config, architecture))
             # mergekit 0.1.5's plan_in_memory wraps each task in a ReturnTensor that pydantic refuses
             # (Task[Optional[Tensor]] is not a Task[Tensor]); its plan is the same list of tasks
@@ -92,21 +93,6 @@ def plan(document: Mapping[str, Any], source: Any) -> Dict[str, Planned]:
         out_dtype = weight.force_dtype or config.out_dtype
         planned[weight.name] = Planned(weight.name, reads, task, dtype, out_dtype, plain and not _forced(weights))
     return planned
-
-
-@contextlib.contextmanager
-def _quiet_config_warnings() -> Iterator[None]:
-    """mergekit writes the output config's ``torch_dtype``, which transformers 5 warns is
-    deprecated: a line on the user's screen about mergekit's code, not theirs."""
-    import logging
-
-    logger = logging.getLogger("transformers.configuration_utils")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 @contextlib.contextmanager

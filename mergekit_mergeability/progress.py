@@ -21,6 +21,21 @@ def note(message: str, quiet: bool = False) -> None:
 
 
 @contextmanager
+def quiet_config_warnings() -> Iterator[None]:
+    """A config.json written with ``torch_dtype`` (mergekit writes it) makes transformers 5 warn that
+    it is deprecated: a line on the user's screen about another tool's file, not theirs."""
+    import logging
+
+    logger = logging.getLogger("transformers.configuration_utils")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+@contextmanager
 def task(description: str, total: int, quiet: bool = False) -> Iterator[Callable[[int], None]]:
     """Yields ``advance(n)``; shows progress on stderr unless ``quiet``."""
     if quiet:

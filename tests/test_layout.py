@@ -19,7 +19,7 @@ PACKAGE = "mergekit_mergeability"
 ROOT = REPO / PACKAGE
 
 # What each folder may import besides itself and the leaves (modules or folders that import
-# nothing of ours but ``errors``: errors, files, names, progress, resources, ...).
+# nothing of ours but ``errors`` and ``progress``: errors, files, names, progress, resources, ...).
 RULES = {
     "maths": set(),
     "sources": {"maths"},
@@ -140,7 +140,7 @@ def test_the_finder_names_a_circle():
 def test_each_folder_imports_what_the_layout_says():
     graph = module_graph()
     folders = folder_graph(graph)
-    leaves = {f for f, imported in folders.items() if f != "__init__" and imported <= {"errors"}}
+    leaves = {f for f, imported in folders.items() if f != "__init__" and imported <= {"errors", "progress"}}
     broken = {
         (f, target): sorted(m for m in graph if folder(m) == f and any(folder(i) == target for i in graph[m]))
         for f, allowed in RULES.items()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional
 
 from mergekit_mergeability.errors import UserError
+from mergekit_mergeability.progress import quiet_config_warnings
 from mergekit_mergeability.sources.base import ModelSource, TensorInfo
 
 if TYPE_CHECKING:
@@ -191,7 +192,8 @@ class Folder(ModelSource):
         tokenizer_from = tokenizer_from and Path(tokenizer_from)
         transformers.utils.logging.disable_progress_bar()
         try:
-            model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
+            with quiet_config_warnings():
+                model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
         except (OSError, ValueError, SafetensorError) as error:
             raise UserError(f"model {folder}: transformers cannot load it ({str(error).splitlines()[0]})") from None
         for source in (folder, tokenizer_from):
