@@ -2,7 +2,7 @@
 
 Issue 40's target: at most 1.3x, with the machine quiet. The config: three LoRA experts of the
 real SmolLM2-135M written as task_arithmetic, each with its 16-item probe (the small-config
-family's ``n3_0`` draw: ``python research/run.py configs measure`` trains them once), or
+family's ``n3_0`` draw: ``python research/run.py configs write`` trains them once and writes it), or
 ``--config`` any config of yours.
 
 The floor: every forward pass the precheck counts before it runs (its cost line,
@@ -36,7 +36,7 @@ DEFAULT = Path("pools-out/configs/configs/n3_0_task_arithmetic.yml")
 def floor(config: Path, counted: dict, units: dict, settings: PrecheckSettings) -> float:
     """Seconds for ``counted`` bare forward passes on the config's base model, batched."""
     spec = merge_config.read(config)
-    module, tokenizer = load_causal_lm(resolve(spec.base_model), settings.device, torch.float32)
+    module, tokenizer = load_causal_lm(resolve(spec.base_model), settings.device, "float32")
     tokenizer.padding_side = "right"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -67,9 +67,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=None, help="where the prechecks write (default: a temp folder)")
     args = parser.parse_args()
     if not args.config.is_file():
-        raise SystemExit(
-            f"{args.config}: no such config; train the family once: python research/run.py configs measure"
-        )
+        raise SystemExit(f"{args.config}: no such config; train the family once: python research/run.py configs write")
     settings = PrecheckSettings(device="cpu", dtype="float32", quiet=True)
     cost = api.precheck_cost(args.config, settings=settings)
     print(cost.line())

@@ -2,10 +2,11 @@
 precheck's rehearsal of the merge as written and for its method choice.
 
     python research/run.py configs measure [--no-menu-truth] [--archive]  # train, precheck, merge, score
+    python research/run.py configs write                 # the 20 configs, nothing measured
     python research/run.py configs report [--markdown]   # the tables of docs/prediction.md (a fresh
                                                          # clone reads pools/measured/configs.json)
     python research/run.py configs lm-eval [--archive]   # the same family scored through lm-eval tasks
-                                                         # (after `measure`: its merges are reused)
+                                                         # (measure's merges reused, or built)
     python research/run.py configs plan-check            # issue 41: plan on the ten experts, scored unseen
 
 Ten task-level experts of SmolLM2-135M-Instruct (a rule such as "add 7" or "the larger of two
@@ -198,7 +199,10 @@ def lm_eval(args) -> None:
     from mergekit_mergeability.tasks.harness import score
     from mergekit_mergeability.tasks.lmeval import resolve as task
 
-    jsonl = {(r["config"], r["method"]): r for r in json.loads((args.out / "configs.json").read_text())}
+    measured = args.out / "configs.json"
+    jsonl = {
+        (r["config"], r["method"]): r for r in json.loads((measured if measured.is_file() else ARCHIVE).read_text())
+    }
     yamls = lm_eval_tasks(args.out)
     demo = Demo(SETTINGS, args.cache_dir, args.out, console, quiet=False)
     experts = demo.fact_experts()
@@ -210,11 +214,13 @@ def lm_eval(args) -> None:
         begun = time.perf_counter()
         name = f"{label}_{method}"
         document = config(demo, experts, members, method)
+        jsonl_run = precheck(demo.write_config(name, document), args.out / "precheck" / name, menu=False)  # measure's
+        merged = demo.merge(demo.write_config(f"{name}_merge", without_probes(document)))  # measure's merge, cached
         for entry, m in zip(document["models"], members):
             entry["probe"] = str(yamls[f"task_{m}/probe"])
-        path = demo.write_config(f"{name}_lmeval", document)
-        report = precheck(path, args.out / "precheck_lmeval" / name, menu=False)
-        merged = demo.merge(args.out / "configs" / f"{name}_merge.yml")  # measure's merge, cached
+        report = precheck(
+            demo.write_config(f"{name}_lmeval", document), args.out / "precheck_lmeval" / name, menu=False
+        )
         if str(merged) not in truth:
             module, tokenizer = load_causal_lm(resolve(str(merged)))
             truth[str(merged)] = {
@@ -224,9 +230,7 @@ def lm_eval(args) -> None:
         folders = {model(demo, experts, m): f"task_{m}" for m in members}
         rehearsed = {folders[m["path"]]: m for m in report["models"] if m["path"] in folders}
         before = {
-            folders[m["path"]]: m["dilution"]["partnered_accuracy"]
-            for m in json.loads((args.out / "precheck" / name / "precheck.json").read_text())["models"]
-            if m["path"] in folders
+            folders[m["path"]]: m["dilution"]["partnered_accuracy"] for m in jsonl_run["models"] if m["path"] in folders
         }
         records.append(
             {
@@ -279,6 +283,18 @@ def precheck(config_path: Path, out: Path, menu: bool = True) -> dict:
     skip = ("representations", "selectivity") + (() if menu else ("menu",))
     settings = PrecheckSettings(device="cpu", dtype="float32", quiet=True, skip=skip)
     return api.precheck(config_path, settings=settings, out=out).to_json()
+
+
+def write(args) -> None:
+    """The 20 configs with their probes, written (the experts trained once), nothing measured:
+    what ``benchmarks/whole_precheck.py`` times."""
+    if not ROWS.is_file():
+        write_rows()
+    demo = Demo(SETTINGS, args.cache_dir, args.out, console, quiet=False)
+    experts = demo.fact_experts()
+    for label, members in groups():
+        for method in METHODS:
+            console.print(f"wrote {demo.write_config(f'{label}_{method}', config(demo, experts, members, method))}")
 
 
 def measure(args) -> None:
@@ -538,7 +554,7 @@ def plan_check(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    parser.add_argument("command", choices=("measure", "report", "rows", "lm-eval", "plan-check"))
+    parser.add_argument("command", choices=("measure", "report", "rows", "write", "lm-eval", "plan-check"))
     parser.add_argument(
         "--models", type=int, nargs="+", default=[1, 2], help="plan-check: K, the merged models planned"
     )
@@ -558,7 +574,9 @@ def main() -> None:
     if args.command == "rows":
         console.print(f"wrote {write_rows()}")
     else:
-        {"measure": measure, "report": report, "lm-eval": lm_eval, "plan-check": plan_check}[args.command](args)
+        {"measure": measure, "write": write, "report": report, "lm-eval": lm_eval, "plan-check": plan_check}[
+            args.command
+        ](args)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ the README's "How the prediction was fitted", from the pools ``research/pools.py
     python research/prediction.py aims [FAMILY ...]    # knowledge_weighted's three aims, per family
     python research/prediction.py reliability [FAMILY ...] # how much of S is noise (split halves)
     python research/prediction.py across fit lora      # two families of the same facts, fact by fact
+    python research/prediction.py derived pools-plan/lora  # no probes: the signature vs weights alone
     python research/prediction.py refresh lora         # one diagnostic run again into a family's precheck.json
 
 ``families`` fits on every family but the one it predicts (the checks, ``attention``, ``deep``, ``wide`` and ``middle``,
@@ -47,8 +48,7 @@ def _families(specs):
 
 def _measured(pool: str, label: str = "mean") -> dict:
     """A measured method's per-expert entries (mergeability, base_score, trials) by expert path."""
-    report = json.loads((OUT / pool / "mergeability" / label / "mergeability.json").read_text())
-    return {m["path"]: m for m in report["models"]}
+    return _measured_at(OUT / pool, label)
 
 
 def _mean_s(pool: str, label: str = "mean") -> dict:
@@ -407,6 +407,53 @@ def check(args) -> None:
     console.print(f"wrote {out}")
 
 
+def derived(args) -> None:
+    """Amendment 7 of ``pools/prereg/users_configs.txt``: a pool's config with every probe removed,
+    prechecked as shipped (each expert predicted by its derived signature) and with ``fluency``
+    skipped (weights alone); each against the pool's measured S (the mean merge's trials)."""
+    import numpy as np
+    import yaml
+
+    from mergekit_mergeability import api
+    from mergekit_mergeability.files import write_atomic
+    from mergekit_mergeability.maths.stats import correlate, difference
+    from mergekit_mergeability.settings import PrecheckSettings
+
+    folder = args.folder
+    document = yaml.safe_load((folder / "configs" / "pool.yml").read_text())
+    document["models"] = [{k: v for k, v in m.items() if k != "probe"} for m in document["models"]]
+    config = write_atomic(folder / "configs" / "pool_no_probes.yml", yaml.safe_dump(document, sort_keys=False))
+    s = {path: m["mergeability"] for path, m in _measured_at(folder).items()}
+    predicted = {}
+    for arm, skip in (("signature", ()), ("weights alone", ("fluency",))):
+        out = folder / "derived" / arm.replace(" ", "_")
+        if not (out / "precheck.json").is_file():
+            settings = PrecheckSettings(device="cpu", dtype="float32", skip=(*skip, "representations", "selectivity"))
+            api.precheck(config, settings=settings, out=out)
+        models = json.loads((out / "precheck.json").read_text())["models"]
+        predicted[arm] = {m["path"]: m.get("predicted_mergeability") for m in models if m["path"] in s}
+    experts = sorted(s)
+    y = np.array([s[m] for m in experts])
+    x = {arm: np.array([values[m] for m in experts], dtype=float) for arm, values in predicted.items()}
+    table = Table(title=f"{folder}: no probes, predicted vs measured S (n = {len(experts)})")
+    for column in ("prediction", "Spearman", "95% interval", "permutation p"):
+        table.add_column(column)
+    for arm, values in x.items():
+        r = correlate(values, y, permutations=args.permutations)
+        table.add_row(arm, f"{r.spearman:+.2f}", f"[{r.interval[0]:+.2f}, {r.interval[1]:+.2f}]", _p(r.p_permutation))
+    console.print(table)
+    gap, (low, high) = difference(x["signature"], x["weights alone"], y)
+    console.print(f"signature − weights alone: {gap:+.2f} [{low:+.2f}, {high:+.2f}] (paired bootstrap over experts)")
+    console.print(
+        f"distinct predictions: signature {len(set(x['signature']))}, weights alone {len(set(x['weights alone']))}"
+    )
+
+
+def _measured_at(folder: Path, label: str = "mean") -> dict:
+    report = json.loads((folder / "mergeability" / label / "mergeability.json").read_text())
+    return {m["path"]: m for m in report["models"]}
+
+
 # knowledge_weighted's aims (issue 19): lift the weakest-known third, spare the strongest, keep as much as TIES
 AIMS = {"weakest third − mean": 0.15, "strongest third − mean": -0.03, "all − TIES": 0.0}
 
@@ -681,6 +728,10 @@ def main():
     )
     gated.add_argument("families", nargs="*", help="FAMILY or FAMILY=FOLDER under pools-out (default: every one)")
     gated.set_defaults(run=gate)
+    without = commands.add_parser("derived", help="no probes: the derived signature against weights alone, on a pool")
+    without.add_argument("folder", type=Path, help="a measured pool's folder (configs/pool.yml, mergeability/mean)")
+    without.add_argument("--permutations", type=int, default=10_000)
+    without.set_defaults(run=derived)
     checked = commands.add_parser("check", help="the shipped calibration on a family it was not fitted on")
     checked.add_argument("family", help="a pool measured under pools-out (e.g. attention)")
     checked.add_argument("--calibration", type=Path, help="a calibration file (default: the shipped one)")

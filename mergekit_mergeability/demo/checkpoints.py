@@ -10,6 +10,7 @@ A merge of such experts is rewritten the same way once mergekit has written it.
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 from pathlib import Path
@@ -85,6 +86,9 @@ def save_adapter(base: Path, factors: Dict[str, tuple], folder: Path) -> Path:
         "lora_dropout": 0.0,
         "bias": "none",
     }
+    layers = [re.search(r"\.layers\.(\d+)\.", name) for name in factors]
+    if all(layers):  # so that peft builds LoRA on these layers only, and warns of no missing keys
+        config |= {"layers_to_transform": sorted({int(m[1]) for m in layers}), "layers_pattern": "layers"}
     with atomic_folder(folder) as partial:
         partial.mkdir(parents=True)
         (partial / CONFIG).write_text(json.dumps(config, indent=2))
