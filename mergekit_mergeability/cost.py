@@ -2,9 +2,9 @@
 
 Each diagnostic that runs the model says how many forward passes it will make (``passes(inputs,
 tokenizer)``: probe sequences, or windows of the shipped text where its ``unit`` says so); a
-third party's diagnostic without ``passes`` is left out of the sum, and the line says so. One pass
-of each kind is timed on the base here, on the precheck's device, so the time is this machine's:
-rough, as batching and the models' loads are not in it.
+third party's diagnostic without ``passes`` is left out of the sum, and the line says so. One batch
+of each kind (the precheck's batch size) is timed on the base here, on the precheck's device, so
+the time is this machine's: rough, as the models' loads and the probes' own lengths are not in it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ LINE, WINDOW = "line", "window"
 class Cost:
     passes: Dict[str, int]  # diagnostic -> forward passes
     units: Dict[str, str]  # diagnostic -> LINE or WINDOW
-    seconds: Dict[str, float] = field(default_factory=dict)  # unit -> one pass, timed here
+    seconds: Dict[str, float] = field(default_factory=dict)  # unit -> one pass, timed here in a batch
     uncounted: List[str] = field(default_factory=list)  # diagnostics that do not say their passes
     device: str = "cpu"
 
@@ -39,7 +39,7 @@ class Cost:
         counted = ", ".join(f"{name} {n:,}" for name, n in self.passes.items() if n)
         said = f"precheck: about {self.total:,} forward passes" + (f" ({counted})" if counted else "")
         if self.estimate is not None and self.total:
-            said += f"; roughly {duration(self.estimate)} on {self.device} at the pace of one timed pass"
+            said += f"; roughly {duration(self.estimate)} on {self.device} at the pace of one timed batch"
         if self.uncounted:
             said += f"; not counted: {', '.join(self.uncounted)}"
         return said
@@ -79,8 +79,8 @@ def estimate(inputs, diagnostics, menu_passes: int = 0) -> Cost:
 
 
 def _timed(module, tokenizer, inputs, kinds) -> Dict[str, float]:
-    """One forward pass of each kind on the base, the faster of two runs: the first probe line
-    (prompt and gold), a window of the shipped text."""
+    """Seconds per forward pass of each kind on the base, from one batch of the precheck's batch size
+    (the faster of two runs): the first probe line (prompt and gold), a window of the shipped text."""
     import torch
 
     from mergekit_mergeability.diagnostics.fluency import TEXT, windows
@@ -92,13 +92,13 @@ def _timed(module, tokenizer, inputs, kinds) -> Dict[str, float]:
         ids[LINE] = tokenizer(first.prompt + first.gold, return_tensors="pt")["input_ids"]
     if WINDOW in kinds:
         ids[WINDOW] = windows(tokenizer, shipped(TEXT).read_text())[:1]
-    seconds = {}
+    seconds, batch = {}, max(1, inputs.settings.batch_size)
     with torch.no_grad():
         for kind, tokens in ids.items():
             runs = []
             for _ in range(2):
                 started = time.perf_counter()
-                module(input_ids=tokens.to(module.device))
+                module(input_ids=tokens.repeat(batch, 1).to(module.device))
                 runs.append(time.perf_counter() - started)
-            seconds[kind] = min(runs)
+            seconds[kind] = min(runs) / batch
     return seconds
