@@ -214,8 +214,9 @@ def lm_eval(args) -> None:
         begun = time.perf_counter()
         name = f"{label}_{method}"
         document = config(demo, experts, members, method)
-        jsonl_run = precheck(demo.write_config(name, document), args.out / "precheck" / name, menu=False)  # measure's
-        merged = demo.merge(demo.write_config(f"{name}_merge", without_probes(document)))  # measure's merge, cached
+        # measure's JSONL precheck and merge: read where it left them, built where it did not
+        jsonl_run = precheck(demo.write_config(name, document), args.out / "precheck" / name, menu=False)
+        merged = demo.merge(demo.write_config(f"{name}_merge", without_probes(document)))
         for entry, m in zip(document["models"], members):
             entry["probe"] = str(yamls[f"task_{m}/probe"])
         report = precheck(

@@ -51,6 +51,11 @@ def _measured(pool: str, label: str = "mean") -> dict:
     return _measured_at(OUT / pool, label)
 
 
+def _measured_at(folder: Path, label: str = "mean") -> dict:
+    report = json.loads((folder / "mergeability" / label / "mergeability.json").read_text())
+    return {m["path"]: m for m in report["models"]}
+
+
 def _mean_s(pool: str, label: str = "mean") -> dict:
     return {path: m["mergeability"] for path, m in _measured(pool, label).items()}
 
@@ -413,6 +418,7 @@ def derived(args) -> None:
     skipped (weights alone); each against the pool's measured S (the mean merge's trials)."""
     import numpy as np
     import yaml
+    from configs import without_probes  # research/configs.py: a config with every probe removed
 
     from mergekit_mergeability import api
     from mergekit_mergeability.files import write_atomic
@@ -420,8 +426,7 @@ def derived(args) -> None:
     from mergekit_mergeability.settings import PrecheckSettings
 
     folder = args.folder
-    document = yaml.safe_load((folder / "configs" / "pool.yml").read_text())
-    document["models"] = [{k: v for k, v in m.items() if k != "probe"} for m in document["models"]]
+    document = without_probes(yaml.safe_load((folder / "configs" / "pool.yml").read_text()))
     config = write_atomic(folder / "configs" / "pool_no_probes.yml", yaml.safe_dump(document, sort_keys=False))
     s = {path: m["mergeability"] for path, m in _measured_at(folder).items()}
     predicted = {}
@@ -447,11 +452,6 @@ def derived(args) -> None:
     console.print(
         f"distinct predictions: signature {len(set(x['signature']))}, weights alone {len(set(x['weights alone']))}"
     )
-
-
-def _measured_at(folder: Path, label: str = "mean") -> dict:
-    report = json.loads((folder / "mergeability" / label / "mergeability.json").read_text())
-    return {m["path"]: m for m in report["models"]}
 
 
 # knowledge_weighted's aims (issue 19): lift the weakest-known third, spare the strongest, keep as much as TIES

@@ -10,8 +10,8 @@ A merge of such experts is rewritten the same way once mergekit has written it.
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Dict
