@@ -7,6 +7,8 @@ precheck's rehearsal of the merge as written and for its method choice.
                                                          # clone reads pools/measured/configs.json)
     python research/run.py configs lm-eval [--archive]   # the same family scored through lm-eval tasks
                                                          # (measure's merges reused, or built)
+    python research/run.py configs menu [--archive]      # the menu's truth for the configs measure
+                                                         # left without it (amendment 9)
     python research/run.py configs plan-check            # issue 41: plan on the ten experts, scored unseen
 
 Ten task-level experts of SmolLM2-135M-Instruct (a rule such as "add 7" or "the larger of two
@@ -158,11 +160,33 @@ class Scorer:
         return {t: self.cache[key][t] for t in tasks}
 
 
+def task_yaml(folder: Path, name: str, instances) -> Path:
+    """``instances`` (prompts and choices as the precheck scores them) as an lm-eval multiple-choice
+    task ``name`` in ``folder``: its data as JSONL and its YAML, metric acc; the YAML's path."""
+    import yaml
+
+    rows = [
+        {"prompt": i.prompt, "choices": [c.removeprefix(" ") for c in i.continuations], "label": i.label}
+        for i in instances
+    ]
+    data = write_atomic(folder / f"{name}.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+    task = {
+        "task": name,
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"test": str(data.resolve())}},
+        "test_split": "test",
+        "output_type": "multiple_choice",
+        "doc_to_text": "{{prompt}}",
+        "doc_to_choice": "{{choices}}",
+        "doc_to_target": "{{label}}",
+        "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
+    }
+    return write_atomic(folder / f"{name}.yaml", yaml.safe_dump(task, sort_keys=False))
+
+
 def lm_eval_tasks(out: Path) -> dict:
     """Each task's probe (``TASK/probe``) and scored items (``TASK``) as lm-eval multiple-choice task
     YAMLs, the prompts and choices rendered as the JSONL probe renders them (amendment 6): path by key."""
-    import yaml
-
     from mergekit_mergeability.demo.training import fact_instances
 
     folder = out / "lmeval"
@@ -172,23 +196,7 @@ def lm_eval_tasks(out: Path) -> dict:
         scored = {"id": r["id"], "items": r["scored"], "train": 0}
         for key, fact in ((f"{r['id']}/probe", r), (r["id"], scored)):
             name = f"configs_{key.replace('/', '_')}"
-            rows = [
-                {"prompt": i.prompt, "choices": [c.removeprefix(" ") for c in i.continuations], "label": i.label}
-                for i in fact_instances(fact, "options")
-            ]
-            data = write_atomic(folder / f"{name}.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
-            task = {
-                "task": name,
-                "dataset_path": "json",
-                "dataset_kwargs": {"data_files": {"test": str(data.resolve())}},
-                "test_split": "test",
-                "output_type": "multiple_choice",
-                "doc_to_text": "{{prompt}}",
-                "doc_to_choice": "{{choices}}",
-                "doc_to_target": "{{label}}",
-                "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
-            }
-            written[key] = write_atomic(folder / f"{name}.yaml", yaml.safe_dump(task, sort_keys=False))
+            written[key] = task_yaml(folder, name, fact_instances(fact, "options"))
     return written
 
 
@@ -298,9 +306,21 @@ def write(args) -> None:
             console.print(f"wrote {demo.write_config(f'{label}_{method}', config(demo, experts, members, method))}")
 
 
-def measure(args) -> None:
+def candidates(demo: Demo, name: str, document: dict, report: dict, score, tasks) -> dict:
+    """Each of the menu's candidates for ``document`` (as its precheck ``report`` would write them)
+    merged by mergekit and scored on its members' unseen items: scores by candidate."""
     from mergekit_mergeability.decide.advice import menu
 
+    knowledge = {
+        m["path"]: (m.get("knowledge") or {}).get("scored_mean_p_gold") for m in report["models"] if m["role"] != "base"
+    }
+    return {
+        candidate: score(demo.merge(demo.write_config(f"{name}_{candidate}", without_probes(advice.config))), tasks)
+        for candidate, advice in menu(document, knowledge).items()
+    }
+
+
+def measure(args) -> None:
     if not ROWS.is_file():
         write_rows()
     demo = Demo(SETTINGS, args.cache_dir, args.out, console, quiet=False)
@@ -324,14 +344,8 @@ def measure(args) -> None:
         measured = {
             "as_written": score(demo.merge(demo.write_config(f"{name}_merge", without_probes(document))), tasks)
         }
-        knowledge = {
-            m["path"]: (m.get("knowledge") or {}).get("scored_mean_p_gold")
-            for m in report["models"]
-            if m["role"] != "base"
-        }
-        for candidate, advice in menu(document, knowledge).items() if args.menu_truth else ():
-            merged = demo.merge(demo.write_config(f"{name}_{candidate}", without_probes(advice.config)))
-            measured[candidate] = score(merged, tasks)
+        if args.menu_truth:
+            measured.update(candidates(demo, name, document, report, score, tasks))
         records.append(
             {
                 "config": label,
@@ -352,6 +366,30 @@ def measure(args) -> None:
         )
         write_atomic(saved, json.dumps(records, indent=1))
         console.print(f"{name}: {records[-1]['verdict']} ({records[-1]['seconds']:.0f} s)")
+    if args.archive:
+        console.print(f"archived: {write_atomic(ARCHIVE, saved.read_text())}")
+
+
+def menu_rest(args) -> None:
+    """Amendment 9: the configs ``measure`` left without their menu's truth, prechecked again with
+    the menu and each candidate merged and scored, written into their records."""
+    saved = args.out / "configs.json"
+    records = json.loads((saved if saved.is_file() else ARCHIVE).read_text())
+    demo = Demo(SETTINGS, args.cache_dir, args.out, console, quiet=False)
+    experts = demo.fact_experts()
+    score = Scorer(args.out)
+    members = dict(groups())
+    for r in (r for r in records if len(r["measured"]) == 1):
+        begun = time.perf_counter()
+        name = f"{r['config']}_{r['method']}"
+        document = config(demo, experts, members[r["config"]], r["method"])
+        report = precheck(demo.write_config(name, document), args.out / "precheck_menu" / name)
+        r["measured"].update(candidates(demo, name, document, report, score, r["members"]))
+        r.update(
+            verdict=report["recommendation"]["verdict"], method_choice=report["recommendation"].get("method_choice")
+        )
+        write_atomic(saved, json.dumps(records, indent=1))
+        console.print(f"{name}: {(r['method_choice'] or {}).get('chosen')} ({time.perf_counter() - begun:.0f} s)")
     if args.archive:
         console.print(f"archived: {write_atomic(ARCHIVE, saved.read_text())}")
 
@@ -555,7 +593,7 @@ def plan_check(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    parser.add_argument("command", choices=("measure", "report", "rows", "write", "lm-eval", "plan-check"))
+    parser.add_argument("command", choices=("measure", "report", "rows", "write", "lm-eval", "menu", "plan-check"))
     parser.add_argument(
         "--models", type=int, nargs="+", default=[1, 2], help="plan-check: K, the merged models planned"
     )
@@ -575,9 +613,8 @@ def main() -> None:
     if args.command == "rows":
         console.print(f"wrote {write_rows()}")
     else:
-        {"measure": measure, "write": write, "report": report, "lm-eval": lm_eval, "plan-check": plan_check}[
-            args.command
-        ](args)
+        commands = {"measure": measure, "write": write, "report": report, "lm-eval": lm_eval, "menu": menu_rest}
+        {**commands, "plan-check": plan_check}[args.command](args)
 
 
 if __name__ == "__main__":

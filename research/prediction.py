@@ -11,6 +11,7 @@ the README's "How the prediction was fitted", from the pools ``research/pools.py
     python research/prediction.py reliability [FAMILY ...] # how much of S is noise (split halves)
     python research/prediction.py across fit lora      # two families of the same facts, fact by fact
     python research/prediction.py derived pools-plan/lora  # no probes: the signature vs weights alone
+    python research/prediction.py lm-eval pools-plan/lora  # its probes as lm-eval tasks vs as JSONL
     python research/prediction.py refresh lora         # one diagnostic run again into a family's precheck.json
 
 ``families`` fits on every family but the one it predicts (the checks, ``attention``, ``deep``, ``wide`` and ``middle``,
@@ -416,42 +417,98 @@ def derived(args) -> None:
     """Amendment 7 of ``pools/prereg/users_configs.txt``: a pool's config with every probe removed,
     prechecked as shipped (each expert predicted by its derived signature) and with ``fluency``
     skipped (weights alone); each against the pool's measured S (the mean merge's trials)."""
-    import numpy as np
     import yaml
     from configs import without_probes  # research/configs.py: a config with every probe removed
 
-    from mergekit_mergeability import api
     from mergekit_mergeability.files import write_atomic
-    from mergekit_mergeability.maths.stats import correlate, difference
-    from mergekit_mergeability.settings import PrecheckSettings
 
     folder = args.folder
     document = without_probes(yaml.safe_load((folder / "configs" / "pool.yml").read_text()))
     config = write_atomic(folder / "configs" / "pool_no_probes.yml", yaml.safe_dump(document, sort_keys=False))
+    arms = {
+        "signature": _prechecked(config, folder / "derived" / "signature"),
+        "weights alone": _prechecked(config, folder / "derived" / "weights_alone", skip=("fluency",)),
+    }
+    _against_s(folder, arms, "no probes", args.permutations)
+
+
+def lm_eval_probes(args) -> None:
+    """Amendment 8 of ``pools/prereg/users_configs.txt``: a pool prechecked with its JSONL probes
+    and with each probe written as an lm-eval task (the same items, as the precheck scores them);
+    each against the pool's measured S, and lm-eval's acc beside the JSONL run's accuracy."""
+    import yaml
+    from configs import task_yaml  # research/configs.py: instances as an lm-eval task YAML
+
+    from mergekit_mergeability.files import write_atomic
+    from mergekit_mergeability.tasks.probes import scored_lines
+
+    folder = args.folder
+    document = yaml.safe_load((folder / "configs" / "pool.yml").read_text())
+    tasks = folder / "lmeval" / "tasks"
+    tasks.mkdir(parents=True, exist_ok=True)
+    as_tasks = {
+        **document,
+        "models": [
+            {**m, "probe": str(task_yaml(tasks, f"pool_{Path(m['probe']).stem}", scored_lines(Path(m["probe"]))))}
+            for m in document["models"]
+        ],
+    }
+    config = write_atomic(folder / "configs" / "pool_lmeval.yml", yaml.safe_dump(as_tasks, sort_keys=False))
+    arms = {
+        "JSONL probes": _prechecked(folder / "configs" / "pool.yml", folder / "lmeval" / "jsonl"),
+        "lm-eval probes": _prechecked(config, folder / "lmeval" / "lmeval"),
+    }
+    _against_s(folder, arms, "probes as JSONL and as lm-eval tasks", args.permutations)
+    same = [
+        abs(m["dilution"]["partnered_task_score"] - arms["JSONL probes"][m["path"]]["dilution"]["partnered_accuracy"])
+        for m in arms["lm-eval probes"].values()
+        if m["role"] != "base"
+    ]
+    console.print(
+        f"lm-eval's acc on the rehearsed merge vs the JSONL run's partnered accuracy, same items: "
+        f"max |difference| {max(same):.4f}, mean {sum(same) / len(same):.4f} over {len(same)} experts"
+    )
+
+
+def _prechecked(config: Path, out: Path, skip=()) -> dict:
+    """The precheck of ``config`` into ``out`` as the pools run it (read back where it ran): its
+    models by path."""
+    from mergekit_mergeability import api
+    from mergekit_mergeability.settings import PrecheckSettings
+
+    if not (out / "precheck.json").is_file():
+        settings = PrecheckSettings(device="cpu", dtype="float32", skip=(*skip, "representations", "selectivity"))
+        api.precheck(config, settings=settings, out=out)
+    return {m["path"]: m for m in json.loads((out / "precheck.json").read_text())["models"]}
+
+
+def _against_s(folder: Path, arms: dict, what: str, permutations: int) -> None:
+    """Each arm's predicted_mergeability (prechecked models by path) against the pool's measured S:
+    Spearman, interval, permutation p; the first two arms' paired difference."""
+    import numpy as np
+
+    from mergekit_mergeability.maths.stats import correlate, difference
+
     s = {path: m["mergeability"] for path, m in _measured_at(folder).items()}
-    predicted = {}
-    for arm, skip in (("signature", ()), ("weights alone", ("fluency",))):
-        out = folder / "derived" / arm.replace(" ", "_")
-        if not (out / "precheck.json").is_file():
-            settings = PrecheckSettings(device="cpu", dtype="float32", skip=(*skip, "representations", "selectivity"))
-            api.precheck(config, settings=settings, out=out)
-        models = json.loads((out / "precheck.json").read_text())["models"]
-        predicted[arm] = {m["path"]: m.get("predicted_mergeability") for m in models if m["path"] in s}
     experts = sorted(s)
     y = np.array([s[m] for m in experts])
-    x = {arm: np.array([values[m] for m in experts], dtype=float) for arm, values in predicted.items()}
-    table = Table(title=f"{folder}: no probes, predicted vs measured S (n = {len(experts)})")
-    for column in ("prediction", "Spearman", "95% interval", "permutation p"):
+    x = {
+        arm: np.array([models[m].get("predicted_mergeability") for m in experts], dtype=float)
+        for arm, models in arms.items()
+    }
+    table = Table(title=f"{folder}: {what}, predicted vs measured S (n = {len(experts)})")
+    for column in ("prediction", "Spearman", "95% interval", "permutation p", "distinct"):
         table.add_column(column)
     for arm, values in x.items():
-        r = correlate(values, y, permutations=args.permutations)
-        table.add_row(arm, f"{r.spearman:+.2f}", f"[{r.interval[0]:+.2f}, {r.interval[1]:+.2f}]", _p(r.p_permutation))
+        r = correlate(values, y, permutations=permutations)
+        table.add_row(
+            arm, f"{r.spearman:+.2f}", f"[{r.interval[0]:+.2f}, {r.interval[1]:+.2f}]", _p(r.p_permutation),
+            str(len(set(values))),
+        )  # fmt: skip
     console.print(table)
-    gap, (low, high) = difference(x["signature"], x["weights alone"], y)
-    console.print(f"signature − weights alone: {gap:+.2f} [{low:+.2f}, {high:+.2f}] (paired bootstrap over experts)")
-    console.print(
-        f"distinct predictions: signature {len(set(x['signature']))}, weights alone {len(set(x['weights alone']))}"
-    )
+    a, b = list(x)[:2]
+    gap, (low, high) = difference(x[a], x[b], y)
+    console.print(f"{a} − {b}: {gap:+.2f} [{low:+.2f}, {high:+.2f}] (paired bootstrap over experts)")
 
 
 # knowledge_weighted's aims (issue 19): lift the weakest-known third, spare the strongest, keep as much as TIES
@@ -728,10 +785,14 @@ def main():
     )
     gated.add_argument("families", nargs="*", help="FAMILY or FAMILY=FOLDER under pools-out (default: every one)")
     gated.set_defaults(run=gate)
-    without = commands.add_parser("derived", help="no probes: the derived signature against weights alone, on a pool")
-    without.add_argument("folder", type=Path, help="a measured pool's folder (configs/pool.yml, mergeability/mean)")
-    without.add_argument("--permutations", type=int, default=10_000)
-    without.set_defaults(run=derived)
+    for name, run, text in (
+        ("derived", derived, "no probes: the derived signature against weights alone, on a pool"),
+        ("lm-eval", lm_eval_probes, "a pool's probes as lm-eval tasks against the same probes as JSONL"),
+    ):
+        pooled = commands.add_parser(name, help=text)
+        pooled.add_argument("folder", type=Path, help="a measured pool's folder (configs/pool.yml, mergeability/mean)")
+        pooled.add_argument("--permutations", type=int, default=10_000)
+        pooled.set_defaults(run=run)
     checked = commands.add_parser("check", help="the shipped calibration on a family it was not fitted on")
     checked.add_argument("family", help="a pool measured under pools-out (e.g. attention)")
     checked.add_argument("--calibration", type=Path, help="a calibration file (default: the shipped one)")
