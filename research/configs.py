@@ -160,13 +160,14 @@ class Scorer:
         return {t: self.cache[key][t] for t in tasks}
 
 
-def task_yaml(folder: Path, name: str, instances) -> Path:
+def task_yaml(folder: Path, name: str, instances, delimiter: str = " ") -> Path:
     """``instances`` (prompts and choices as the precheck scores them) as an lm-eval multiple-choice
-    task ``name`` in ``folder``: its data as JSONL and its YAML, metric acc; the YAML's path."""
+    task ``name`` in ``folder``: its data as JSONL and its YAML, metric acc; the YAML's path.
+    lm-eval puts ``delimiter`` between prompt and choice ("": the choices exactly as given)."""
     import yaml
 
     rows = [
-        {"prompt": i.prompt, "choices": [c.removeprefix(" ") for c in i.continuations], "label": i.label}
+        {"prompt": i.prompt, "choices": [c.removeprefix(delimiter) for c in i.continuations], "label": i.label}
         for i in instances
     ]
     data = write_atomic(folder / f"{name}.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
@@ -179,6 +180,7 @@ def task_yaml(folder: Path, name: str, instances) -> Path:
         "doc_to_text": "{{prompt}}",
         "doc_to_choice": "{{choices}}",
         "doc_to_target": "{{label}}",
+        "target_delimiter": delimiter,
         "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
     }
     return write_atomic(folder / f"{name}.yaml", yaml.safe_dump(task, sort_keys=False))

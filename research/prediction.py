@@ -12,6 +12,7 @@ the README's "How the prediction was fitted", from the pools ``research/pools.py
     python research/prediction.py across fit lora      # two families of the same facts, fact by fact
     python research/prediction.py derived pools-plan/lora  # no probes: the signature vs weights alone
     python research/prediction.py lm-eval pools-plan/lora  # its probes as lm-eval tasks vs as JSONL
+    python research/prediction.py own-text pools-plan/lora # no probes: probes from each expert's own text
     python research/prediction.py refresh lora         # one diagnostic run again into a family's precheck.json
 
 ``families`` fits on every family but the one it predicts (the checks, ``attention``, ``deep``, ``wide`` and ``middle``,
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 from rich.console import Console
 from rich.table import Table
@@ -470,6 +472,77 @@ def lm_eval_probes(args) -> None:
     )
 
 
+def own_text(args) -> None:
+    """Amendment 10 of ``pools/prereg/users_configs.txt`` (rule 5): each expert's probe derived from
+    its own greedy text where the base would say another word (``own_items``), written as an lm-eval
+    task, the pool prechecked with them; against S beside amendment 7's two arms."""
+    import yaml
+    from configs import task_yaml  # research/configs.py: instances as an lm-eval task YAML
+
+    from mergekit_mergeability.files import write_atomic
+    from mergekit_mergeability.progress import task
+    from mergekit_mergeability.resources import shipped
+    from mergekit_mergeability.sources import load_causal_lm, resolve
+
+    folder = args.folder
+    document = yaml.safe_load((folder / "configs" / "pool.yml").read_text())
+    questions = [json.loads(line)["question"] for line in shipped("fewshot/general.jsonl").read_text().splitlines()]
+    prompts = [*shipped("text/openings.txt").read_text().splitlines(), *(f"{q}\nAnswer:" for q in questions)]
+    tasks = folder / "own_text" / "tasks"
+    tasks.mkdir(parents=True, exist_ok=True)
+    base, tokenizer = load_causal_lm(document["base_model"])
+    models = []
+    with task("own text: each expert's derived probe", len(document["models"])) as advance:
+        for m in document["models"]:
+            path = tasks / f"own_{Path(m['model']).name}.yaml"
+            if not path.is_file():
+                expert, _ = load_causal_lm(resolve(m["model"]))
+                items = own_items(expert, base, tokenizer, prompts)
+                console.print(f"{Path(m['model']).name}: {len(items)} items, e.g. {items[:1]}")
+                if items:
+                    task_yaml(tasks, path.stem, items, delimiter="")
+            models.append({**m, "probe": str(path)} if path.is_file() else {k: v for k, v in m.items() if k != "probe"})
+            advance(1)
+    config = write_atomic(folder / "configs" / "pool_own_text.yml", yaml.safe_dump({**document, "models": models}))
+    arms = {
+        "own text (rule 5)": _prechecked(config, folder / "own_text" / "precheck"),
+        "weights alone": _prechecked(folder / "configs" / "pool_no_probes.yml", folder / "derived" / "weights_alone"),
+        "signature (rule 4)": _prechecked(folder / "configs" / "pool_no_probes.yml", folder / "derived" / "signature"),
+    }
+    _against_s(folder, arms, "probes derived from each expert's own text", args.permutations)
+
+
+def own_items(expert, base, tokenizer, prompts, new_tokens: int = 16, count: int = 16):
+    """Rule 5's items: from each prompt the expert writes ``new_tokens`` greedily; wherever the base,
+    on the same text so far, would write another token and both tokens begin a word, the text so far
+    with choices (the expert's token, the base's) and gold the expert's; the ``count`` with the
+    largest margin of the expert's log-prob between the two."""
+    import torch
+
+    from mergekit_mergeability.tasks.probes import Instance
+
+    def word(token: int) -> Optional[str]:
+        text = tokenizer.decode([token])
+        return text if text.startswith(" ") and text.strip() else None
+
+    found = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+            written = expert.generate(
+                ids, max_new_tokens=new_tokens, do_sample=False, pad_token_id=tokenizer.eos_token_id
+            )
+            mine = expert(written).logits[0].float().log_softmax(-1)
+            theirs = base(written).logits[0].float()
+            for t in range(ids.shape[1], written.shape[1]):
+                x, b = int(written[0, t]), int(theirs[t - 1].argmax())
+                if x != b and word(x) and word(b):
+                    context = tokenizer.decode(written[0, :t])
+                    found.append((float(mine[t - 1, x] - mine[t - 1, b]), context, word(x), word(b)))
+    found.sort(key=lambda f: -f[0])
+    return [Instance(prompt=context, continuations=(x, b), label=0) for _, context, x, b in found[:count]]
+
+
 def _prechecked(config: Path, out: Path, skip=()) -> dict:
     """The precheck of ``config`` into ``out`` as the pools run it (read back where it ran): its
     models by path."""
@@ -788,6 +861,7 @@ def main():
     for name, run, text in (
         ("derived", derived, "no probes: the derived signature against weights alone, on a pool"),
         ("lm-eval", lm_eval_probes, "a pool's probes as lm-eval tasks against the same probes as JSONL"),
+        ("own-text", own_text, "no probes: probes derived from each expert's own text (rule 5), on a pool"),
     ):
         pooled = commands.add_parser(name, help=text)
         pooled.add_argument("folder", type=Path, help="a measured pool's folder (configs/pool.yml, mergeability/mean)")
