@@ -197,7 +197,7 @@ def derived(predictions: Mapping[str, Prediction], experts: Sequence[Mapping[str
     for model in experts:
         kept = FluencyStats.of(model.get("fluency")).signature_kept
         if model.get("knowledge") is None and kept is not None and model["path"] in found:
-            reason = f"no probe: derived from its own shift on a shipped general text, of which the merge as written keeps {kept:.2f} (not yet measured against mergeability)"
+            reason = f"no probe: derived from its own shift on a shipped general text, of which the merge as written keeps {kept:.2f} (measured, this does not rank models: give it a probe)"
             found[model["path"]] = Prediction(min(max(kept, 0.0), 1.0), [reason])
     return found
 

@@ -25,8 +25,8 @@ SIGNATURE_SHARE of |ℓ_i − ℓ_base|), and how much of that shift the merge k
 
 1 where the merge moves those tokens as the model does, 0 where it is back at the base. Where a
 model has no probe, the precheck reports it as that model's derived prediction (clipped to
-[0, 1]), and says so; the rule was written down before it was measured against mergeability
-(docs/precheck.md), and it has not been measured yet.
+[0, 1]), and says so; the rule was written down before it was measured against mergeability,
+and measured it does not rank models (docs/prediction.md, "Without probes").
 """
 
 from __future__ import annotations
