@@ -419,19 +419,23 @@ def derived(args) -> None:
     """Amendment 7 of ``pools/prereg/users_configs.txt``: a pool's config with every probe removed,
     prechecked as shipped (each expert predicted by its derived signature) and with ``fluency``
     skipped (weights alone); each against the pool's measured S (the mean merge's trials)."""
+    _against_s(args.folder, _without_probes(args.folder), "no probes", args.permutations)
+
+
+def _without_probes(folder: Path) -> dict:
+    """Amendment 7's two arms: the pool's config with every probe removed, prechecked as shipped
+    (``signature``) and with ``fluency`` skipped (``weights alone``)."""
     import yaml
     from configs import without_probes  # research/configs.py: a config with every probe removed
 
     from mergekit_mergeability.files import write_atomic
 
-    folder = args.folder
     document = without_probes(yaml.safe_load((folder / "configs" / "pool.yml").read_text()))
     config = write_atomic(folder / "configs" / "pool_no_probes.yml", yaml.safe_dump(document, sort_keys=False))
-    arms = {
+    return {
         "signature": _prechecked(config, folder / "derived" / "signature"),
         "weights alone": _prechecked(config, folder / "derived" / "weights_alone", skip=("fluency",)),
     }
-    _against_s(folder, arms, "no probes", args.permutations)
 
 
 def lm_eval_probes(args) -> None:
@@ -498,16 +502,18 @@ def own_text(args) -> None:
             if not path.is_file():
                 expert, _ = load_causal_lm(resolve(m["model"]))
                 items = own_items(expert, base, tokenizer, prompts)
-                console.print(f"{Path(m['model']).name}: {len(items)} items, e.g. {items[:1]}")
+                first = f": {items[0].prompt[-40:]!r} {items[0].continuations}" if items else ""
+                console.print(f"{Path(m['model']).name}: {len(items)} items{first}")
                 if items:
                     task_yaml(tasks, path.stem, items, delimiter="")
             models.append({**m, "probe": str(path)} if path.is_file() else {k: v for k, v in m.items() if k != "probe"})
             advance(1)
     config = write_atomic(folder / "configs" / "pool_own_text.yml", yaml.safe_dump({**document, "models": models}))
+    before = _without_probes(folder)
     arms = {
         "own text (rule 5)": _prechecked(config, folder / "own_text" / "precheck"),
-        "weights alone": _prechecked(folder / "configs" / "pool_no_probes.yml", folder / "derived" / "weights_alone"),
-        "signature (rule 4)": _prechecked(folder / "configs" / "pool_no_probes.yml", folder / "derived" / "signature"),
+        "weights alone": before["weights alone"],
+        "signature (rule 4)": before["signature"],
     }
     _against_s(folder, arms, "probes derived from each expert's own text", args.permutations)
 
