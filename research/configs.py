@@ -278,10 +278,14 @@ def lm_eval_report(records, markdown: bool) -> None:
         (r["method"], r["jsonl"]["predicted"][t], r["jsonl"]["measured"][t]) for r in records for t in r["members"]
     ]
     show(agreement("the same rows with JSONL probes: rule 1 (p(gold))", before), markdown)
-    same = [abs(r["task_score"][t] - r["jsonl_accuracy"][t]) for r in records for t in r["members"]]
+    routes_agree([abs(r["task_score"][t] - r["jsonl_accuracy"][t]) for r in records for t in r["members"]], "rows")
+
+
+def routes_agree(differences, unit: str) -> None:
+    """How far lm-eval's acc on the rehearsed merge is from the JSONL run's accuracy on the same items."""
     console.print(
-        f"lm-eval's acc on the rehearsed merge vs the JSONL run's partnered accuracy, same items: "
-        f"max |difference| {max(same):.4f}, mean {sum(same) / len(same):.4f} over {len(same)} rows"
+        f"lm-eval's acc on the rehearsed merge vs the JSONL run's partnered accuracy, same items: max |difference| "
+        f"{max(differences):.4f}, mean {sum(differences) / len(differences):.4f} over {len(differences)} {unit}"
     )
 
 
@@ -593,9 +597,19 @@ def plan_check(args) -> None:
     write_atomic(args.out / "plan_check.json", json.dumps({k: v.tolist() for k, v in kept.items()}, indent=1))
 
 
+COMMANDS = {
+    "measure": measure,
+    "write": write,
+    "report": report,
+    "lm-eval": lm_eval,
+    "menu": menu_rest,
+    "plan-check": plan_check,
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    parser.add_argument("command", choices=("measure", "report", "rows", "write", "lm-eval", "menu", "plan-check"))
+    parser.add_argument("command", choices=("rows", *COMMANDS))
     parser.add_argument(
         "--models", type=int, nargs="+", default=[1, 2], help="plan-check: K, the merged models planned"
     )
@@ -615,8 +629,7 @@ def main() -> None:
     if args.command == "rows":
         console.print(f"wrote {write_rows()}")
     else:
-        commands = {"measure": measure, "write": write, "report": report, "lm-eval": lm_eval, "menu": menu_rest}
-        {**commands, "plan-check": plan_check}[args.command](args)
+        COMMANDS[args.command](args)
 
 
 if __name__ == "__main__":

@@ -443,7 +443,7 @@ def lm_eval_probes(args) -> None:
     and with each probe written as an lm-eval task (the same items, as the precheck scores them);
     each against the pool's measured S, and lm-eval's acc beside the JSONL run's accuracy."""
     import yaml
-    from configs import task_yaml  # research/configs.py: instances as an lm-eval task YAML
+    from configs import routes_agree, task_yaml  # research/configs.py: lm-eval tasks, and the two routes compared
 
     from mergekit_mergeability.files import write_atomic
     from mergekit_mergeability.tasks.probes import scored_lines
@@ -465,14 +465,14 @@ def lm_eval_probes(args) -> None:
         "lm-eval probes": _prechecked(config, folder / "lmeval" / "lmeval"),
     }
     _against_s(folder, arms, "probes as JSONL and as lm-eval tasks", args.permutations)
-    same = [
-        abs(m["dilution"]["partnered_task_score"] - arms["JSONL probes"][m["path"]]["dilution"]["partnered_accuracy"])
-        for m in arms["lm-eval probes"].values()
-        if m["role"] != "base"
-    ]
-    console.print(
-        f"lm-eval's acc on the rehearsed merge vs the JSONL run's partnered accuracy, same items: "
-        f"max |difference| {max(same):.4f}, mean {sum(same) / len(same):.4f} over {len(same)} experts"
+    jsonl = arms["JSONL probes"]
+    routes_agree(
+        [
+            abs(m["dilution"]["partnered_task_score"] - jsonl[path]["dilution"]["partnered_accuracy"])
+            for path, m in arms["lm-eval probes"].items()
+            if m["role"] != "base"
+        ],
+        "experts",
     )
 
 
@@ -542,9 +542,10 @@ def own_items(expert, base, tokenizer, prompts, new_tokens: int = 16, count: int
             theirs = base(written).logits[0].float()
             for t in range(ids.shape[1], written.shape[1]):
                 x, b = int(written[0, t]), int(theirs[t - 1].argmax())
-                if x != b and word(x) and word(b):
+                gold, other = (word(x), word(b)) if x != b else (None, None)
+                if gold and other:
                     context = tokenizer.decode(written[0, :t])
-                    found.append((float(mine[t - 1, x] - mine[t - 1, b]), context, word(x), word(b)))
+                    found.append((float(mine[t - 1, x] - mine[t - 1, b]), context, gold, other))
     found.sort(key=lambda f: -f[0])
     return [Instance(prompt=context, continuations=(x, b), label=0) for _, context, x, b in found[:count]]
 
