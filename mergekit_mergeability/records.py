@@ -151,17 +151,22 @@ class DilutionStats(Record):
     partnered_mean_p_gold: Optional[float] = None
     partnered_task_score: Optional[float] = None  # an lm-eval task's own metric (``task_metric``)
     task_metric: Optional[str] = None
+    # each one's standard error over the probe's items (lm-eval's own for a task, where it gives one)
+    partnered_accuracy_stderr: Optional[float] = None
+    partnered_mean_p_gold_stderr: Optional[float] = None
+    partnered_task_score_stderr: Optional[float] = None
     knowledge_weighted_accuracy: Optional[float] = None
     knowledge_weighted_mean_p_gold: Optional[float] = None
     ties_accuracy: Optional[float] = None
     ties_mean_p_gold: Optional[float] = None
 
-    def scored(self, merge: str, scored_format: str) -> Optional[float]:
+    def scored(self, merge: str, scored_format: str, suffix: str = "") -> Optional[float]:
         """Its own probe inside ``merge`` (``partnered``, ``knowledge_weighted``, ``ties``), read as
         its task is scored: p(gold) where its options are listed, accuracy where it is cloze, the
-        task's own metric where it is an lm-eval task; None for a mix of formats."""
+        task's own metric where it is an lm-eval task; None for a mix of formats. ``suffix``
+        ``_stderr``: that score's standard error over the probe's items, where it was measured."""
         metric = SCORED_BY.get(scored_format)
-        return getattr(self, f"{merge}_{metric}", None) if metric else None
+        return getattr(self, f"{merge}_{metric}{suffix}", None) if metric else None
 
 
 PARTNERED = "partnered"  # the rehearsal's merge, as ``DilutionStats.scored`` names it

@@ -156,6 +156,12 @@ def test_the_precheck_predicts_from_the_dilution_it_measured(expert, tmp_path):
         assert calibrated == pytest.approx(model["dilution"]["partnered_accuracy"])
         if model["kept_share"] >= verdict.KEPT_CAP:
             assert model["predicted_mergeability"] == pytest.approx(calibrated)
+            # with its probe's noise: the accuracy's standard error over its items, ± 1.96 of it
+            accuracy, stderr, n = calibrated, model["dilution"]["partnered_accuracy_stderr"], len(QUESTIONS)
+            assert stderr == pytest.approx((accuracy * (1 - accuracy) / (n - 1)) ** 0.5)
+            low, high = model["predicted_interval"]
+            assert (low, high) == pytest.approx((max(0, accuracy - 1.96 * stderr), min(1, accuracy + 1.96 * stderr)))
+            assert f"±{1.96 * stderr:.2f} over its probe's items" in model["reasons"][0]
 
 
 def test_a_config_of_few_models_rehearses_its_merge_as_configured(expert, tmp_path):
@@ -266,6 +272,13 @@ def test_an_lm_eval_task_probe_is_rehearsed_through_lm_eval_with_its_own_metric(
     assert found["rehearsed"] == "written" and found["task_metric"] == expected["primary"] == "acc"
     assert found["partnered_task_score"] == pytest.approx(expected["score"])
     assert 0 < expected["score"] < 1  # a score that can tell a wrong model from a right one
+    # its noise: lm-eval's own acc_stderr, which for n items right or wrong is √(acc(1 − acc)/(n − 1))
+    n, acc = len(rows), expected["score"]
+    assert (
+        found["partnered_task_score_stderr"]
+        == pytest.approx(expected["stderr"])
+        == pytest.approx((acc * (1 - acc) / (n - 1)) ** 0.5)
+    )
 
 
 def test_the_configured_shares_are_those_of_a_plain_weighted_sum():

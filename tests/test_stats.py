@@ -2,7 +2,7 @@
 
 import pytest
 
-from mergekit_mergeability.maths.stats import correlate, spearman
+from mergekit_mergeability.maths.stats import correlate, spearman, standard_error
 
 
 def test_spearman_known_values():
@@ -37,3 +37,11 @@ def test_seeded_results_are_reproducible():
 def test_too_few_pairs_is_an_error():
     with pytest.raises(ValueError, match="at least 3"):
         correlate([1, 2], [1, 2])
+
+
+def test_the_standard_error_is_lm_evals():
+    """Sample standard deviation over √n, as lm-eval's ``mean_stderr``: for 0/1 items with mean a,
+    √(a(1 − a)/(n − 1)); none from one item."""
+    assert standard_error([1, 0, 1, 1]) == pytest.approx((0.75 * 0.25 / 3) ** 0.5)
+    assert standard_error([0.2, 0.4, 0.6]) == pytest.approx(0.2 / 3**0.5)
+    assert standard_error([0.5, 0.5]) == 0.0 and standard_error([0.7]) is None

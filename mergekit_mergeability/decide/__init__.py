@@ -69,9 +69,9 @@ def decide(
     with knowledge_weighted's defaults and with TIES (``planner.decide``), None if not predicted;
     ``choice``: the config as written and the menu rehearsed (``verdict.choose_method``), which then
     chooses the method."""
-    from mergekit_mergeability.decide.calibration import domain_check
+    from mergekit_mergeability.decide.calibration import REHEARSAL, domain_check
     from mergekit_mergeability.records import WeightStats
-    from mergekit_mergeability.decide.features import features
+    from mergekit_mergeability.decide.features import features, rehearsal_stderr
     from mergekit_mergeability.decide.verdict import (
         RELATIVE_DROP,
         Prediction,
@@ -88,6 +88,13 @@ def decide(
     table = features(experts)
     against_ties, against_ties_by = _against_ties(experts, against_ties)
     calibrated = {name: Prediction(*calibration.predict(values)) for name, values in table.items()}
+    if calibration.reads_first == REHEARSAL:  # a prediction that is the rehearsal carries its probe's noise
+        for model in experts:
+            prediction = calibrated.get(model["path"])
+            if prediction is not None and table[model["path"]].get(REHEARSAL) is not None:
+                prediction.stderr = rehearsal_stderr(model)
+                if prediction.stderr is not None:
+                    prediction.reasons[0] += f" (±{1.96 * prediction.stderr:.2f} over its probe's items, 95%)"
     norms = {m["path"]: WeightStats.of(m["weights"]).update_norm for m in experts if m["role"] == "expert"}
     kept = kept_shares(configured, norms, cosines)
     predictions = derived(predict(calibrated, kept), experts)

@@ -161,6 +161,13 @@ def rehearsal(model: Mapping[str, Any]) -> Optional[float]:
     return compared(model, PARTNERED)
 
 
+def rehearsal_stderr(model: Mapping[str, Any]) -> Optional[float]:
+    """``rehearsal``'s standard error over its probe's items: how far another draw of as many items
+    of the same task could move it."""
+    scored = KnowledgeStats.of(model.get("knowledge")).format
+    return DilutionStats.of(model.get("dilution")).scored(PARTNERED, scored, "_stderr")
+
+
 def compared(model: Mapping[str, Any], method: str) -> Optional[float]:
     """A precheck model's own probe on the whole config merged with ``method`` (``dilution``'s
     compared merges: knowledge_weighted, ties), read as ``rehearsal`` reads its partnered view."""

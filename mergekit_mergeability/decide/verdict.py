@@ -107,6 +107,14 @@ SHARED = {  # what a cut-off signal says is shared, in reasons
 class Prediction:
     value: Optional[float]
     reasons: List[str] = field(default_factory=list)
+    stderr: Optional[float] = None  # where the value is the rehearsal: its standard error over the probe's items
+
+    @property
+    def interval(self) -> Optional[List[float]]:
+        """value ± 1.96 standard errors, within [0, 1] (normal 95%, as lm-eval's ``*_stderr`` is read)."""
+        if self.value is None or self.stderr is None:
+            return None
+        return [max(0.0, self.value - 1.96 * self.stderr), min(1.0, self.value + 1.96 * self.stderr)]
 
 
 AS_WRITTEN = "as_written"

@@ -196,14 +196,26 @@ def partnered(module, tokenizer, model: ModelInput, advance, settings) -> Dict[s
     requests on the module in memory and read with the task's own metric (``partnered_task_score``,
     ``task_metric``: acc, acc_norm, exact_match, bleu or chrF through sacrebleu, the last two over
     100 so that every score lies in [0, 1]), ``--limit`` items."""
+    from mergekit_mergeability.maths.stats import standard_error
     from mergekit_mergeability.tasks.harness import TRANSLATION_METRICS, score
 
-    view = choice_scores.aggregate(scores(module, tokenizer, list(model.probes), advance))
-    found: Dict[str, Any] = dict(partnered_accuracy=view.accuracy, partnered_mean_p_gold=view.mean_p_gold)
+    items = scores(module, tokenizer, list(model.probes), advance)
+    view = choice_scores.aggregate(items)
+    found: Dict[str, Any] = dict(
+        partnered_accuracy=view.accuracy,
+        partnered_mean_p_gold=view.mean_p_gold,
+        partnered_accuracy_stderr=standard_error([i.correct for i in items]),
+        partnered_mean_p_gold_stderr=standard_error([i.p_gold for i in items]),
+    )
     if model.task is not None:
         scored = score(module, tokenizer, model.task, settings.limit, settings.batch_size, str(module.device))
         scale = 100 if scored["primary"] in TRANSLATION_METRICS else 1
-        found.update(partnered_task_score=scored["score"] / scale, task_metric=scored["primary"])
+        stderr = scored["stderr"] and scored["stderr"] / scale
+        found.update(
+            partnered_task_score=scored["score"] / scale,
+            task_metric=scored["primary"],
+            partnered_task_score_stderr=stderr,
+        )
     return found
 
 

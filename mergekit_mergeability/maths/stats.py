@@ -8,7 +8,7 @@ percentile bootstrap 95% interval (how much it moves when the models are resampl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 from scipy.stats import rankdata, spearmanr
@@ -31,6 +31,13 @@ def mean_interval(values: Sequence[float], seed: int = 0, resamples: int = 2_000
     boot = values[rng.integers(0, len(values), size=(resamples, len(values)))].mean(axis=1)
     low, high = np.percentile(boot, [2.5, 97.5])
     return float(values.mean()), (float(low), float(high))
+
+
+def standard_error(values: Sequence[float]) -> Optional[float]:
+    """The mean's standard error over ``values`` (sample standard deviation / √n, as lm-eval reports
+    ``*_stderr``); None under two values."""
+    values = np.asarray(values, dtype=float)
+    return float(values.std(ddof=1) / np.sqrt(len(values))) if len(values) >= 2 else None
 
 
 def grouped_difference(

@@ -314,11 +314,18 @@ def _knowledge_plot(report) -> Optional[str]:
     experts.sort(key=lambda m: (m["predicted_mergeability"] is None, m["predicted_mergeability"] or 0))
 
     def draw(fig, ax):
+        import numpy as np
+
         y = range(len(experts))
         p_gold = [known(m, report)[0] or 0 for m in experts]
         predicted = [m["predicted_mergeability"] or 0 for m in experts]
         ax.barh([i + 0.2 for i in y], p_gold, height=0.4, label="base p(gold) on its probes")
-        ax.barh([i - 0.2 for i in y], predicted, height=0.4, label="predicted mergeability")
+        # where the prediction is the rehearsal: the range its probe's items alone leave (95%)
+        ranges = np.array([m.get("predicted_interval") or (v, v) for v, m in zip(predicted, experts)])
+        ax.barh(
+            [i - 0.2 for i in y], predicted, height=0.4, xerr=np.abs(ranges.T - predicted), capsize=3,
+            label="predicted mergeability (± its probe's items)",
+        )  # fmt: skip
         ax.set_yticks(list(y), [m["name"] for m in experts], fontsize=_fontsize(len(experts)))
         ax.set_xlim(0, 1)
         ax.axvline(0.5, color="grey", linestyle=":")

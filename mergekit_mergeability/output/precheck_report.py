@@ -55,6 +55,7 @@ def build(measured: Measurements, settings: PrecheckSettings, decision: Decision
                 features=decision.features[record["path"]],
                 kept_share=decision.kept.get(record["path"]),
                 predicted_mergeability=prediction.value,
+                predicted_interval=prediction.interval,
                 reasons=prediction.reasons,
             )
             record["out_of_domain"] = decision.outside.get(record["path"])
@@ -150,6 +151,7 @@ def _model(path, names, role, probe=None, measured: Mapping[str, Any] = {}) -> D
         "features": None,
         "kept_share": None,
         "predicted_mergeability": None,
+        "predicted_interval": None,
         "out_of_domain": None,
         "reasons": [],
     }

@@ -57,6 +57,9 @@ def score(
         metrics.update({k: v for k, v in translation.items() if k in TRANSLATION_METRICS})
         result["signatures"] = {k: v for k, v in translation.items() if k.endswith("_signature")}
     result["score"] = metrics[result["primary"]]
+    # the primary metric's standard error as lm-eval reports it ("acc_stderr,none"; "N/A" where it has none)
+    stderr = next((v for k, v in raw.items() if k.split(",")[0] == f"{result['primary']}_stderr"), None)
+    result["stderr"] = float(stderr) if isinstance(stderr, (int, float)) else None
     return result
 
 
