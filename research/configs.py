@@ -10,6 +10,8 @@ precheck's rehearsal of the merge as written and for its method choice.
     python research/run.py configs menu [--archive]      # the menu's truth for the configs measure
                                                          # left without it (amendment 9)
     python research/run.py configs plan-check            # issue 41: plan on the ten experts, scored unseen
+    python research/run.py configs ceiling [--archive]   # amendment 11: how far a 16-item probe lets an exact
+                                                         # rehearsal reach (a fresh clone reads the archive)
 
 Ten task-level experts of SmolLM2-135M-Instruct (a rule such as "add 7" or "the larger of two
 numbers"; LoRA r8 on the MLP of layers 9-20, trained on 12 items with the options listed, no solved
@@ -38,6 +40,7 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.progress import track
 from rich.table import Table
 
 HERE = Path(__file__).resolve().parent
@@ -60,6 +63,7 @@ METHODS = {
 ROWS = HERE / "pools" / "configs_tasks.jsonl"
 ARCHIVE = HERE / "pools" / "measured" / "configs.json"  # what `measure` wrote, kept (`measure --archive`)
 ARCHIVE_LM_EVAL = ARCHIVE.with_name("configs_lmeval.json")  # what `lm-eval` wrote, kept
+ARCHIVE_ITEMS = ARCHIVE.with_name("configs_items.json")  # what `ceiling` read, item by item, kept
 SETTINGS = Settings(
     facts=str(ROWS),
     pool="configs",
@@ -131,10 +135,10 @@ def without_probes(document: dict) -> dict:
 
 class Scorer:
     """Each task's 48 unseen items (``TASK``), or its 16 probe items (``TASK/probe``), as its probe
-    is scored (the options listed), on a model folder: mean p(gold); cached by folder and task in
-    ``out/name``."""
+    is scored (the options listed), on a model folder: mean p(gold), or each item's with ``per_item``;
+    cached by folder and task in ``out/name``."""
 
-    def __init__(self, out: Path, name: str = "scores.json"):
+    def __init__(self, out: Path, name: str = "scores.json", per_item: bool = False):
         from mergekit_mergeability.demo.training import fact_instances
 
         rows = {r["id"]: r for r in map(json.loads, ROWS.read_text().splitlines())}
@@ -142,7 +146,7 @@ class Scorer:
         for task, r in rows.items():
             self.instances[task] = fact_instances({"id": task, "items": r["scored"], "train": 0}, "options")
             self.instances[f"{task}/probe"] = fact_instances(r, "options")  # items[train:], the probe
-        self.path = out / name
+        self.path, self.per_item = out / name, per_item
         self.cache = json.loads(self.path.read_text()) if self.path.is_file() else {}
 
     def __call__(self, folder: Path, tasks) -> dict:
@@ -155,7 +159,7 @@ class Scorer:
             model, tokenizer = load_causal_lm(resolve(key))  # an adapter folder: its base with it added
             for task in missing:
                 p = gold_probability(model, tokenizer, self.instances[task])
-                self.cache.setdefault(key, {})[task] = sum(p) / len(p)
+                self.cache.setdefault(key, {})[task] = [round(v, 6) for v in p] if self.per_item else sum(p) / len(p)
             write_atomic(self.path, json.dumps(self.cache, indent=1))
         return {t: self.cache[key][t] for t in tasks}
 
@@ -484,6 +488,142 @@ def report(args) -> None:
             )
 
 
+def merged_items(args, records) -> dict:
+    """Each measured merge, its members read item by item on all 64 of their task's items (the probe's
+    16, then the 48 unseen): "CONFIG_METHOD CANDIDATE" -> task -> values. A merge not cached is
+    merged again as `measure` merged it (DARE and DELLA draw anew); a menu candidate whose config
+    `candidates` never wrote here is written as it writes them, its knowledge the base's p(gold) on
+    each member's probe read the same way."""
+    from mergekit_mergeability.decide.advice import menu
+
+    demo = Demo(SETTINGS, args.cache_dir, args.out, console, quiet=True)
+    experts, score, members = demo.fact_experts(), Scorer(args.out, "scores_items.json", per_item=True), dict(groups())
+    probes = score(demo.base(), [f"task_{t}/probe" for t in TASKS])
+    knowledge = {model(demo, experts, t): sum(p) / len(p) for t in TASKS for p in [probes[f"task_{t}/probe"]]}
+    read = {}
+    every = [(r, c) for r in records for c in r["measured"] if c == "as_written"]  # the merges as written first
+    every += [(r, c) for r in records for c in r["measured"] if c != "as_written" and args.menu_truth]
+    for r, candidate in every:
+        name = f"{r['config']}_{r['method']}"
+        document = config(demo, experts, members[r["config"]], r["method"])
+        path = args.out / "configs" / f"{name}_{candidate}.yml"
+        if candidate == "as_written":
+            path = demo.write_config(f"{name}_merge", without_probes(document))
+        elif not path.is_file():
+            path = demo.write_config(path.stem, without_probes(menu(document, knowledge)[candidate].config))
+        got = score(demo.merge(path), [f"{t}/probe" for t in r["members"]] + r["members"])
+        read[f"{name} {candidate}"] = {t: got[f"{t}/probe"] + got[t] for t in r["members"]}
+    console.print(f"read {len(read)} merges")
+    return read
+
+
+def ceiling(args) -> None:
+    """Amendment 11: how far a 16-item probe lets an exact rehearsal (the written merge itself)
+    reach on this family: 2,000 draws of each task's 16 probe items from its 64, the other 48 the truth."""
+    import numpy as np
+
+    from mergekit_mergeability.decide.verdict import AS_WRITTEN, choose_method
+    from mergekit_mergeability.maths.stats import spearman
+
+    records = json.loads((args.out / "configs.json" if (args.out / "configs.json").is_file() else ARCHIVE).read_text())
+    demo = Demo(SETTINGS, args.cache_dir, args.out, console, quiet=True)
+    if (demo.cache / "experts" / SETTINGS.pool).is_dir() or not ARCHIVE_ITEMS.is_file():
+        read = merged_items(args, records)
+        console.print(f"wrote {write_atomic(args.out / ARCHIVE_ITEMS.name, json.dumps(read))}")
+        if args.archive:
+            console.print(f"archived: {write_atomic(ARCHIVE_ITEMS, json.dumps(read))}")
+    else:  # a fresh clone: the archived reading
+        read = json.loads(ARCHIVE_ITEMS.read_text())
+    read = {key: {t: np.asarray(v) for t, v in tasks.items()} for key, tasks in read.items()}
+    written = [(r, f"{r['config']}_{r['method']} {AS_WRITTEN}") for r in records]
+    checks = Table(title="checks: the merges read here against the archive, max |difference| (rows)")
+    for column in (
+        "merge",
+        "48 unseen items' mean vs the archived truth",
+        "16 probe items' mean vs the archived prediction",
+    ):
+        checks.add_column(column)
+    offered = sorted({c for r in records for c in r["measured"]} - {AS_WRITTEN})
+    for method, candidate in [(m, AS_WRITTEN) for m in METHODS] + [(None, c) for c in offered]:
+        pairs = [
+            (r, f"{r['config']}_{r['method']} {candidate}")
+            for r in records
+            if method in (None, r["method"]) and f"{r['config']}_{r['method']} {candidate}" in read
+        ]
+        truth = [abs(read[k][t][PROBE:].mean() - r["measured"][candidate][t]) for r, k in pairs for t in r["members"]]
+        asked = [
+            abs(read[k][t][:PROBE].mean() - r["predicted"][t])
+            for r, k in pairs
+            for t in r["members"]
+            if r["predicted"].get(t) is not None
+        ]
+        checks.add_row(
+            method or f"menu: {candidate}",
+            f"{max(truth):.6f} ({len(truth)})" if truth else "not read",
+            f"{max(asked):.6f}" if method and asked else "",
+        )
+    show(checks, args.markdown)
+    tasks = sorted({t for r in records for t in r["members"]})
+    menus = [
+        r
+        for r in records
+        if len(r["measured"]) > 1 and all(f"{r['config']}_{r['method']} {c}" in read for c in r["measured"])
+    ]
+
+    def outcomes(order) -> dict:
+        """The bars' quantities when each task's probe is ``order[task][:16]`` and its truth the rest."""
+        probe = {t: order[t][:PROBE] for t in tasks}
+        truth = {t: order[t][PROBE:] for t in tasks}
+        rows = [
+            (r["method"], read[k][t][probe[t]].mean(), read[k][t][truth[t]].mean())
+            for r, k in written
+            for t in r["members"]
+        ]
+        got = {}
+        for method in (None, *METHODS):
+            chosen = [row for row in rows if method in (None, row[0])]
+            got[method or "all"] = spearman([c[1] for c in chosen], [c[2] for c in chosen])
+        got["MAE"] = float(np.mean([abs(p - y) for _, p, y in rows]))
+        gated, greedy = [], []
+        for r in menus:
+            at = {c: read[f"{r['config']}_{r['method']} {c}"] for c in r["measured"]}
+            kept = {c: np.mean([v[t][truth[t]].mean() for t in r["members"]]) for c, v in at.items()}
+            asked = {c: {t: v[t][probe[t]] for t in r["members"]} for c, v in at.items()}
+            gated.append(max(kept.values()) - kept[choose_method(asked).chosen])
+            greedy.append(
+                max(kept.values()) - kept[max(asked, key=lambda c: np.mean([x.mean() for x in asked[c].values()]))]
+            )
+        got["menu gap (shipped rule)"], got["menu gap (highest probe mean)"] = np.mean(gated), np.mean(greedy)
+        return got
+
+    actual = outcomes({t: np.arange(PROBE + SCORED) for t in tasks})
+    rng = np.random.default_rng(11)
+    draws = [outcomes({t: rng.permutation(PROBE + SCORED) for t in tasks}) for _ in track(range(2_000), "draws")]
+    bars = {"all": (">=", 0.85), "MAE": ("<=", 0.08), **{m: (">=", 0.75) for m in METHODS}}
+    bars.update({"menu gap (shipped rule)": ("<=", 0.01), "menu gap (highest probe mean)": ("<=", 0.01)})
+    meets = {q: [d[q] >= bar if sense == ">=" else d[q] <= bar for d in draws] for q, (sense, bar) in bars.items()}
+    table = Table(
+        title=f"ceiling: an exact rehearsal read on a 16-item probe ({len(draws)} draws; {len(written)} configs, {len(menus)} with the menu)"
+    )
+    for column in ("quantity", "bar", "actual split", "median", "95% of draws", "draws meeting the bar"):
+        table.add_column(column)
+    for q, (sense, bar) in bars.items():
+        values = np.array([d[q] for d in draws])
+        low, mid, high = np.percentile(values, [2.5, 50, 97.5])
+        label = q if q.startswith(("MAE", "menu")) else f"Spearman, {q}"
+        table.add_row(
+            label,
+            f"{sense} {bar}",
+            f"{actual[q]:+.3f}",
+            f"{mid:+.3f}",
+            f"[{low:+.3f}, {high:+.3f}]",
+            f"{np.mean(meets[q]):.1%}",
+        )
+    show(table, args.markdown)
+    rule1 = [all(meets[q][i] for q in ("all", "MAE", *METHODS)) for i in range(len(draws))]
+    console.print(f"draws meeting all three rule-1 bars at once: {np.mean(rule1):.1%}")
+
+
 def show(table: Table, markdown: bool) -> None:
     """A table on the terminal, or as a markdown table (for docs/prediction.md)."""
     if not markdown:
@@ -604,6 +744,7 @@ COMMANDS = {
     "lm-eval": lm_eval,
     "menu": menu_rest,
     "plan-check": plan_check,
+    "ceiling": ceiling,
 }
 
 
@@ -617,7 +758,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("pools-out") / "configs")
     parser.add_argument("--markdown", action="store_true", help="report: the tables as markdown")
     parser.add_argument(
-        "--archive", action="store_true", help=f"measure: then keep the records as {ARCHIVE.name} in the repository"
+        "--archive",
+        action="store_true",
+        help=f"measure, lm-eval, menu, ceiling: then keep what was read in the repository ({ARCHIVE.name}, …)",
     )
     parser.add_argument(
         "--no-menu-truth",
