@@ -68,6 +68,7 @@ class PrecheckModel(Report):
     features: Optional[Json]  # the calibration's features
     kept_share: Optional[float]
     predicted_mergeability: Optional[float]  # its own-task score after merging, predicted (experts)
+    predicted_interval: Optional[List[float]]  # where it is the rehearsal: ± its probe's items (95%)
     out_of_domain: Optional[List[str]]
     reasons: List[str]
     specific_neurons: Optional[Json]
