@@ -275,7 +275,7 @@ def ray_option(command):
         flag_value="",
         default=None,
         metavar="[ADDRESS]",
-        help="Run the heavy passes as Ray tasks: on the cluster at ADDRESS ('auto': this machine's), else $RAY_ADDRESS's or a local one. Needs pip install mergekit-mergeability[ray].",
+        help="Run the heavy passes as Ray tasks: on the cluster at ADDRESS ('auto': this machine's), else $RAY_ADDRESS's or a local one. Needs the ray extra: pip install '.[ray]' in a checkout.",
     )(wrapper)
 
 
@@ -1035,9 +1035,9 @@ def demo(quick: bool, cache_dir: Path, out: Path, quiet: bool, sweep_only: bool)
     6. trains a "thinking" SmolLM2 that adds two-digit numbers with a short
        <think>…</think> trace and sweeps λ from the instruct model to it on
        held-out problems: the stage table and the sweet spot (paper 2).
-    First run about 17 minutes on 2 CPU cores (about 5 of them step 6);
+    First run about 22 minutes on 2 CPU cores (about 5 of them step 6);
     reruns read experts, merges and scores from the cache and redo the
-    prechecks (~3 min).
+    prechecks (about 7 minutes).
     """
     from mergekit_mergeability.demo.steps import FULL, QUICK, run
 
