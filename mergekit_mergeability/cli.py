@@ -366,6 +366,13 @@ def default_cache_dir() -> Path:
     type=click.FloatRange(0, 1),
     help="Specific-neuron overlap (Jaccard) below this, from some block on, marks where the fine-tunes' neurons part (read with --cutoff-signal selectivity or both).",
 )
+@setting(
+    "--tune-budget",
+    settings="PrecheckSettings",
+    type=click.IntRange(min=0),
+    metavar="PASSES",
+    help="Probe sequences the search over method, update scale, density and one expert's weight may spend beyond the menu (a config of 2 to 8 models, each with a probe). Default: 10 candidates' worth, each one pass over every probe; 0: the menu alone. The cost line counts them.",
+)
 @click.option(
     "--skip",
     multiple=True,
@@ -403,6 +410,7 @@ def precheck(
     lape_activation_quantile,
     cutoff_signal,
     overlap_threshold,
+    tune_budget,
     skip,
     cache_dir,
     verbose,
@@ -464,6 +472,7 @@ def precheck(
         lape_activation_quantile=lape_activation_quantile,
         cutoff_signal=cutoff_signal,
         overlap_threshold=overlap_threshold,
+        tune_budget=tune_budget,
         skip=tuple(skip),
         cache_dir=cache_dir and str(cache_dir),
     )

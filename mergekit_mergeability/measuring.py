@@ -88,24 +88,42 @@ def load_inputs(
         if spec.base_model
         else None
     )
-    neutral = probes.shots_from(None)
     shares, weights = configured_shares(spec.document), configured_weights(spec.document)
     models = []
     for name in spec.models:
-        probe, shots, task = None, neutral, None
+        probe, shots, task = None, None, None
+        fewshot, chat = spec.fewshot.get(name), spec.chat.get(name, False)
+        if fewshot is not None:  # the model's shots, in order, for every item (``probes``)
+            with spec.naming(f"{spec.entries[name]}.fewshot"):
+                shots = probes.shots_from(fewshot, folder)
         if name in specs:
             with (
                 spec.naming(f"{spec.entries[name]}.probe") if specs[name] == spec.probes.get(name) else nullcontext()
             ):  # --probe names itself
-                probe = tasks.load(specs[name], limit, folder)
-                task = tasks.scoring_task(specs[name], folder)
-        if name in spec.fewshot:
-            with spec.naming(f"{spec.entries[name]}.fewshot"):
-                shots = probes.shots_from(spec.fewshot[name], folder) + neutral
+                probe = tasks.load(specs[name], limit, folder, fewshot, spec.answer_after.get(name))
+                task = tasks.scoring_task(specs[name], folder, fewshot, chat)
+            if chat:
+                with spec.naming(f"{spec.entries[name]}.chat"):
+                    probe = probes.chatted(probe, chat_tokenizer(sources[name]), Path(name).name)
         models.append(
             ModelInput(name, sources[name], probe, shots, dtypes[name], shares.get(name), weights.get(name, 1.0), task)
         )
     return base, tuple(models)
+
+
+def chat_tokenizer(source):
+    """The tokenizer whose chat template asks a ``chat: true`` probe: the model's own (an adapter's
+    folder, else its base's)."""
+    import transformers
+
+    from mergekit_mergeability.sources import base_of
+
+    for candidate in (getattr(source, "folder", source), base_of(source)):  # an adapter's folder, then its base
+        try:
+            return transformers.AutoTokenizer.from_pretrained(candidate)
+        except (OSError, ValueError):
+            continue
+    raise UserError(f"model {source}: no tokenizer to take a chat template from")
 
 
 def measure(
@@ -265,6 +283,7 @@ def decision(
     from mergekit_mergeability import menu
     from mergekit_mergeability.decide import decide
     from mergekit_mergeability.decide.advice import configured_weights
+    from mergekit_mergeability.decide.tuning import methods
     from mergekit_mergeability.decide.verdict import choose_method
     from mergekit_mergeability.decide.calibration import Calibration
     from mergekit_mergeability.names import short_names
@@ -293,5 +312,7 @@ def decision(
         signal=settings.cutoff_signal,
         label=names.get,
         against_ties=against_ties({"models": experts, "pairs": pairs}) if against_ties else None,
-        choice=choose_method(menu.scored(results[menu.NAME]), knowledge) if menu.NAME in results else None,
+        choice=choose_method(menu.scored(results[menu.NAME]), knowledge, methods(spec.document, knowledge))
+        if menu.NAME in results
+        else None,
     )

@@ -1,14 +1,15 @@
-"""Method choice by rehearsal: beside the config as written, a small menu of merges (``advice.menu``:
-the mean merge, TIES, DARE-TIES, knowledge_weighted's defaults), each built in memory exactly as its
+"""Method choice by rehearsal: beside the config as written, the menu of merges (``advice.menu``:
+the mean merge, TIES, DARE-TIES, knowledge_weighted's defaults) and a grid over their knobs
+(``decide.tuning``: update scale, density, one expert's weight), each built in memory exactly as its
 ``recommended.yml`` would be written (mergekit's plan, ``planned``; ``dilution.as_written``), every
 member's own probe asked on each and read item by item as its task is scored: p(gold) where its
 options are listed, right or wrong otherwise.
 
-``decide.verdict.choose_method`` then recommends the candidate whose members keep most, over the
-config as written only where a paired bootstrap over the probe items puts the margin above 0.
-Rehearsed where the config has 2 to 8 models (a pool keeps paper 1's expected-partner rehearsal),
-every one with a probe, and its merge can be built on the loaded base. One merge and one pass over
-every probe per candidate.
+``decide.verdict.choose_method`` then picks the candidate whose members keep most, and checks the
+pick on items it was not made on (cross-fitted over two halves of every probe). Rehearsed where the
+config has 2 to 8 models (a pool keeps paper 1's expected-partner rehearsal), every one with a
+probe, and its merge can be built on the loaded base. One merge and one pass over every probe per
+candidate; ``--tune-budget`` caps the grid's passes.
 """
 
 from __future__ import annotations
@@ -21,41 +22,49 @@ from mergekit_mergeability.planned import writable
 from mergekit_mergeability.diagnostics.knowledge import scores
 from mergekit_mergeability.sources import TensorReader
 from mergekit_mergeability.records import KnowledgeStats
-from mergekit_mergeability.tasks.probes import OPTIONS
+from mergekit_mergeability.settings import TUNE_CANDIDATES
+from mergekit_mergeability.tasks.probes import GENERATION, OPTIONS
 
 NAME = "menu"  # its results sit beside the diagnostics' in precheck.json
+MENU_SIZE = 4  # advice.menu's candidates at most
+GRID_SIZE = 9  # decide.tuning's grid at most, besides one candidate per expert
 
 
 def rehearse(measured, inputs: DiagnosticInputs) -> Optional[DiagnosticResult]:
-    """Per candidate (``as_written`` and the menu), per member: its probe's items as scored, in
-    ``per_instance`` (member -> one record per item: candidate -> value) and their mean in
-    ``per_model``; None where the menu is not rehearsed."""
+    """Per candidate (``as_written``, the menu and as much of the grid as ``--tune-budget`` pays
+    for), per member: its probe's items as scored, in ``per_instance`` (member -> one record per
+    item: candidate -> value) and their mean in ``per_model``; None where the menu is not rehearsed."""
     from mergekit_mergeability.merge_config import absolute
-    from mergekit_mergeability.decide.advice import menu
+    from mergekit_mergeability.decide.tuning import candidates
     from mergekit_mergeability.decide.verdict import AS_WRITTEN
     from mergekit_mergeability.planned import plan
     from mergekit_mergeability.progress import task
     from mergekit_mergeability.sources import load_causal_lm
 
     models, settings = inputs.models, inputs.settings
-    if inputs.base is None or not 2 <= len(models) <= PARTNERS or not all(m.probes for m in models):
+    if not _rehearsed(inputs):
         return None
     base = TensorReader(inputs.base.path)
     names = set().union(*inputs.touched.values())
-    if measured.errors() or not inputs.written:
+    if measured.errors():
         return None
     known = (measured.results.get("knowledge") or DiagnosticResult()).per_model
     knowledge = {m.name: KnowledgeStats.of(known.get(m.name)).scored_mean_p_gold for m in models}
     sources = {m.name: m.path for m in (inputs.base, *models)}
+    lines = _lines(inputs)
+    left = _budget(inputs, lines)
     plans = {AS_WRITTEN: inputs.merge}
-    for name, advice in menu(measured.spec.document, knowledge).items():
-        candidate = plan(absolute(advice.config, sources), measured.spec.source)
-        if writable(candidate, base.index, names):
-            plans[name] = candidate
+    for name, candidate in candidates(measured.spec.document, knowledge).items():
+        on_grid = name not in MENU_NAMES
+        if on_grid and left < lines:
+            break
+        planned = plan(absolute(candidate.advice.config, sources), measured.spec.source)
+        if writable(planned, base.index, names):
+            plans[name] = planned
+            left -= lines if on_grid else 0
     module, tokenizer = load_causal_lm(inputs.base.path, settings.device, inputs.base.load_dtype(settings))
     paths = list(sources.values())
     items: Dict[str, Dict[str, List[float]]] = {m.name: {} for m in models}
-    lines = sum(len(i.continuations) for m in models for i in m.probes)
     with task(
         f"menu: the config as written and {len(plans) - 1} other merges", len(plans) * lines, settings.quiet
     ) as advance:
@@ -64,7 +73,8 @@ def rehearse(measured, inputs: DiagnosticInputs) -> Optional[DiagnosticResult]:
                 for model in models:
                     asked = scores(module, tokenizer, list(model.probes), advance)
                     items[model.name][name] = [
-                        s.p_gold if i.format == OPTIONS else float(s.correct) for s, i in zip(asked, model.probes)
+                        s.p_gold if i.format in (OPTIONS, GENERATION) else float(s.correct)
+                        for s, i in zip(asked, model.probes)
                     ]
     result = DiagnosticResult()
     for model, by_candidate in items.items():
@@ -73,15 +83,34 @@ def rehearse(measured, inputs: DiagnosticInputs) -> Optional[DiagnosticResult]:
     return result
 
 
-def passes(inputs: DiagnosticInputs) -> int:
-    """Probe sequences over the config as written and the menu's four candidates at most (0 where
-    the menu will not be rehearsed)."""
+MENU_NAMES = ("mean", "ties", "dare_ties", "knowledge_weighted")
+
+
+def _rehearsed(inputs: DiagnosticInputs) -> bool:
     models = inputs.models
     if inputs.base is None or not 2 <= len(models) <= PARTNERS or not all(m.probes for m in models):
+        return False
+    return inputs.written
+
+
+def _lines(inputs: DiagnosticInputs) -> int:
+    """Probe sequences of one candidate: every member's probe, each continuation."""
+    return sum(len(i.continuations) for m in inputs.models for i in m.probes)
+
+
+def _budget(inputs: DiagnosticInputs, lines: int) -> int:
+    budget = inputs.settings.tune_budget
+    return TUNE_CANDIDATES * lines if budget is None else budget
+
+
+def passes(inputs: DiagnosticInputs) -> int:
+    """Probe sequences over the config as written, the menu's four candidates and the grid's share of
+    ``--tune-budget``, at most (0 where the menu will not be rehearsed)."""
+    if not _rehearsed(inputs):
         return 0
-    if not inputs.written:
-        return 0
-    return 5 * sum(len(i.continuations) for m in models for i in m.probes)
+    lines = _lines(inputs)
+    grid = min(_budget(inputs, lines) // max(lines, 1), GRID_SIZE + len(inputs.models))
+    return (1 + MENU_SIZE + grid) * lines
 
 
 def scored(result: DiagnosticResult) -> Dict[str, Dict[str, List[float]]]:

@@ -24,6 +24,7 @@ PRECHECK_LIMIT = 64  # probe instances per model: enough for the knowledge signa
 # Solved examples before each question; chosen by measurement on the project's fit pool
 # (research/pools.py, README "How the prediction was fitted"), never on the held-out pool.
 DEFAULT_FEWSHOT = 3
+TUNE_CANDIDATES = 10  # the default --tune-budget: this many candidates of the knob grid, each one pass over every probe
 CUTOFF_SIGNALS = ("cka", "selectivity", "both")  # what sets the layer cut-off (decide.verdict.decide_cutoff)
 SELECTIVITY_SPANS = ("answer", "prompt")  # the tokens of a probe line whose MLP activations LAPE counts
 LAMBDAS = tuple(round(i / 10, 1) for i in range(11))  # the sweep's grid: 0 to 1 by 0.1
@@ -65,6 +66,7 @@ class PrecheckSettings(RunSettings):
     overlap_threshold: float = DEFAULT_OVERLAP_THRESHOLD
     skip: Tuple[str, ...] = ()  # diagnostics not to run
     cache_dir: Optional[str] = None  # where each model's pass results are kept; None: nowhere
+    tune_budget: Optional[int] = None  # probe sequences the knob grid may spend beyond the menu; None: TUNE_CANDIDATES' worth
 
 
 @dataclass(frozen=True)

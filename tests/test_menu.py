@@ -2,6 +2,7 @@
 recommended.yml would be written, every model's own probe asked on each."""
 
 import json
+import math
 
 import pytest
 import yaml
@@ -13,9 +14,11 @@ from mergekit_mergeability.decide.verdict import (
     MERGE_AS_CONFIGURED,
     METHOD_BY_REHEARSAL,
     choose_method,
+    halves,
     recommend,
 )
 from mergekit_mergeability.maths.stats import grouped_difference
+from mergekit_mergeability.settings import TUNE_CANDIDATES
 from mergekit_mergeability.tiny import CORPUS, derive
 
 from conftest import noise, precheck_cli, ranked_probes
@@ -31,28 +34,63 @@ def test_the_grouped_difference_is_the_mean_of_each_groups_mean_and_a_constant_o
     assert mean == 0 and low < 0 < high
 
 
-def test_a_candidate_is_chosen_only_where_it_keeps_more_beyond_the_probes_noise():
-    written = {"a": [0, 0, 1, 0] * 5, "b": [1, 0, 0, 0] * 5}
-    clear = choose_method({AS_WRITTEN: written, "ties": {"a": [1] * 20, "b": [1, 1, 0, 1] * 5}})
-    assert (clear.best, clear.chosen) == ("ties", "ties") and clear.interval[0] > 0
-    assert clear.kept == {AS_WRITTEN: 0.25, "ties": pytest.approx((1 + 0.75) / 2)}
-    noisy = choose_method({AS_WRITTEN: written, "mean": {"a": [0, 1, 0, 0] * 5, "b": [1, 0, 0, 1, 0] * 4}})
-    assert noisy.best == "mean" and noisy.chosen == AS_WRITTEN and noisy.interval[0] <= 0 < noisy.margin
+def test_the_halves_are_fixed_disjoint_and_cover_every_item():
+    a, b = halves(9)
+    assert sorted(a + b) == list(range(9)) and not set(a) & set(b) and (len(a), len(b)) == (5, 4)
+    assert (a, b) == halves(9)
+
+
+def _by_half(n: int, on_a: float, on_b: float):
+    a, _ = halves(n)
+    return [on_a if i in a else on_b for i in range(n)]
+
+
+def test_a_pick_is_kept_only_where_it_holds_on_the_half_it_was_not_made_on():
+    written = {"a": [0.5] * 8, "b": [0.5] * 8}
+    clear = choose_method({AS_WRITTEN: written, "ties": {"a": [0.9] * 8, "b": _by_half(8, 0.7, 0.8)}})
+    assert (clear.best, clear.chosen, clear.picked) == ("ties", "ties", ("ties", "ties"))
+    assert clear.gain == pytest.approx(((0.9 - 0.5) + (0.75 - 0.5)) / 2) and clear.gain_interval[0] > 0
+    assert clear.halves["ties"] == (pytest.approx((0.9 + 0.7) / 2), pytest.approx((0.9 + 0.8) / 2))
+    # x wins half A and loses half B; y the other way round: each half's pick, read on the other half,
+    # keeps less than the config as written, so x (best over all items) is not chosen
+    x, y = _by_half(8, 1.0, 0.25), _by_half(8, 0.4, 0.75)
+    noisy = choose_method({AS_WRITTEN: written, "x": {"a": x, "b": x}, "y": {"a": y, "b": y}})
+    assert noisy.best == "x" and noisy.margin == pytest.approx(0.125) and noisy.picked == ("x", "y")
+    assert noisy.gain == pytest.approx(((0.25 - 0.5) + (0.4 - 0.5)) / 2) and noisy.chosen == AS_WRITTEN
     tied = choose_method({AS_WRITTEN: written, "dare_ties": written})
-    assert tied.best == tied.chosen == AS_WRITTEN
+    assert tied.best == tied.chosen == AS_WRITTEN and tied.gain == 0
 
 
-def test_the_verdict_says_the_margin_and_keeps_the_config_as_written_within_noise():
+def test_where_the_top_two_cannot_be_told_apart_it_says_how_many_items_would():
+    written = {"a": [0.0] * 16}
+    close = choose_method({AS_WRITTEN: written, "p": {"a": [1, 0] * 8}, "q": {"a": [1, 0, 0, 1] * 4}})
+    assert close.runner_up in ("p", "q") and close.items_to_separate is None  # equal means: nothing would
+    p, q = [1, 1, 0, 0] * 4, [1, 0, 1, 0] * 3 + [1, 0, 0, 0]  # p ahead by one item of 16
+    apart = choose_method({AS_WRITTEN: written, "p": {"a": p}, "q": {"a": q}})
+    margin, (low, high) = grouped_difference([p], [q])
+    spread = (high - low) / (2 * 1.96)
+    assert low <= 0 and apart.items_to_separate == math.ceil(16 * (1.96 * spread / margin) ** 2) > 16
+
+
+def test_the_verdict_says_what_the_pick_kept_on_the_held_out_halves():
     written = {"a": [0.2] * 8, "b": [0.4] * 8}
     chosen = choose_method({AS_WRITTEN: written, "mean": {"a": [0.6] * 8, "b": [0.5] * 8}})
     recommendation = recommend("ties", {}, {}, {}, None, [], choice=chosen)
     assert (recommendation.verdict, recommendation.method) == (METHOD_BY_REHEARSAL, "task_arithmetic")
     assert "mean keeps 0.55" in recommendation.reasons[0] and "against 0.30 as written" in recommendation.reasons[0]
-    within = choose_method({AS_WRITTEN: written, "mean": {"a": [0.0, 0.6] * 4, "b": [0.4, 0.3] * 4}})
+    assert "read on the other half, the pick keeps +0.250" in recommendation.reasons[0]
+    x, y = _by_half(8, 1.0, 0.0), _by_half(8, 0.0, 0.6)
+    within = choose_method({AS_WRITTEN: written, "x": {"a": x, "b": x}, "y": {"a": y, "b": y}}, methods={"x": "ties"})
     kept = recommend("ties", {}, {}, {}, None, [], choice=within)
     assert (
-        kept.verdict == MERGE_AS_CONFIGURED and kept.method == "ties" and "within the probes' noise" in kept.reasons[0]
+        kept.verdict == MERGE_AS_CONFIGURED
+        and kept.method == "ties"
+        and "keep the config as written" in kept.reasons[0]
     )
+    grid = choose_method(
+        {AS_WRITTEN: written, "mean x1.5": {"a": [0.9] * 8, "b": [0.9] * 8}}, methods={"mean x1.5": "task_arithmetic"}
+    )
+    assert recommend("ties", {}, {}, {}, None, [], choice=grid).method == "task_arithmetic"
 
 
 def test_each_menu_config_is_the_users_with_the_candidates_method():
@@ -89,11 +127,11 @@ def pair(llama, tmp_path_factory):
     return base, experts, probes
 
 
-def _precheck(tmp_path, base, experts, probes, weight):
+def _precheck(tmp_path, base, experts, probes, weight, *options):
     models = [{"model": str(e), "probe": str(p), "parameters": {"weight": weight}} for e, p in zip(experts, probes)]
     config = tmp_path / "config.yml"
     config.write_text(yaml.safe_dump({"merge_method": "task_arithmetic", "base_model": str(base), "models": models}))
-    result = precheck_cli(config, tmp_path / "out", "--skip", "representations", "--skip", "selectivity")
+    result = precheck_cli(config, tmp_path / "out", "--skip", "representations", "--skip", "selectivity", *options)
     assert result.exit_code in (0, 1), result.output
     return json.loads((tmp_path / "out" / "precheck.json").read_text())
 
@@ -103,12 +141,19 @@ def test_a_config_that_pushes_away_from_its_experts_gets_the_menus_best_merge_wr
     moves toward it. The menu says so, and recommended.yml is the merge it rehearsed."""
     base, experts, probes = pair
     report = _precheck(tmp_path, base, experts, probes, -1.0)
-    choice = report["recommendation"]["method_choice"]
-    assert set(choice["kept"]) == {AS_WRITTEN, "mean", "ties", "dare_ties"}  # no knowledge_weighted at weights < 0
-    assert choice["chosen"] == choice["best"] != AS_WRITTEN and choice["interval"][0] > 0
+    choice, search = report["recommendation"]["method_choice"], report["recommendation"]["search"]
+    menu_rehearsed = {AS_WRITTEN, "mean", "ties", "dare_ties"}  # no knowledge_weighted at weights < 0
+    assert menu_rehearsed < set(choice["kept"]) and len(choice["kept"]) == len(menu_rehearsed) + TUNE_CANDIDATES
+    assert [c["name"] for c in search] == list(choice["kept"]) and search[0]["name"] == AS_WRITTEN
+    assert choice["chosen"] == choice["best"] != AS_WRITTEN and choice["gain"] > 0
     assert report["recommendation"]["verdict"] == METHOD_BY_REHEARSAL
     written = yaml.safe_load((tmp_path / "out" / "recommended.yml").read_text())
-    assert written["merge_method"] == MENU[choice["best"]]
+    chosen = next(c for c in search if c["name"] == choice["best"])
+    assert written["merge_method"] == chosen["method"] == report["recommendation"]["method"]
+    if chosen["weights"]:  # the knobs precheck.json lists are the ones recommended.yml carries
+        assert [(m.get("parameters") or {}).get("weight") for m in written["models"]] == list(
+            chosen["weights"].values()
+        )
     for model in (m for m in report["models"] if m["role"] == "expert"):
         # the menu's as-written reading is dilution's rehearsal of the same merge (cloze: accuracy)
         assert choice["per_model"][AS_WRITTEN][model["path"]] == model["dilution"]["partnered_accuracy"]
@@ -120,4 +165,7 @@ def test_a_sound_config_keeps_its_method_unless_another_keeps_more_beyond_noise(
     report = _precheck(tmp_path, base, experts, probes, 1.0)
     choice, verdict = report["recommendation"]["method_choice"], report["recommendation"]["verdict"]
     assert (choice["chosen"] == AS_WRITTEN) == (verdict == MERGE_AS_CONFIGURED)
-    assert set(choice["kept"]) == {AS_WRITTEN, *MENU}  # positive weights, knowledge known: every candidate
+    assert {AS_WRITTEN, *MENU} < set(choice["kept"])  # positive weights, knowledge known: every candidate
+    (tmp_path / "untuned").mkdir()
+    untuned = _precheck(tmp_path / "untuned", base, experts, probes, 1.0, "--tune-budget", "0")
+    assert set(untuned["recommendation"]["method_choice"]["kept"]) == {AS_WRITTEN, *MENU}  # the menu alone

@@ -158,8 +158,10 @@ def advise(
     if verdict == SIGN_ELECTION:
         return [_sign_election(recommendation, document, names, predicted, update)]
     if verdict == METHOD_BY_REHEARSAL:
+        from mergekit_mergeability.decide.tuning import candidates
+
         chosen = recommendation["method_choice"]["chosen"]
-        return [menu(document, recommendation.get("knowledge") or {}, names)[chosen]]
+        return [candidates(document, recommendation.get("knowledge") or {}, names)[chosen].advice]
     if verdict == LAYER_SELECTIVE:
         return _layer_selective(recommendation["cutoff"], document, names, predicted)
     if verdict == LEAVE_OUT:
@@ -288,12 +290,14 @@ def _mean(document, names) -> Advice:
     )
 
 
-def _sign_election(recommendation, document, names, predicted, update, method: str = "ties") -> Advice:
+def _sign_election(
+    recommendation, document, names, predicted, update, method: str = "ties", density: float = DEFAULT_DENSITY
+) -> Advice:
     """TIES as the precheck rehearses it and the pools measured it: each update trimmed to its
-    largest half, signs elected, the disjoint mean (normalize: true) at the configured update size;
-    DARE-TIES (``method``) the same with a random half dropped and the rest rescaled instead."""
+    largest ``density`` (half), signs elected, the disjoint mean (normalize: true) at the configured
+    update size; DARE-TIES (``method``) the same with a random share dropped and the rest rescaled instead."""
     scale = _size(update)
-    shared = {"density": DEFAULT_DENSITY, "normalize": True, "lambda": round(scale, 6)}
+    shared = {"density": density, "normalize": True, "lambda": round(scale, 6)}
     config, notes = _with_method(document, method, shared, {})
     if "weight" not in config["parameters"]:  # mergekit's ties needs one; a global weight stays the models' own
         for entry in _experts(config):
@@ -304,15 +308,11 @@ def _sign_election(recommendation, document, names, predicted, update, method: s
         notes.append(
             "DARE drops entries at random: the precheck rehearsed one draw, and each mergekit-yaml run draws anew"
         )
-        keeps = "a random half of every expert's entries, rescaled, where its sign wins the per-entry vote"
-        drops = (
-            f"a random {1 - DEFAULT_DENSITY:.0%} of each update's entries, and the entries whose sign loses the vote"
-        )
+        keeps = f"a random {density:.0%} of every expert's entries, rescaled, where its sign wins the per-entry vote"
+        drops = f"a random {1 - density:.0%} of each update's entries, and the entries whose sign loses the vote"
     else:
         keeps = "every expert's largest entries where its sign wins the per-entry vote"
-        drops = (
-            f"each update's smallest {1 - DEFAULT_DENSITY:.0%} of entries, and the entries whose sign loses the vote"
-        )
+        drops = f"each update's smallest {1 - density:.0%} of entries, and the entries whose sign loses the vote"
     return Advice(MAIN, config, keeps, drops + (f"; {lost}" if lost else ""), notes=notes)
 
 

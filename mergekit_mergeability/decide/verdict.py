@@ -25,9 +25,10 @@ Verdict, first match wins:
    cut-offs; the reasons name the signal.
    Where the menu was rehearsed (a config of 2 to 8 models, each with a probe, whose merge can be
    built in memory: ``choose_method``), it decides from here on: ``method_by_rehearsal``, the
-   candidate (the mean merge, TIES, DARE-TIES, knowledge_weighted's defaults) whose models keep most
-   on their own probes, where a paired bootstrap over the items puts its margin over the config as
-   written above 0; else ``merge_as_configured``, with the margin said.
+   candidate (the menu: the mean merge, TIES, DARE-TIES, knowledge_weighted's defaults; then the
+   knob grid of ``decide.tuning``) whose models keep most on their own probes, where its choice holds
+   on items it was not made on (cross-fitted over two halves of every probe); else
+   ``merge_as_configured``, with what the pick kept on the held-out halves said.
 3. ``knowledge_weighted``: some model is predicted below 0.5 and the base's p(gold)
    spreads by ≥ 0.2 across models: weight the weakly-known ones up (on the measured
    families it lifted the weakest-known third most: README), if it scores more than TIES would:
@@ -108,13 +109,15 @@ class Prediction:
     value: Optional[float]
     reasons: List[str] = field(default_factory=list)
     stderr: Optional[float] = None  # where the value is the rehearsal: its standard error over the probe's items
+    bounds: Optional[List[float]] = None  # and its 95% interval over them (Wilson's, ``dilution``)
 
     @property
     def interval(self) -> Optional[List[float]]:
-        """value ± 1.96 standard errors, within [0, 1] (normal 95%, as lm-eval's ``*_stderr`` is read)."""
-        if self.value is None or self.stderr is None:
+        """Where the value is the rehearsal, its 95% interval over the probe's items: Wilson's, which
+        a probe of n items all right leaves open below (value ± 1.96 standard errors would not)."""
+        if self.value is None or self.bounds is None:
             return None
-        return [max(0.0, self.value - 1.96 * self.stderr), min(1.0, self.value + 1.96 * self.stderr)]
+        return [float(b) for b in self.bounds]
 
 
 AS_WRITTEN = "as_written"
@@ -124,34 +127,107 @@ MENU = {"mean": "task_arithmetic", "ties": "ties", "dare_ties": "dare_ties", "kn
 
 @dataclass
 class MethodChoice:
-    """The config as written and the menu, each merged in memory and every member's probe asked on it."""
+    """The config as written, the menu and the knob grid, each merged in memory and every member's
+    probe asked on it; the pick, and what it keeps on items it was not picked on."""
 
     kept: Dict[str, float]  # candidate -> the mean over members of each one's own-probe score
     per_model: Dict[str, Dict[str, float]]  # candidate -> member -> its own-probe score
-    best: str
-    margin: float  # best − as written
+    best: str  # the highest ``kept``
+    margin: float  # best − as written, over all items
     interval: Tuple[float, float]  # paired bootstrap 95% over the probe items
-    chosen: str  # best where the interval's lower end is above 0, else as written
+    chosen: str  # best where the cross-fitted gain is above 0, else as written
     items: int  # probe items per candidate
     knowledge: Dict[str, float] = field(default_factory=dict)  # the base's p(gold) knowledge_weighted was given
+    halves: Dict[str, Tuple[float, float]] = field(default_factory=dict)  # candidate -> kept on half A, half B
+    picked: Tuple[str, str] = (AS_WRITTEN, AS_WRITTEN)  # the pick on half A, on half B
+    gain: float = 0.0  # cross-fitted: each half's pick read on the other half, minus as written
+    gain_interval: Tuple[float, float] = (0.0, 0.0)
+    runner_up: Optional[str] = None  # the second highest ``kept``
+    items_to_separate: Optional[int] = None  # items per probe that would part best and runner-up, where they do not
+    methods: Dict[str, str] = field(default_factory=dict)  # candidate -> the merge_method it writes
+
+
+def halves(n: int) -> Tuple[List[int], List[int]]:
+    """A probe's n items in two fixed halves (pre-registered: a seeded permutation, A its even
+    positions, B its odd ones), so that a pick made on one can be read on the other."""
+    import numpy as np
+
+    order = np.random.default_rng(0).permutation(n).tolist()
+    return sorted(order[::2]), sorted(order[1::2])
 
 
 def choose_method(
-    scores: Mapping[str, Mapping[str, Sequence[float]]], knowledge: Mapping[str, float] = {}
+    scores: Mapping[str, Mapping[str, Sequence[float]]],
+    knowledge: Mapping[str, float] = {},
+    methods: Mapping[str, str] = {},
 ) -> MethodChoice:
-    """``scores``: candidate -> member -> its probe's items, each read as its task is scored. The
-    candidate that keeps most on average over members, chosen over the config as written only where
-    a paired bootstrap over the items (resampled within each member) puts its margin above 0."""
+    """``scores``: candidate -> member -> its probe's items, each read as its task is scored, the
+    config as written first and the rest in the order they were rehearsed. The candidate that keeps
+    most on average over members, chosen over the config as written only where its choice holds on
+    items it was not made on: each half of every probe picks a candidate, the pick is read on the
+    other half, and the mean of those reads minus the config as written's (the cross-fitted gain)
+    must be above 0 (research/pools/prereg/tuning.txt)."""
     from mergekit_mergeability.maths.stats import grouped_difference
 
     members = list(scores[AS_WRITTEN])
+    order = list(scores)
+    split = {m: halves(len(scores[AS_WRITTEN][m])) for m in members}
+
+    def kept(candidate: str, half: Optional[int] = None) -> float:
+        return statistics.fmean(
+            statistics.fmean(
+                scores[candidate][m] if half is None else [scores[candidate][m][i] for i in split[m][half]]
+            )
+            for m in members
+        )
+
+    def pick(table: Mapping[str, float]) -> str:  # a tie goes to the config as written, then the earlier
+        return max(order, key=lambda c: (table[c], c == AS_WRITTEN, -order.index(c)))
+
     per_model = {c: {m: statistics.fmean(items[m]) for m in members} for c, items in scores.items()}
-    kept = {c: statistics.fmean(values.values()) for c, values in per_model.items()}
-    best = max(kept, key=lambda c: (kept[c], c == AS_WRITTEN))  # a tie stays as written
-    margin, interval = grouped_difference([scores[best][m] for m in members], [scores[AS_WRITTEN][m] for m in members])
-    chosen = best if best != AS_WRITTEN and interval[0] > 0 else AS_WRITTEN
+    whole = {c: statistics.fmean(values.values()) for c, values in per_model.items()}
+    by_half = {c: (kept(c, 0), kept(c, 1)) for c in order}
+    best = pick(whole)
+    on_a, on_b = pick({c: v[0] for c, v in by_half.items()}), pick({c: v[1] for c, v in by_half.items()})
+    crossed = [
+        [scores[on_b if i in split[m][0] else on_a][m][i] for i in range(len(scores[AS_WRITTEN][m]))] for m in members
+    ]
+    written = [list(scores[AS_WRITTEN][m]) for m in members]
+    gain, gain_interval = grouped_difference(crossed, written)
+    margin, interval = grouped_difference([scores[best][m] for m in members], written)
+    chosen = best if best != AS_WRITTEN and gain > 0 else AS_WRITTEN
     items = sum(len(scores[AS_WRITTEN][m]) for m in members)
-    return MethodChoice(kept, per_model, best, margin, interval, chosen, items, dict(knowledge))
+    runner_up = max((c for c in order if c != best), key=lambda c: (whole[c], -order.index(c)), default=None)
+    return MethodChoice(
+        whole,
+        per_model,
+        best,
+        margin,
+        interval,
+        chosen,
+        items,
+        dict(knowledge),
+        by_half,
+        (on_a, on_b),
+        gain,
+        gain_interval,
+        runner_up,
+        None if runner_up is None else _items_to_separate(scores, best, runner_up, members),
+        dict(methods),
+    )
+
+
+def _items_to_separate(scores, best: str, other: str, members: Sequence[str]) -> Optional[int]:
+    """Items per probe at which the paired 95% interval of best − other would leave 0 (its
+    bootstrap's spread shrinking as 1/√n); None where it already does, or where the two never differ."""
+    from mergekit_mergeability.maths.stats import grouped_difference
+
+    margin, (low, high) = grouped_difference([scores[best][m] for m in members], [scores[other][m] for m in members])
+    if low > 0 or high < 0 or margin == 0:
+        return None
+    per_probe = statistics.fmean(len(scores[best][m]) for m in members)
+    spread = (high - low) / (2 * 1.96)
+    return math.ceil(per_probe * (1.96 * spread / abs(margin)) ** 2)
 
 
 @dataclass
@@ -358,19 +434,27 @@ def recommend(
 
 
 def by_rehearsal(choice: MethodChoice, method: str) -> Recommendation:
-    """The method the rehearsed menu chose: a candidate over the config as written only where it
-    keeps more beyond the probes' noise."""
-    listing = ", ".join(f"{c.replace('_', ' ')} {v:.2f}" for c, v in sorted(choice.kept.items(), key=lambda cv: -cv[1]))
-    noise = f"{choice.margin:+.3f}, 95% interval {choice.interval[0]:+.3f} to {choice.interval[1]:+.3f} over {choice.items} probe items"
+    """The merge the rehearsal chose: a candidate over the config as written only where its choice
+    holds on probe items it was not made on."""
+    ranked = sorted(choice.kept.items(), key=lambda cv: -cv[1])
+    listing = ", ".join(f"{c.replace('_', ' ')} {v:.2f}" for c, v in ranked[:4]) + (
+        f" … ({len(ranked)} merges)" if len(ranked) > 4 else ""
+    )
+    held_out = (
+        f"picked on half of each probe's items and read on the other half, the pick keeps {choice.gain:+.3f} over"
+        f" the config as written (95% {choice.gain_interval[0]:+.3f} to {choice.gain_interval[1]:+.3f})"
+    )
+    best = choice.best.replace("_", " ")
     if choice.chosen == AS_WRITTEN:
         if choice.best == AS_WRITTEN:
             reason = f"rehearsed, the config as written keeps the most on its models' own probes ({listing})"
         else:
-            reason = f"rehearsed, {choice.best.replace('_', ' ')} keeps more than the config as written by {noise}: within the probes' noise, keep the config as written ({listing})"
+            reason = f"rehearsed, {best} keeps {choice.margin:+.3f} more than the config as written on its models' own probes, but {held_out}: keep the config as written ({listing})"
         return Recommendation(MERGE_AS_CONFIGURED, method, reasons=[reason], choice=choice)
-    reason = f"rehearsed, {choice.best.replace('_', ' ')} keeps {choice.kept[choice.best]:.2f} on its models' own probes against {choice.kept[AS_WRITTEN]:.2f} as written ({noise}; {listing})"
+    reason = f"rehearsed, {best} keeps {choice.kept[choice.best]:.2f} on its models' own probes against {choice.kept[AS_WRITTEN]:.2f} as written; {held_out} ({listing})"
     knowledge = choice.knowledge if choice.best == "knowledge_weighted" else {}
-    return Recommendation(METHOD_BY_REHEARSAL, MENU[choice.best], knowledge=knowledge, reasons=[reason], choice=choice)
+    chosen_method = choice.methods.get(choice.best) or MENU[choice.best]
+    return Recommendation(METHOD_BY_REHEARSAL, chosen_method, knowledge=knowledge, reasons=[reason], choice=choice)
 
 
 def _lost(model: str, predictions: Mapping[str, Prediction]) -> bool:

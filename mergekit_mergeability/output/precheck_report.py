@@ -27,6 +27,27 @@ from mergekit_mergeability.settings import PrecheckSettings
 SCHEMA = Path(__file__).with_name("precheck.schema.json")
 
 
+def _search(choice, document) -> List[Dict[str, Any]]:
+    """Every rehearsed candidate: its knobs, and what its models keep on each half of their probes
+    and on all their items (``verdict.choose_method``)."""
+    from mergekit_mergeability.decide.tuning import candidates
+    from mergekit_mergeability.decide.verdict import AS_WRITTEN
+
+    found = candidates(document, choice.knowledge)
+    written = {"method": document["merge_method"], "line": "as written", "scale": 1.0, "density": None}
+    return [
+        {
+            "name": name,
+            **(written if name == AS_WRITTEN else found[name].knobs() if name in found else {}),
+            "kept": choice.kept[name],
+            "half_a": choice.halves[name][0],
+            "half_b": choice.halves[name][1],
+            "picked_on": [half for half, pick in zip("ab", choice.picked) if pick == name],
+        }
+        for name in choice.kept
+    ]
+
+
 def build(measured: Measurements, settings: PrecheckSettings, decision: Decision) -> Dict[str, Any]:
     """precheck.json: the measurements, and the decision taken on them (``measure.decision``)."""
     from importlib.metadata import version
@@ -76,6 +97,7 @@ def build(measured: Measurements, settings: PrecheckSettings, decision: Decision
         else {**dict(zip(("knowledge_weighted", "ties"), decision.against_ties)), "by": decision.against_ties_by},
         "configured_update": configured_update(spec.document),
         "method_choice": None if recommendation.choice is None else asdict(recommendation.choice),
+        "search": None if recommendation.choice is None else _search(recommendation.choice, spec.document),
     }
     predicted = {m["path"]: m["predicted_mergeability"] for m in models}
     rec["models"] = [_describe(a) for a in advise(rec, spec.document, names, predicted)]
