@@ -1,5 +1,6 @@
 # Sourced by the README's commands: a local .venv with everything installed.
-# torch==2.13.0 goes first so that nothing pulls a multi-GB CUDA build.
+# torch==2.13.0 goes first, pinned, from the index pip is configured with: on a stock Linux pip
+# that is PyPI's CUDA build (several GB). An installed 2.13.0 (the CPU build: README) is kept.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 if [ ! -x .venv/bin/python ]; then
