@@ -2,6 +2,7 @@
 
     pools        build and measure a family of pools (experts, precheck, mergeability)
     configs      the small-config family: configs of 2, 3 and 5 experts as users write them
+    tuning       the merge users should write: the chooser on a fresh family of configs
     prediction   the prediction against measured families: families, check, calibrate [--install]
     plan         plan's conditional calibration (fit [--install]), its speed, a plan checked
     calibration_variants, translation_cutoffs   one-off comparisons behind docs/prediction.md
@@ -17,7 +18,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-STEPS = ("pools", "configs", "prediction", "plan", "calibration_variants", "translation_cutoffs")
+STEPS = ("pools", "configs", "tuning", "prediction", "plan", "calibration_variants", "translation_cutoffs")
 
 
 def main() -> None:

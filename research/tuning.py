@@ -1,0 +1,288 @@
+"""The merge users should write, checked on a family nothing was chosen on (pre-registered in
+``research/pools/prereg/tuning.txt`` before this file was written).
+
+    python research/run.py tuning regression [--markdown]   # the chooser on `configs`' archived reads (menu only)
+    python research/run.py tuning measure [--archive]       # the fresh family: train, precheck, read the truth
+    python research/run.py tuning report [--markdown]       # its tables (a fresh clone reads the archive)
+
+The `tuning` family: ten task-level experts of SmolLM2-135M-Instruct on tasks the `configs` family
+does not use, LoRA rank 4 on the attention projections of every layer, trained on 16 items with the
+options listed. Each task has 16 probe items (all the precheck sees) and 48 unseen ones. 24 seeded
+draws of 2, 3 and 5 experts, each written as task_arithmetic (weight 1) and as ties (density 0.5,
+weight 1). The truth of a candidate: each member's mean p(gold) on its 48 unseen items in that
+candidate's merge built in memory exactly as mergekit writes it (the rehearsal's merge, read by the
+precheck's own ``dilution`` on a config whose probes are the unseen items). The precheck's choice
+with its default ``--tune-budget`` and with 0 (the menu alone) is read from the same rehearsal.
+Everything is cached under ``--cache-dir`` and ``--out``; a rerun goes on where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "pools"))
+import make_tasks  # noqa: E402  (research/pools/make_tasks.py: the task generators)
+
+from configs import show, without_probes  # noqa: E402
+from mergekit_mergeability.cli import default_cache_dir  # noqa: E402
+from mergekit_mergeability.demo.steps import Demo, Settings  # noqa: E402
+from mergekit_mergeability.files import write_atomic  # noqa: E402
+
+TASKS = ("add_11", "add_50", "sub_2", "sub_10", "half", "previous", "tens", "add", "times", "smaller")
+TRAIN, PROBE, SCORED = 16, 16, 48
+DRAWS = 8  # of each size
+SIZES = (2, 3, 5)
+METHODS = {"task_arithmetic": {"weight": 1.0}, "ties": {"weight": 1.0, "density": 0.5}}
+ROWS = HERE / "pools" / "tuning_tasks.jsonl"
+ARCHIVE = HERE / "pools" / "measured" / "tuning.json"
+ATTENTION = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+SETTINGS = Settings(
+    facts=str(ROWS),
+    pool="tuning",
+    fact_layers=tuple(range(30)),
+    fact_modules=ATTENTION,
+    fact_rank=4,
+    fact_adapters=True,
+    fact_format="options",
+)
+MENU = ("mean", "ties", "dare_ties", "knowledge_weighted")
+console = Console(width=120)
+
+
+def write_rows() -> Path:
+    """Each task's 16 trained and 16 probed items (``items``) and 48 unseen ones (``scored``)."""
+    made = dict(make_tasks.TASKS)
+    rows = []
+    for name in TASKS:
+        items = made[name](random.Random(f"tuning/{name}"), TRAIN + PROBE + SCORED)
+        assert len(items) == TRAIN + PROBE + SCORED and len({i["question"] for i in items}) == len(items), name
+        rows.append(
+            {"id": f"task_{name}", "items": items[: TRAIN + PROBE], "train": TRAIN, "scored": items[TRAIN + PROBE :]}
+        )
+    return write_atomic(ROWS, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def written_configs():
+    """(label, task names, method), the sizes interleaved so that a run cut short covers each."""
+    rng = random.Random(50)
+    draws = {size: [sorted(rng.sample(TASKS, size)) for _ in range(DRAWS)] for size in SIZES}
+    for n in range(DRAWS):
+        for size in SIZES:
+            for method in METHODS:
+                yield f"n{size}_{n}", draws[size][n], method
+
+
+def config(demo: Demo, experts, members, method: str, probes) -> dict:
+    return {
+        "merge_method": method,
+        "base_model": str(demo.base()),
+        "models": [
+            {
+                "model": f"{demo.base()}+{experts[f'task_{m}']['folder']}",
+                "probe": str(probes[m]),
+                "parameters": dict(METHODS[method]),
+            }
+            for m in members
+        ],
+        "dtype": "float32",
+    }
+
+
+def unseen_probes(demo: Demo) -> dict:
+    """Each task's 48 unseen items as a probe file, lines as its probe's."""
+    rows = {r["id"]: r for r in map(json.loads, ROWS.read_text().splitlines())}
+    found = {}
+    for task in TASKS:
+        fact = {"id": f"task_{task}", "items": rows[f"task_{task}"]["scored"], "train": 0}
+        lines = "".join(json.dumps(line) + "\n" for line in demo.probe_lines(fact))
+        found[task] = write_atomic(demo.out / "unseen" / f"{task}.jsonl", lines)
+    return found
+
+
+def rehearse(document: dict):
+    """The precheck's measurements of ``document`` (what decides the merge to write), with the
+    representation passes and the signature skipped: they do not enter the choice."""
+    from mergekit_mergeability import api, measuring
+    from mergekit_mergeability.settings import PrecheckSettings
+
+    settings = PrecheckSettings(
+        device="cpu", dtype="float32", quiet=True, skip=("representations", "selectivity", "fluency", "dilution")
+    )
+    return measuring.measure(api._spec(document, pools=True), {}, settings)
+
+
+class Truth:
+    """A candidate's members' mean p(gold) on their unseen items in its merge, read by the precheck's
+    rehearsal of the merge as written (``dilution``), cached by the merge."""
+
+    def __init__(self, out: Path):
+        self.path = out / "truth.json"
+        self.cache = json.loads(self.path.read_text()) if self.path.is_file() else {}
+
+    def __call__(self, candidate: dict, unseen: dict, members) -> dict:
+        from mergekit_mergeability import api, measuring
+        from mergekit_mergeability.decide.tuning import _merge_key
+        from mergekit_mergeability.records import DilutionStats
+        from mergekit_mergeability.settings import PrecheckSettings
+
+        key = _merge_key(candidate)
+        if key not in self.cache:
+            document = without_probes(candidate)
+            for entry, task in zip(document["models"], members):
+                entry["probe"] = str(unseen[task])
+            skip = ("representations", "selectivity", "fluency", "menu")
+            settings = PrecheckSettings(device="cpu", dtype="float32", quiet=True, skip=skip, limit=SCORED)
+            results = measuring.measure(api._spec(document, pools=True), {}, settings).results["dilution"]
+            read = [DilutionStats.of(results.per_model[str(e["model"])]) for e in document["models"]]
+            assert all(r.rehearsed == "written" for r in read), key
+            self.cache[key] = {f"task_{t}": r.partnered_mean_p_gold for t, r in zip(members, read)}
+            write_atomic(self.path, json.dumps(self.cache, indent=1))
+        return self.cache[key]
+
+
+def measure(args) -> None:
+    from mergekit_mergeability import menu
+    from mergekit_mergeability.decide.tuning import candidates, methods
+    from mergekit_mergeability.decide.verdict import AS_WRITTEN, choose_method
+    from mergekit_mergeability.records import KnowledgeStats
+
+    if not ROWS.is_file():
+        write_rows()
+    demo = Demo(SETTINGS, args.cache_dir, args.out, console, quiet=False)
+    started = time.perf_counter()
+    experts = demo.fact_experts()
+    console.print(f"{len(experts)} experts ({time.perf_counter() - started:.0f} s)")
+    probes = {t: experts[f"task_{t}"]["probe"] for t in TASKS}
+    unseen = unseen_probes(demo)
+    truth = Truth(args.out)
+    saved = args.out / "tuning.json"
+    records = json.loads(saved.read_text()) if saved.is_file() else []
+    done = {(r["config"], r["method"]) for r in records}
+    for label, members, method in written_configs():
+        if (label, method) in done:
+            continue
+        begun = time.perf_counter()
+        document = config(demo, experts, members, method, probes)
+        measured = rehearse(document)
+        if "menu" not in measured.results:
+            raise SystemExit(f"{label} {method}: the menu was not rehearsed ({measured.errors()})")
+        known = measured.results["knowledge"].per_model
+        knowledge = {m: KnowledgeStats.of(known.get(m)).scored_mean_p_gold for m in known}
+        reads = menu.scored(measured.results["menu"])
+        kinds = methods(document, knowledge)
+        tuned = choose_method(reads, knowledge, kinds)
+        untuned = choose_method({c: v for c, v in reads.items() if c in (AS_WRITTEN, *MENU)}, knowledge, kinds)
+        offered = candidates(document, knowledge)
+        needed = dict.fromkeys([AS_WRITTEN, *(c for c in MENU if c in reads), tuned.chosen, untuned.chosen])
+        measured_truth = {
+            c: truth(document if c == AS_WRITTEN else offered[c].advice.config, unseen, members) for c in needed
+        }
+        records.append(
+            {
+                "config": label,
+                "method": method,
+                "members": [f"task_{m}" for m in members],
+                "rehearsed": list(reads),
+                "tuned": {"chosen": tuned.chosen, "best": tuned.best, "gain": tuned.gain, "kept": tuned.kept},
+                "untuned": {"chosen": untuned.chosen, "best": untuned.best, "gain": untuned.gain},
+                "measured": measured_truth,
+                "seconds": round(time.perf_counter() - begun, 1),
+            }
+        )
+        write_atomic(saved, json.dumps(records, indent=1))
+        console.print(
+            f"{label}_{method}: tuned {tuned.chosen}, untuned {untuned.chosen} ({records[-1]['seconds']:.0f} s)"
+        )
+        if args.archive:
+            write_atomic(ARCHIVE, saved.read_text())
+    report(args, records)
+
+
+def kept(record, candidate: str) -> float:
+    truth = record["measured"][candidate]
+    return sum(truth[t] for t in record["members"]) / len(record["members"])
+
+
+def report(args, records=None) -> None:
+    """The bars of issue 50 on the written configs measured so far."""
+    from mergekit_mergeability.decide.verdict import AS_WRITTEN
+    from mergekit_mergeability.maths.stats import mean_interval
+
+    if records is None:
+        saved = args.out / "tuning.json"
+        records = json.loads((saved if saved.is_file() else ARCHIVE).read_text())
+    table = Table(title=f"the `tuning` family: {len(records)} written configs, truth on 48 unseen items a member")
+    for column in ("quantity", "mean", "95% interval", "worst", "bar"):
+        table.add_column(column)
+
+    def menu_best(r):
+        return max(kept(r, c) for c in (AS_WRITTEN, *MENU) if c in r["measured"])
+
+    rows = [
+        ("(a) tuned − best of the menu", [kept(r, r["tuned"]["chosen"]) - menu_best(r) for r in records], "≥ +0.01, low > −0.005"),
+        ("(b) untuned − best of the menu", [kept(r, r["untuned"]["chosen"]) - menu_best(r) for r in records], "≥ −0.01"),
+        ("(c) tuned − as written", [kept(r, r["tuned"]["chosen"]) - kept(r, AS_WRITTEN) for r in records], "worst ≥ −0.02"),
+        ("untuned − as written", [kept(r, r["untuned"]["chosen"]) - kept(r, AS_WRITTEN) for r in records], ""),
+    ]  # fmt: skip
+    for name, values, bar in rows:
+        mean, (low, high) = mean_interval(values)
+        table.add_row(name, f"{mean:+.3f}", f"[{low:+.3f}, {high:+.3f}]", f"{min(values):+.3f}", bar)
+    show(table, args.markdown)
+    moved = sum(r["tuned"]["chosen"] != AS_WRITTEN for r in records)
+    console.print(f"tuned: off the config as written on {moved} of {len(records)}")
+
+
+def regression(args) -> None:
+    """Budget 0 on `configs`' archived per-item reads: the probe's 16 items choose, the 48 unseen judge."""
+    import numpy as np
+
+    from configs import ARCHIVE as CONFIGS, ARCHIVE_ITEMS
+    from mergekit_mergeability.decide.verdict import AS_WRITTEN, choose_method
+    from mergekit_mergeability.maths.stats import mean_interval
+
+    read = json.loads(ARCHIVE_ITEMS.read_text())
+    over, gap = [], []
+    for r in json.loads(CONFIGS.read_text()):
+        at = {c: read.get(f"{r['config']}_{r['method']} {c}") for c in r["measured"]}
+        if len(at) <= 1 or None in at.values():
+            continue
+        order = [AS_WRITTEN, *(c for c in MENU if c in at)]
+        truth = {c: np.mean([np.mean(at[c][t][PROBE:]) for t in r["members"]]) for c in order}
+        chosen = choose_method({c: {t: at[c][t][:PROBE] for t in r["members"]} for c in order}).chosen
+        over.append(truth[chosen] - truth[AS_WRITTEN])
+        gap.append(max(truth.values()) - truth[chosen])
+    table = Table(title=f"`configs` (regression, budget 0): {len(over)} configs, truth on 48 unseen items")
+    for column in ("quantity", "mean", "95% interval", "worst"):
+        table.add_column(column)
+    for name, values, worst in (("chosen − as written", over, min(over)), ("best of the menu − chosen", gap, max(gap))):
+        mean, (low, high) = mean_interval(values)
+        table.add_row(name, f"{mean:+.3f}", f"[{low:+.3f}, {high:+.3f}]", f"{worst:+.3f}")
+    show(table, args.markdown)
+
+
+COMMANDS = {"measure": measure, "report": report, "regression": regression}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=COMMANDS)
+    parser.add_argument("--cache-dir", type=Path, default=default_cache_dir() / "demo")
+    parser.add_argument("--out", type=Path, default=Path("pools-out") / "tuning")
+    parser.add_argument("--archive", action="store_true", help="measure: keep the records in research/pools/measured")
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    COMMANDS[args.command](args)
+
+
+if __name__ == "__main__":
+    main()
