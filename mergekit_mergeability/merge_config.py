@@ -17,7 +17,8 @@ from mergekit_mergeability.errors import UserError, not_yaml
 
 PROBE_KEY = "probe"
 DTYPE_KEY = "dtype"
-FEWSHOT_KEY = "fewshot"  # solved examples for the knowledge prompts (a JSONL file like a probe)
+FEWSHOT_KEY = "fewshot"  # solved examples: the probe's shots, in order, for every item (a JSONL file)
+CHAT_KEY = "chat"  # true: the probe is asked through the model's chat template
 
 
 @dataclass
@@ -33,6 +34,11 @@ class MergeSpec:
     entries: Dict[str, str] = field(
         default_factory=dict
     )  # model -> the entry holding its probe: or fewshot: key (models[0])
+    chat: Dict[str, bool] = field(default_factory=dict)  # model -> its chat: key, where true
+
+    def asked(self) -> Dict[str, Tuple[Optional[str], bool]]:
+        """Each probe spec -> how its model asks it: (its ``fewshot:`` file, ``chat:``)."""
+        return {probe: (self.fewshot.get(m), self.chat.get(m, False)) for m, probe in self.probes.items()}
 
     @property
     def folder(self) -> Path:
@@ -128,6 +134,7 @@ def from_document(document: Any, source: Path) -> MergeSpec:
     probes: Dict[str, str] = {}
     fewshot: Dict[str, str] = {}
     entries: Dict[str, str] = {}
+    chat: Dict[str, bool] = {}
     for where, entry in model_fields(document):
         name = reference(entry["model"])
         if name not in names and name != base:
@@ -141,9 +148,16 @@ def from_document(document: Any, source: Path) -> MergeSpec:
                     raise UserError(f"{source}: {where}.{key} is {entry[key]!r}; name {what}")
                 found[name] = entry[key]
                 entries[name] = where
+        if CHAT_KEY in entry:
+            if not isinstance(entry[CHAT_KEY], bool):
+                raise UserError(f"{source}: {where}.{CHAT_KEY} is {entry[CHAT_KEY]!r}; say true or false")
+            if entry[CHAT_KEY]:
+                chat[name] = True
     if not names:
         raise UserError(f"{source}: no models to merge besides the base")
-    return MergeSpec(document, source, str(document["merge_method"]), base, names, probes, fewshot, fields, entries)
+    return MergeSpec(
+        document, source, str(document["merge_method"]), base, names, probes, fewshot, fields, entries, chat
+    )
 
 
 def reference_fields(document: Dict[str, Any], source: Path) -> Dict[str, str]:

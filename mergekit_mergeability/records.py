@@ -144,6 +144,8 @@ class DilutionStats(Record):
     diluted_accuracy: Optional[float] = None
     diluted_mean_p_gold: Optional[float] = None
     diluted_mean_margin: Optional[float] = None
+    alone_accuracy: Optional[float] = None  # the model itself (its whole update) on its own probe
+    alone_mean_p_gold: Optional[float] = None
     rehearsed: Optional[str] = None
     partnered_share: Optional[float] = None
     partner_share: Optional[float] = None
@@ -155,6 +157,11 @@ class DilutionStats(Record):
     partnered_accuracy_stderr: Optional[float] = None
     partnered_mean_p_gold_stderr: Optional[float] = None
     partnered_task_score_stderr: Optional[float] = None
+    # each one's 95% interval over the probe's items: Wilson's, never zero-width (``maths.stats``)
+    partnered_accuracy_interval: Optional[List[float]] = None
+    partnered_mean_p_gold_interval: Optional[List[float]] = None
+    partnered_task_score_interval: Optional[List[float]] = None
+    partnered_items: Optional[int] = None  # the probe's items asked
     knowledge_weighted_accuracy: Optional[float] = None
     knowledge_weighted_mean_p_gold: Optional[float] = None
     ties_accuracy: Optional[float] = None
@@ -164,7 +171,8 @@ class DilutionStats(Record):
         """Its own probe inside ``merge`` (``partnered``, ``knowledge_weighted``, ``ties``), read as
         its task is scored: p(gold) where its options are listed, accuracy where it is cloze, the
         task's own metric where it is an lm-eval task; None for a mix of formats. ``suffix``
-        ``_stderr``: that score's standard error over the probe's items, where it was measured."""
+        ``_stderr``: that score's standard error over the probe's items, where it was measured;
+        ``_interval``: its 95% interval over them."""
         metric = SCORED_BY.get(scored_format)
         return getattr(self, f"{merge}_{metric}{suffix}", None) if metric else None
 

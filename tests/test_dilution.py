@@ -8,6 +8,7 @@ from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
 from mergekit_mergeability.diagnostics import dilution
 from mergekit_mergeability.diagnostics.dilution import Dilution, diluted
 from mergekit_mergeability.diagnostics.knowledge import base_knowledge
+from mergekit_mergeability.maths.stats import wilson_interval
 from mergekit_mergeability.tiny import CORPUS, derive, state_dict
 
 from conftest import noise, precheck_cli, ranked_probes
@@ -156,12 +157,14 @@ def test_the_precheck_predicts_from_the_dilution_it_measured(expert, tmp_path):
         assert calibrated == pytest.approx(model["dilution"]["partnered_accuracy"])
         if model["kept_share"] >= verdict.KEPT_CAP:
             assert model["predicted_mergeability"] == pytest.approx(calibrated)
-            # with its probe's noise: the accuracy's standard error over its items, ± 1.96 of it
+            # with its probe's noise: lm-eval's standard error kept, and Wilson's 95% interval over its items
             accuracy, stderr, n = calibrated, model["dilution"]["partnered_accuracy_stderr"], len(QUESTIONS)
             assert stderr == pytest.approx((accuracy * (1 - accuracy) / (n - 1)) ** 0.5)
+            assert model["dilution"]["partnered_items"] == n
             low, high = model["predicted_interval"]
-            assert (low, high) == pytest.approx((max(0, accuracy - 1.96 * stderr), min(1, accuracy + 1.96 * stderr)))
-            assert f"±{1.96 * stderr:.2f} over its probe's items" in model["reasons"][0]
+            assert (low, high) == pytest.approx(wilson_interval(accuracy * n, n))
+            assert low < accuracy < high or (low < accuracy == high == 1) or (low == accuracy == 0 < high)
+            assert f"95% interval {low:.2f}–{high:.2f} over its probe's items" in model["reasons"][0]
 
 
 def test_a_config_of_few_models_rehearses_its_merge_as_configured(expert, tmp_path):

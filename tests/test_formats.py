@@ -82,7 +82,7 @@ def test_the_lm_eval_task_scores_the_prompt_the_precheck_asked(tmp_path, llama):
     path = _lines(tmp_path / "options.jsonl", *rows)
     task = resolve(str(path))
     asked = tasks.load(str(path))
-    docs = _scored_docs(str(path), None)
+    docs = _scored_docs(str(path), None, False, None)
     assert [d["prompt"] for d in docs] == [i.prompt for i in asked]
     assert all(d["prompt"].count("Question:") == 2 for d in docs)  # one shot, then the question
     model, tokenizer = load_causal_lm(llama["base"])

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mergekit_mergeability.maths.stats import correlate, spearman, standard_error
+from mergekit_mergeability.maths.stats import correlate, mean_score_interval, spearman, standard_error, wilson_interval
 
 
 def test_spearman_known_values():
@@ -45,3 +45,21 @@ def test_the_standard_error_is_lm_evals():
     assert standard_error([1, 0, 1, 1]) == pytest.approx((0.75 * 0.25 / 3) ** 0.5)
     assert standard_error([0.2, 0.4, 0.6]) == pytest.approx(0.2 / 3**0.5)
     assert standard_error([0.5, 0.5]) == 0.0 and standard_error([0.7]) is None
+
+
+def test_wilsons_interval_known_values():
+    """Wilson's score interval, 95%: 16 of 16 right leaves [0.806, 1] (p ± 1.96·SE would say [1, 1]);
+    0 of 16 mirrors it; 8 of 16 is [0.280, 0.720] (textbook values, z = 1.95996)."""
+    low, high = wilson_interval(16, 16)
+    assert low == pytest.approx(0.8064, abs=1e-4) and high == 1.0
+    assert wilson_interval(0, 16) == pytest.approx((0.0, 1 - 0.8064), abs=1e-4)
+    assert wilson_interval(8, 16) == pytest.approx((0.2800, 0.7200), abs=1e-4)
+    assert wilson_interval(0, 0) is None
+
+
+def test_a_mean_score_interval_is_never_zero_width_and_is_wilsons_for_right_or_wrong_items():
+    assert mean_score_interval([1.0] * 16) == pytest.approx(wilson_interval(16, 16))
+    assert mean_score_interval([1, 0, 1, 1]) == pytest.approx(wilson_interval(3, 4))
+    low, high = mean_score_interval([0.9] * 16)
+    assert low < 0.9 < high
+    assert mean_score_interval([]) is None

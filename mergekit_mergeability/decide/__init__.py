@@ -71,7 +71,7 @@ def decide(
     chooses the method."""
     from mergekit_mergeability.decide.calibration import REHEARSAL, domain_check
     from mergekit_mergeability.records import WeightStats
-    from mergekit_mergeability.decide.features import features, rehearsal_stderr
+    from mergekit_mergeability.decide.features import features, rehearsal_interval, rehearsal_stderr
     from mergekit_mergeability.decide.verdict import (
         RELATIVE_DROP,
         Prediction,
@@ -92,9 +92,10 @@ def decide(
         for model in experts:
             prediction = calibrated.get(model["path"])
             if prediction is not None and table[model["path"]].get(REHEARSAL) is not None:
-                prediction.stderr = rehearsal_stderr(model)
-                if prediction.stderr is not None:
-                    prediction.reasons[0] += f" (±{1.96 * prediction.stderr:.2f} over its probe's items, 95%)"
+                prediction.stderr, prediction.bounds = rehearsal_stderr(model), rehearsal_interval(model)
+                if prediction.bounds is not None:
+                    low, high = prediction.bounds
+                    prediction.reasons[0] += f" (95% interval {low:.2f}–{high:.2f} over its probe's items)"
     norms = {m["path"]: WeightStats.of(m["weights"]).update_norm for m in experts if m["role"] == "expert"}
     kept = kept_shares(configured, norms, cosines)
     predictions = derived(predict(calibrated, kept), experts)

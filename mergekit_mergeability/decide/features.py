@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from mergekit_mergeability.records import PARTNERED, DilutionStats, KnowledgeStats, WeightStats
 
@@ -166,6 +166,12 @@ def rehearsal_stderr(model: Mapping[str, Any]) -> Optional[float]:
     of the same task could move it."""
     scored = KnowledgeStats.of(model.get("knowledge")).format
     return DilutionStats.of(model.get("dilution")).scored(PARTNERED, scored, "_stderr")
+
+
+def rehearsal_interval(model: Mapping[str, Any]) -> Optional[List[float]]:
+    """``rehearsal``'s 95% interval over its probe's items (Wilson's: never zero-width), where measured."""
+    scored = KnowledgeStats.of(model.get("knowledge")).format
+    return DilutionStats.of(model.get("dilution")).scored(PARTNERED, scored, "_interval")
 
 
 def compared(model: Mapping[str, Any], method: str) -> Optional[float]:

@@ -45,7 +45,7 @@ class ModelInput:
     # used as a path (Path(m.path), open, transformers), str() the hub id; or a sources.adapter.AdapterModel.
     path: "Source"
     probes: Optional[Any] = None  # the model's probe set, when PROBES is needed
-    shots: Optional[Any] = None  # solved examples for few-shot prompts (its fewshot: file, else a neutral set)
+    shots: Optional[Any] = None  # its fewshot: file's lines, the shots of every item; None: drawn (``probes``)
     dtype: Optional[str] = (
         None  # what a pass loads it in (the precheck resolves dtype auto per model); None: the settings'
     )

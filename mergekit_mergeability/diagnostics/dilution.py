@@ -14,6 +14,10 @@ the share written a row block at a time into fresh tensors swapped in for the on
 (``sources.patched``): no merge, and the base's own tensors never written, so a base mapped from
 its files stays mapped and the pass adds one copy of the touched tensors at most.
 
+Beside it, each model alone (``alone_*``: share 1) and the base are asked the same probe: a model
+that scores on its own probe no better than the base does gets a warning (``untaught``), since a
+fine-tune trained on its task, asked as it was trained, beats the base on it.
+
 A second pass (``partnered_*``) adds what the model's partners do to its own answer: the rest of
 the merge split evenly among the config's other models, paper 1's expected partner,
 
@@ -50,7 +54,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Set, Tuple
 
 import torch
 
-from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, ModelInput, Need
+from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
 from mergekit_mergeability.diagnostics.knowledge import scores
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.maths import choice_scores
@@ -190,33 +194,89 @@ def diluted(module: torch.nn.Module, base: TensorReader, model: Source, share: f
     return mixed(module, base, [(model, share, changed(base, model))])
 
 
-def partnered(module, tokenizer, model: ModelInput, advance, settings) -> Dict[str, Any]:
+def partnered(
+    module, tokenizer, model: ModelInput, advance, settings, items_out: Optional[list] = None
+) -> Dict[str, Any]:
     """A model's own probe on the rehearsed merge ``module`` is: asked as the precheck asks it
     (``partnered_*``), and where the probe is an lm-eval task, also run through lm-eval's own
     requests on the module in memory and read with the task's own metric (``partnered_task_score``,
     ``task_metric``: acc, acc_norm, exact_match, bleu or chrF through sacrebleu, the last two over
-    100 so that every score lies in [0, 1]), ``--limit`` items."""
-    from mergekit_mergeability.maths.stats import standard_error
+    100 so that every score lies in [0, 1]), ``--limit`` items.
+
+    Each score's noise over the probe's items is kept twice: its standard error (``*_stderr``, as
+    lm-eval reports it; 0 where every item is right) and a 95% interval that a probe of that many
+    items honestly allows (``*_interval``: Wilson's for a share of items right, ``maths.stats``)."""
+    from mergekit_mergeability.maths.stats import mean_score_interval, standard_error
     from mergekit_mergeability.tasks.harness import TRANSLATION_METRICS, score
 
     items = scores(module, tokenizer, list(model.probes), advance)
+    if items_out is not None:  # item by item, as the report's diagnostics keep them
+        items_out[:] = [{"partnered_p_gold": i.p_gold, "partnered_correct": i.correct} for i in items]
     view = choice_scores.aggregate(items)
     found: Dict[str, Any] = dict(
         partnered_accuracy=view.accuracy,
         partnered_mean_p_gold=view.mean_p_gold,
         partnered_accuracy_stderr=standard_error([i.correct for i in items]),
         partnered_mean_p_gold_stderr=standard_error([i.p_gold for i in items]),
+        partnered_accuracy_interval=_listed(mean_score_interval([i.correct for i in items])),
+        partnered_mean_p_gold_interval=_listed(mean_score_interval([i.p_gold for i in items])),
+        partnered_items=len(items),
     )
     if model.task is not None:
         scored = score(module, tokenizer, model.task, settings.limit, settings.batch_size, str(module.device))
         scale = 100 if scored["primary"] in TRANSLATION_METRICS else 1
         stderr = scored["stderr"] and scored["stderr"] / scale
+        value = scored["score"] / scale
         found.update(
-            partnered_task_score=scored["score"] / scale,
+            partnered_task_score=value,
             task_metric=scored["primary"],
             partnered_task_score_stderr=stderr,
+            partnered_task_score_interval=_task_interval(value, stderr, scored["samples"], scale != 1),
         )
     return found
+
+
+def _listed(interval: Optional[Tuple[float, float]]) -> Optional[list]:
+    return None if interval is None else list(interval)
+
+
+def _task_interval(value: float, stderr: Optional[float], n: int, corpus: bool) -> Optional[list]:
+    """An lm-eval task score's 95% interval: Wilson's over its ``n`` samples where the score is a
+    mean over items in [0, 1] (acc, acc_norm, exact_match); lm-eval's own stderr where it is a
+    corpus-level metric (BLEU, chrF), whose items have no score of their own."""
+    from mergekit_mergeability.maths.stats import Z95, wilson_interval
+
+    if not corpus:
+        return _listed(wilson_interval(min(max(value, 0.0), 1.0) * n, n))
+    if not stderr:
+        return None
+    return [max(0.0, value - Z95 * stderr), min(1.0, value + Z95 * stderr)]
+
+
+def untaught(
+    model: ModelInput, alone: choice_scores.TaskKnowledge, baseline: choice_scores.TaskKnowledge
+) -> Sequence[Finding]:
+    """A warning where a model scores on its own probe no better than the base does, read as its
+    task is scored (accuracy where it is cloze or an lm-eval task's, else p(gold)): a fine-tune that
+    learnt its task beats the base on it, so the probe is likely asked otherwise than it was trained."""
+    from mergekit_mergeability.tasks.probes import CLOZE, LM_EVAL
+
+    by_accuracy = all(i.format in (CLOZE, LM_EVAL) for i in model.probes)
+    metric, mine, theirs = (
+        ("accuracy", alone.accuracy, baseline.accuracy)
+        if by_accuracy
+        else ("p(gold)", alone.mean_p_gold, baseline.mean_p_gold)
+    )
+    if mine > theirs or theirs >= 1:  # better than the base, or nothing left to learn
+        return []
+    return [
+        Finding(
+            "warning",
+            f"{model.name}: on its own probe it scores {metric} {mine:.2f}, the base {theirs:.2f}: "
+            "the probe may not be asked the way this model was trained (check its format, shots, fewshot: file, "
+            "prompt and chat: true)",
+        )
+    ]
 
 
 class Dilution:
@@ -255,7 +315,8 @@ class Dilution:
         weights = [m.weight for m in inputs.models]
         # (a config whose merge as written is rehearsed has its method chosen by the menu instead: ``menu``)
         compare = len(probed) == len(inputs.models) > 1 and min(weights) >= 0 < max(weights) and merge != "written"
-        passes = (2 if in_sum or merge == "written" else 1) + (1 + len(COMPARED) if compare else 0)
+        # + 2: each model alone and the base, on its own probe (``ALONE``)
+        passes = (4 if in_sum or merge == "written" else 3) + (1 + len(COMPARED) if compare else 0)
         return merge, in_sum, extra, compare, passes
 
     def passes(self, inputs: DiagnosticInputs, tokenizer=None) -> int:
@@ -279,24 +340,31 @@ class Dilution:
         loaded = sum(p.numel() * p.element_size() for p in module.parameters())
         limit = min(SUM_BUDGET, SUM_SHARE * loaded)
         mixture_of = lambda ms: [(m.path, in_sum[m.name], touched[m.name]) for m in ms]  # noqa: E731
+        per_item = lambda m: result.per_instance.setdefault(m.name, [])  # noqa: E731
         every = summed(base, mixture_of(inputs.models), limit) if in_sum else None
         with task(f"dilution: each model at {self.share:.3g} of its update", passes * lines, settings.quiet) as advance:
             for model in models:
                 own = (model.path, self.share, touched[model.name])
                 with mixed(module, base, [own]):
                     view = choice_scores.aggregate(scores(module, tokenizer, list(model.probes), advance))
+                with mixed(module, base, [(model.path, 1.0, touched[model.name])]):
+                    alone = choice_scores.aggregate(scores(module, tokenizer, list(model.probes), advance))
+                baseline = choice_scores.aggregate(scores(module, tokenizer, list(model.probes), advance))
+                result.findings.extend(untaught(model, alone, baseline))
                 result.per_model[model.name] = dict(
                     share=self.share,
                     diluted_accuracy=view.accuracy,
                     diluted_mean_p_gold=view.mean_p_gold,
                     diluted_mean_margin=view.mean_margin,
+                    alone_accuracy=alone.accuracy,
+                    alone_mean_p_gold=alone.mean_p_gold,
                 )
                 if not in_sum:
                     continue
                 # Σ_j c_j·τ_j (summed once, or read model by model for this model alone) plus its own extra share
                 mixture = [(model.path, extra[model.name], touched[model.name])] if extra[model.name] else []
                 with mixed(module, base, mixture if every is not None else mixture + mixture_of(inputs.models), every):
-                    view = partnered(module, tokenizer, model, advance, settings)
+                    view = partnered(module, tokenizer, model, advance, settings, per_item(model))
                 others = [in_sum[m.name] for m in inputs.models if m is not model]
                 result.per_model[model.name].update(
                     rehearsed=merge,
@@ -309,7 +377,7 @@ class Dilution:
                     for model in models:
                         result.per_model[model.name].update(
                             rehearsed=merge,
-                            **partnered(module, tokenizer, model, advance, settings),
+                            **partnered(module, tokenizer, model, advance, settings, per_item(model)),
                             **({} if model.share is None else dict(partnered_share=model.share)),
                         )
             if compare:

@@ -46,10 +46,15 @@ class Knowledge:
 
 
 def requests(inputs: DiagnosticInputs):
-    """Each probed model's probe as its task scores it, and as the paper asks it (lettered, few-shot)."""
+    """Each probed model's probe as its task scores it, and as the paper asks it (lettered, few-shot:
+    the model's ``fewshot:`` file's first ``--fewshot`` lines where it has one, else drawn from its
+    probe's other lines and the shipped neutral set)."""
     scored = {m.name: list(m.probes) for m in inputs.models if m.probes}
+    neutral = probes.shots_from(None)
     lettered = {
-        m.name: probes.with_shots(m.probes, inputs.settings.fewshot, m.shots or ()) for m in inputs.models if m.probes
+        m.name: probes.with_shots(m.probes, inputs.settings.fewshot, neutral, fixed=m.shots)
+        for m in inputs.models
+        if m.probes
     }
     return scored, lettered
 

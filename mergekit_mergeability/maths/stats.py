@@ -40,6 +40,32 @@ def standard_error(values: Sequence[float]) -> Optional[float]:
     return float(values.std(ddof=1) / np.sqrt(len(values))) if len(values) >= 2 else None
 
 
+Z95 = 1.959963984540054  # the standard normal's 97.5th percentile: two-sided 95%
+
+
+def wilson_interval(successes: float, n: int, z: float = Z95) -> Optional[Tuple[float, float]]:
+    """Wilson's score interval for a proportion of ``successes`` in ``n`` (95% by default): unlike
+    p ± z·SE it is never zero-width, so 16 items all right give [0.806, 1], not [1, 1]. None for n = 0."""
+    if n <= 0:
+        return None
+    p, z2 = successes / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * np.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return float(max(0.0, centre - half)), float(min(1.0, centre + half))
+
+
+def mean_score_interval(values: Sequence[float], z: float = Z95) -> Optional[Tuple[float, float]]:
+    """A 95% interval for the mean of per-item scores in [0, 1] (p(gold)): Wilson's interval at the
+    mean, as wide as for as many items each right or wrong. A score in [0, 1] varies at most as a
+    right-or-wrong item of the same mean does (variance ≤ m(1 − m)), so the interval is never
+    narrower than the items allow, and scores all at 1 (or 0) still leave it the width that many
+    items right (or wrong) have. For 0/1 scores it is ``wilson_interval`` itself. None for no values."""
+    values = np.asarray(values, dtype=float)
+    if len(values) == 0:
+        return None
+    return wilson_interval(float(np.clip(values.mean(), 0.0, 1.0)) * len(values), len(values), z)
+
+
 def grouped_difference(
     a: Sequence[Sequence[float]], b: Sequence[Sequence[float]], resamples: int = 2_000, seed: int = 0
 ) -> Tuple[float, Tuple[float, float]]:

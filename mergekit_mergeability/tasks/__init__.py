@@ -12,23 +12,28 @@ from typing import List, Optional
 
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.tasks import lmeval
-from mergekit_mergeability.tasks.probes import Instance, existing_file, scored_lines
+from mergekit_mergeability.tasks.probes import Instance, existing_file, fewshot_file, scored_lines
 
 
-def scoring_task(spec: str, relative_to: Optional[Path] = None) -> Optional[lmeval.Task]:
+def scoring_task(
+    spec: str, relative_to: Optional[Path] = None, fewshot: Optional[str] = None, chat: bool = False
+) -> Optional[lmeval.Task]:
     """The lm-eval task a probe spec names (a task YAML, name or group), which scores it with its
-    own metric; None for a JSONL probe file."""
+    own metric (through the chat template under ``chat``); None for a JSONL probe file."""
     path = existing_file(spec, relative_to)
     if path is not None and path.suffix == ".jsonl":
         return None
-    return lmeval.resolve(spec, relative_to, what="probe")
+    return lmeval.resolve(spec, relative_to, "probe", fewshot, chat)
 
 
-def load(spec: str, limit: Optional[int] = None, relative_to: Optional[Path] = None) -> List[Instance]:
-    """The first ``limit`` instances of a probe spec (see ``probes``' docstring)."""
+def load(
+    spec: str, limit: Optional[int] = None, relative_to: Optional[Path] = None, fewshot: Optional[str] = None
+) -> List[Instance]:
+    """The first ``limit`` instances of a probe spec (see ``probes``' docstring); ``fewshot``: the
+    model's ``fewshot:`` file, whose lines are the shots of a JSONL probe's ``options`` lines."""
     path = existing_file(spec, relative_to)
     if path is not None and path.suffix == ".jsonl":
-        instances = scored_lines(path)[:limit]
+        instances = scored_lines(path, fewshot_file(fewshot, relative_to))[:limit]
     else:
         instances = lmeval.instances(lmeval.resolve(spec, relative_to, what="probe"), limit)
     if not instances:

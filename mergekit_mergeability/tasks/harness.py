@@ -33,7 +33,13 @@ def score(
     with quiet_harness(), compiled_templates(), no_machine_report:
         lm = HFLM(pretrained=model, tokenizer=tokenizer, device=device, batch_size=batch_size)
         out = simple_evaluate(
-            model=lm, tasks=[entry], task_manager=manager, limit=limit, log_samples=True, verbosity="ERROR"
+            model=lm,
+            tasks=[entry],
+            task_manager=manager,
+            limit=limit,
+            log_samples=True,
+            verbosity="ERROR",
+            apply_chat_template=task.chat,
         )
     # a group (Task.check made sure it has one) is scored by lm-eval's aggregate over its tasks
     raw = (out.get("groups") or {}).get(task.name) or out["results"][task.name]

@@ -1,7 +1,9 @@
 """Task specs → lm-eval tasks. The same specs as probes (``tasks.probes``):
 
 - a JSONL probe file becomes an in-memory lm-eval task config (multiple choice →
-  ``acc``; generation → ``exact_match``), so a model's probe is also its task;
+  ``acc``; generation → ``exact_match``), so a model's probe is also its task: its lines as
+  ``probes`` renders them, shots from the model's ``fewshot:`` file included;
+- ``chat: true`` runs the task with lm-eval's ``apply_chat_template`` (``Task.chat``);
 - a task YAML is loaded with its folder as ``include_path``;
 - a name is looked up in the shipped tasks (``configs/tasks``), then in lm-eval's.
 """
@@ -14,9 +16,9 @@ import hashlib
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.tasks.probes import (
@@ -24,7 +26,9 @@ from mergekit_mergeability.tasks.probes import (
     LM_EVAL,
     OPTIONS,
     Instance,
+    undelimited,
     existing_file,
+    fewshot_file,
     join,
     scored_lines,
 )
@@ -43,6 +47,7 @@ class Task:
     include_path: Optional[Path]
     fingerprint: str  # changes when the task's definition or data change
     defaults: bool = False  # index lm-eval's ~14k own tasks too (seconds): only for their names
+    chat: bool = False  # asked through the model's chat template (lm-eval's apply_chat_template)
 
     def load(self):
         manager = _manager(str(self.include_path) if self.include_path else None, self.defaults)
@@ -80,10 +85,25 @@ def _manager(include_path: Optional[str], defaults: bool):
     return TaskManager(include_path=include_path, include_defaults=defaults)
 
 
-def resolve(spec: str, relative_to: Optional[Path] = None, what: str = "task") -> Task:
+def resolve(
+    spec: str, relative_to: Optional[Path] = None, what: str = "task", fewshot: Optional[str] = None, chat: bool = False
+) -> Task:
+    """The lm-eval task a spec names; ``fewshot``: the model's ``fewshot:`` file (a JSONL probe's
+    shots), ``chat``: asked through the chat template."""
+    task = _resolve(spec, relative_to, what, fewshot_file(fewshot, relative_to), chat)
+    return replace(task, chat=True, fingerprint=f"{task.fingerprint}:chat") if chat else task
+
+
+def _resolve(spec: str, relative_to: Optional[Path], what: str, fewshot: Optional[Path], chat: bool) -> Task:
+    from mergekit_mergeability.tasks import sft
+
+    if sft.located(spec, relative_to) is not None:  # read by the precheck itself: no lm-eval task scores it
+        raise UserError(
+            f"{what} {spec}: fine-tuning data is a precheck probe only; here give a .jsonl probe or an lm-eval task"
+        )
     path = existing_file(spec, relative_to)
     if path is not None and path.suffix == ".jsonl":
-        return _jsonl_task(path)
+        return _jsonl_task(path, fewshot, chat)
     if path is not None and path.suffix in (".yaml", ".yml"):
         name = _declared_name(path)
         return Task(name, name, path.parent, f"{name}:{_digest(*sorted(path.parent.iterdir()))}")
@@ -97,9 +117,13 @@ def resolve(spec: str, relative_to: Optional[Path] = None, what: str = "task") -
     raise UserError(f"{what} {spec}: no such file; give a .jsonl file, an lm-eval task YAML or an lm-eval task name")
 
 
-def resolve_all(specs, relative_to: Optional[Path] = None) -> Dict[str, Task]:
-    """spec -> Task for every spec, each built once: any bad spec fails here, before work."""
-    resolved = {spec: resolve(spec, relative_to) for spec in specs}
+def resolve_all(
+    specs, relative_to: Optional[Path] = None, asked: Mapping[str, Tuple[Optional[str], bool]] = {}
+) -> Dict[str, Task]:
+    """spec -> Task for every spec, each built once: any bad spec fails here, before work.
+    ``asked``: spec -> (its ``fewshot:`` file, ``chat:``), as the config's entries say
+    (``MergeSpec.asked``)."""
+    resolved = {spec: resolve(spec, relative_to, "task", *asked.get(spec, (None, False))) for spec in specs}
     for task in resolved.values():
         task.check()
     return resolved
@@ -121,7 +145,7 @@ def _declares(yaml_file: Path, name: str) -> bool:
     return any(line.strip() == f"task: {name}" for line in yaml_file.read_text().splitlines())
 
 
-def _jsonl_task(path: Path) -> Task:
+def _jsonl_task(path: Path, fewshot: Optional[Path] = None, chat: bool = False) -> Task:
     first = json.loads(next(line for line in path.read_text().splitlines() if line.strip()))
     name = f"{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
     common = {
@@ -130,18 +154,21 @@ def _jsonl_task(path: Path) -> Task:
         "dataset_kwargs": {"data_files": {"test": str(path)}},
         "test_split": "test",
     }
-    if "choices" in first and _lettered(path):
-        # each line as ``probes`` renders it (its own format and shots): what is scored is what the precheck asked
+    if "choices" in first and _rendered(path):
+        # each line as ``probes`` renders it (its own format, its shots, its own prompt), each choice the
+        # continuation the precheck scores whole (no delimiter added): what is scored is what the precheck asked
         config = {
             **common,
             "output_type": "multiple_choice",
             "doc_to_text": "{{prompt}}",
             "doc_to_choice": "{{choices}}",
             "doc_to_target": "{{label}}",
+            "target_delimiter": "",
             "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
         }
-        fingerprint = _digest(path) + json.dumps(config, sort_keys=True)
-        return Task(name, {**config, "process_docs": functools.partial(_scored_docs, str(path))}, None, fingerprint)
+        fingerprint = _digest(path, *([fewshot] if fewshot else [])) + json.dumps(config, sort_keys=True)
+        docs = functools.partial(_scored_docs, str(path), fewshot and str(fewshot), chat)
+        return Task(name, {**config, "process_docs": docs}, None, fingerprint)
     if "choices" in first:  # every line cloze: lm-eval renders it, as probes.cloze does
         label = "{{choices.index(label) if label is string else label}}"
         config = {
@@ -170,19 +197,25 @@ def _jsonl_task(path: Path) -> Task:
     return Task(name, config, None, _digest(path) + json.dumps(config, sort_keys=True))
 
 
-def _lettered(path: Path) -> bool:
-    """Does some line of a JSONL probe ask for the options format?"""
-    return any(json.loads(line).get("format") == OPTIONS for line in path.read_text().splitlines() if line.strip())
+def _rendered(path: Path) -> bool:
+    """Does some line of a JSONL probe ask for the options format, or carry its own prompt?"""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return any(row.get("format") == OPTIONS or "prompt" in row for row in rows)
 
 
-def _scored_docs(path: str, dataset):
-    """lm-eval's ``process_docs``: the probe's lines as ``probes.scored_lines`` renders them
-    (prompt and choices without the leading space lm-eval's target delimiter adds)."""
+def _scored_docs(path: str, fewshot: Optional[str], chat: bool, dataset):
+    """lm-eval's ``process_docs``: the probe's lines as ``probes.scored_lines`` renders them, each
+    choice the whole continuation (the task's target delimiter is ""); under ``chat`` without the
+    delimiter, as lm-eval's ``apply_chat_template`` scores a choice."""
     from datasets import Dataset
 
     rows = [
-        {"prompt": i.prompt, "choices": [c[1:] if c.startswith(" ") else c for c in i.continuations], "label": i.label}
-        for i in scored_lines(Path(path))
+        {
+            "prompt": i.prompt,
+            "choices": [undelimited(i.prompt, c) if chat else c for c in i.continuations],
+            "label": i.label,
+        }
+        for i in scored_lines(Path(path), fewshot and Path(fewshot))
     ]
     return Dataset.from_list(rows)
 
