@@ -385,6 +385,11 @@ def default_cache_dir() -> Path:
     help="Keep each model's pass results here: a killed precheck (or a lost Ray worker) restarts where it stopped. Off unless given.",
 )
 @click.option(
+    "--probes-from-card",
+    is_flag=True,
+    help="A model folder without a probe asks the first lm-eval task its README.md card names (its model-index results, then its datasets:). Without it, the precheck prints the probe: lines to add.",
+)
+@click.option(
     "--verbose", "-v", is_flag=True, help="Print each model's reasons whole below the table (the report has them too)."
 )
 @click.option(
@@ -413,6 +418,7 @@ def precheck(
     tune_budget,
     skip,
     cache_dir,
+    probes_from_card,
     verbose,
     dry_run,
     **model,
@@ -475,6 +481,7 @@ def precheck(
         tune_budget=tune_budget,
         skip=tuple(skip),
         cache_dir=cache_dir and str(cache_dir),
+        probes_from_card=probes_from_card,
     )
     if (config_file is None) == (pool is None):
         raise UserError("precheck: name a CONFIG_FILE or a --pool folder of adapters (one of the two)")
