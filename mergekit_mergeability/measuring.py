@@ -29,7 +29,7 @@ from mergekit_mergeability.records import (
     WeightStats,
 )
 from mergekit_mergeability.settings import PrecheckSettings
-from mergekit_mergeability.tasks import probes
+from mergekit_mergeability.tasks import card, probes
 
 if TYPE_CHECKING:
     from mergekit_mergeability.decide import Decision
@@ -148,7 +148,7 @@ def measure(
     from mergekit_mergeability.merge_config import tokenizer_source
     from mergekit_mergeability.decide.advice import update_size
 
-    specs = probe_specs(spec, overrides)
+    specs = card.with_card_probes(spec, probe_specs(spec, overrides), settings.probes_from_card, settings.quiet)
     base, models = load_inputs(spec, specs, settings.limit, settings.dtype)
     measured = Measurements(spec, base, models, specs)
     inputs = DiagnosticInputs(base, models, settings, tokenizer_source(spec.document), update_size(spec.document))

@@ -19,6 +19,7 @@ PROBE_KEY = "probe"
 DTYPE_KEY = "dtype"
 FEWSHOT_KEY = "fewshot"  # solved examples: the probe's shots, in order, for every item (a JSONL file)
 CHAT_KEY = "chat"  # true: the probe is asked through the model's chat template
+ANSWER_AFTER_KEY = "answer_after"  # the marker that ends each prompt of a fine-tuning file's "text" rows
 
 
 @dataclass
@@ -35,6 +36,7 @@ class MergeSpec:
         default_factory=dict
     )  # model -> the entry holding its probe: or fewshot: key (models[0])
     chat: Dict[str, bool] = field(default_factory=dict)  # model -> its chat: key, where true
+    answer_after: Dict[str, str] = field(default_factory=dict)  # model -> its answer_after: marker
 
     def asked(self) -> Dict[str, Tuple[Optional[str], bool]]:
         """Each probe spec -> how its model asks it: (its ``fewshot:`` file, ``chat:``)."""
@@ -135,6 +137,7 @@ def from_document(document: Any, source: Path) -> MergeSpec:
     fewshot: Dict[str, str] = {}
     entries: Dict[str, str] = {}
     chat: Dict[str, bool] = {}
+    answer_after: Dict[str, str] = {}
     for where, entry in model_fields(document):
         name = reference(entry["model"])
         if name not in names and name != base:
@@ -148,6 +151,12 @@ def from_document(document: Any, source: Path) -> MergeSpec:
                     raise UserError(f"{source}: {where}.{key} is {entry[key]!r}; name {what}")
                 found[name] = entry[key]
                 entries[name] = where
+        if ANSWER_AFTER_KEY in entry:  # any text, whitespace included ("\n\n")
+            if not isinstance(entry[ANSWER_AFTER_KEY], str) or not entry[ANSWER_AFTER_KEY]:
+                raise UserError(
+                    f"{source}: {where}.{ANSWER_AFTER_KEY} is {entry[ANSWER_AFTER_KEY]!r}; name the text that ends each prompt"
+                )
+            answer_after[name] = entry[ANSWER_AFTER_KEY]
         if CHAT_KEY in entry:
             if not isinstance(entry[CHAT_KEY], bool):
                 raise UserError(f"{source}: {where}.{CHAT_KEY} is {entry[CHAT_KEY]!r}; say true or false")
@@ -156,7 +165,17 @@ def from_document(document: Any, source: Path) -> MergeSpec:
     if not names:
         raise UserError(f"{source}: no models to merge besides the base")
     return MergeSpec(
-        document, source, str(document["merge_method"]), base, names, probes, fewshot, fields, entries, chat
+        document,
+        source,
+        str(document["merge_method"]),
+        base,
+        names,
+        probes,
+        fewshot,
+        fields,
+        entries,
+        chat,
+        answer_after,
     )
 
 

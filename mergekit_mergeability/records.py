@@ -132,6 +132,7 @@ class KnowledgeStats(Record):
 
 
 CLOZE, OPTIONS, LMEVAL, MIXED = "cloze", "options", "lm-eval", "mixed"  # how a probe is scored
+GENERATION = "generation"  # a reference answer (a probe's "answer", a fine-tuning row): its per-token p(gold)
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,7 @@ class DilutionStats(Record):
 
 PARTNERED = "partnered"  # the rehearsal's merge, as ``DilutionStats.scored`` names it
 # the formats the rehearsal was decided on -> the metric it reads
-SCORED_BY = {OPTIONS: "mean_p_gold", CLOZE: "accuracy", LMEVAL: "task_score"}
+SCORED_BY = {OPTIONS: "mean_p_gold", CLOZE: "accuracy", LMEVAL: "task_score", GENERATION: "mean_p_gold"}
 
 
 @dataclass(frozen=True)

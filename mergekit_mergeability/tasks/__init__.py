@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from mergekit_mergeability.errors import UserError
-from mergekit_mergeability.tasks import lmeval
+from mergekit_mergeability.tasks import lmeval, sft
 from mergekit_mergeability.tasks.probes import Instance, existing_file, fewshot_file, scored_lines
 
 
@@ -21,18 +21,26 @@ def scoring_task(
     """The lm-eval task a probe spec names (a task YAML, name or group), which scores it with its
     own metric (through the chat template under ``chat``); None for a JSONL probe file."""
     path = existing_file(spec, relative_to)
-    if path is not None and path.suffix == ".jsonl":
+    if (path is not None and path.suffix == ".jsonl") or sft.located(spec, relative_to) is not None:
         return None
     return lmeval.resolve(spec, relative_to, "probe", fewshot, chat)
 
 
 def load(
-    spec: str, limit: Optional[int] = None, relative_to: Optional[Path] = None, fewshot: Optional[str] = None
+    spec: str,
+    limit: Optional[int] = None,
+    relative_to: Optional[Path] = None,
+    fewshot: Optional[str] = None,
+    answer_after: Optional[str] = None,
 ) -> List[Instance]:
     """The first ``limit`` instances of a probe spec (see ``probes``' docstring); ``fewshot``: the
-    model's ``fewshot:`` file, whose lines are the shots of a JSONL probe's ``options`` lines."""
+    model's ``fewshot:`` file, whose lines are the shots of a JSONL probe's ``options`` lines;
+    ``answer_after``: the marker that ends a ``text`` row's prompt in fine-tuning data."""
     path = existing_file(spec, relative_to)
-    if path is not None and path.suffix == ".jsonl":
+    data = sft.located(spec, relative_to)  # fine-tuning data: its rows as generation probes (``sft``)
+    if data is not None:
+        instances = sft.load(data, limit, answer_after)
+    elif path is not None and path.suffix == ".jsonl":
         instances = scored_lines(path, fewshot_file(fewshot, relative_to))[:limit]
     else:
         instances = lmeval.instances(lmeval.resolve(spec, relative_to, what="probe"), limit)
