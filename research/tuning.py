@@ -6,7 +6,7 @@
     python research/run.py tuning report [--markdown]       # its tables (a fresh clone reads the archive)
 
 The `tuning` family: ten task-level experts of SmolLM2-135M-Instruct on tasks the `configs` family
-does not use, LoRA rank 4 on the attention projections of every layer, trained on 16 items with the
+does not use, LoRA rank 4 on the attention projections of layers 15-29, trained on 16 items with the
 options listed. Each task has 16 probe items (all the precheck sees) and 48 unseen ones. 24 seeded
 draws of 2, 3 and 5 experts, each written as task_arithmetic (weight 1) and as ties (density 0.5,
 weight 1). The truth of a candidate: each member's mean p(gold) on its 48 unseen items in that
@@ -48,7 +48,7 @@ ATTENTION = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_a
 SETTINGS = Settings(
     facts=str(ROWS),
     pool="tuning",
-    fact_layers=tuple(range(30)),
+    fact_layers=tuple(range(15, 30)),
     fact_modules=ATTENTION,
     fact_rank=4,
     fact_adapters=True,
