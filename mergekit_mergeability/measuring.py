@@ -72,6 +72,18 @@ def probe_specs(spec: MergeSpec, overrides: Mapping[str, str]) -> Dict[str, str]
     return chosen
 
 
+def card_probes(spec: MergeSpec, chosen: Mapping[str, str], settings: PrecheckSettings) -> Dict[str, str]:
+    """``chosen`` with, under ``--probes-from-card``, the first task the card of each local model
+    folder without a probe proposes (``tasks.card``); each such card's probe line printed."""
+    from mergekit_mergeability.sources.folder import local_folder
+
+    folders = {m: local_folder(m.split("+")[-1], spec.folder) for m in spec.models if m not in chosen}
+    proposals = card.card_probes(folders)
+    for model, proposed in proposals.items():
+        note(card.said(model, proposed, settings.probes_from_card), settings.quiet)
+    return {**chosen, **({m: p[0] for m, p in proposals.items()} if settings.probes_from_card else {})}
+
+
 def load_inputs(
     spec: MergeSpec, specs: Mapping[str, str], limit: Optional[int], dtype: str = "auto"
 ) -> Tuple[Optional[ModelInput], Tuple[ModelInput, ...]]:
@@ -148,7 +160,7 @@ def measure(
     from mergekit_mergeability.merge_config import tokenizer_source
     from mergekit_mergeability.decide.advice import update_size
 
-    specs = card.with_card_probes(spec, probe_specs(spec, overrides), settings.probes_from_card, settings.quiet)
+    specs = card_probes(spec, probe_specs(spec, overrides), settings)
     base, models = load_inputs(spec, specs, settings.limit, settings.dtype)
     measured = Measurements(spec, base, models, specs)
     inputs = DiagnosticInputs(base, models, settings, tokenizer_source(spec.document), update_size(spec.document))

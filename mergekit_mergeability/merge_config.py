@@ -19,7 +19,6 @@ PROBE_KEY = "probe"
 DTYPE_KEY = "dtype"
 FEWSHOT_KEY = "fewshot"  # solved examples: the probe's shots, in order, for every item (a JSONL file)
 CHAT_KEY = "chat"  # true: the probe is asked through the model's chat template
-ANSWER_AFTER_KEY = "answer_after"  # the marker that ends each prompt of a fine-tuning file's "text" rows
 
 
 @dataclass
@@ -138,6 +137,8 @@ def from_document(document: Any, source: Path) -> MergeSpec:
     entries: Dict[str, str] = {}
     chat: Dict[str, bool] = {}
     answer_after: Dict[str, str] = {}
+    from mergekit_mergeability.tasks.sft import ANSWER_AFTER_KEY
+
     for where, entry in model_fields(document):
         name = reference(entry["model"])
         if name not in names and name != base:

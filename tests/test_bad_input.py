@@ -196,7 +196,7 @@ CASES = {
         ["{probe_label}"],
         ["{label}:1: label must index one of at least 2 choices, got 5"],
     ),
-    "precheck: probe with wrong keys": ("precheck", ["{probe_keys}"], ["{keys}:1: expected", "['a', 'q']"]),
+    "precheck: probe with wrong keys": ("precheck", ["{probe_keys}"], ["{keys}: cannot read rows", "['a', 'q']"]),
     "precheck: --probe naming no model": (
         "precheck",
         ["{pool}", "--probe", "nobody={probe}"],

@@ -14,8 +14,9 @@ read without downloading anything):
   ``mmlu`` group; a tag, several tasks without one score, is not taken). Without a config this
   comes first.
 
-Results come first (they say what the model was scored on), then ``datasets:``. The precheck
-prints the proposals; ``--probes-from-card`` asks the first for a model that has no probe.
+Results come first (they say what the model was scored on), then ``datasets:``. The precheck prints
+the proposals (``measuring.card_probes``); ``--probes-from-card`` asks the first for a model without
+a probe.
 """
 
 from __future__ import annotations
@@ -172,16 +173,3 @@ def said(model: str, tasks: List[str], used: bool) -> str:
         f"{model}: its model card names lm-eval tasks; add next to its model: (or pass --probes-from-card)\n"
         f"    probe: {tasks[0]}{also}"
     )
-
-
-def with_card_probes(spec, chosen: Mapping[str, str], use: bool, quiet: bool = False) -> Dict[str, str]:
-    """``chosen`` (model -> probe spec) with, where ``use``, the first task the card of each local
-    model folder without a probe proposes; every such card's line printed (``said``)."""
-    from mergekit_mergeability.progress import note
-    from mergekit_mergeability.sources.folder import local_folder
-
-    folders = {m: local_folder(m.split("+")[-1], spec.folder) for m in spec.models if m not in chosen}
-    proposals = card_probes(folders)
-    for model, tasks in proposals.items():
-        note(said(model, tasks, use), quiet)
-    return {**chosen, **({model: tasks[0] for model, tasks in proposals.items()} if use else {})}

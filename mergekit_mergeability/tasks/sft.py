@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 from mergekit_mergeability.errors import UserError
-from mergekit_mergeability.merge_config import ANSWER_AFTER_KEY
 from mergekit_mergeability.tasks.probes import GENERATION, LINE_KEYS, Instance, existing_file, join
 
 SEED = 0
 SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+ANSWER_AFTER_KEY = "answer_after"  # the model entry's key (``merge_config``): the marker ending a "text" row's prompt
 CHAT_ROLES = {"system": "System", "user": "User", "human": "User", "assistant": "Assistant", "gpt": "Assistant"}
 ASSISTANT = ("assistant", "gpt", "model")
 ALPACA = (
