@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
@@ -42,7 +43,7 @@ class Candidate:
 
     advice: Advice
     method: str  # the merge_method it writes
-    line: str  # the landscape's line: the menu's merge it varies ("mean", "ties", "as written", ...)
+    line: str  # the landscape's line: the menu's merge it varies ("mean", "ties", "as written, lambda ×", ...)
     scale: float  # its update size against that line's first point (1: as the menu writes it)
     density: Optional[float] = None  # TIES's and DARE's, where it has one
 
@@ -126,7 +127,7 @@ def _boosted(document, names, experts, expert: str) -> Candidate:
         if str(entry["model"]) == expert:
             entry["parameters"]["weight"] = round(BOOST / len(experts), 6)
     advice.keeps += f"; {names.get(expert, expert)}'s at {BOOST:g}/{len(experts)}"
-    return Candidate(advice, "task_arithmetic", f"mean, {names.get(expert, expert)} x{BOOST:g}", 1.0)
+    return Candidate(advice, "task_arithmetic", f"mean, {names.get(expert, Path(expert).name)} x{BOOST:g}", 1.0)
 
 
 def _written_at(document, method: str, factor: float) -> Candidate:
@@ -136,18 +137,18 @@ def _written_at(document, method: str, factor: float) -> Candidate:
     lam = configured_update(document).get("lambda") or 1.0
     parameters["lambda"] = round(lam * factor, 6)
     advice = Advice("recommended.yml", config, f"the configured {method} merge, lambda ×{factor:g}", "nothing else")
-    return Candidate(advice, method, "as written", factor)
+    return Candidate(advice, method, "as written, lambda ×", factor)
 
 
 def _merge_key(document) -> str:
-    """What makes two configs the same merge: the method, its parameters and each model's."""
+    """What makes two configs the same merge: the method, and each model's parameters as mergekit
+    reads them (its own, else the config's, else the method's default)."""
+    from mergekit import merge_methods
+
+    method = document.get("merge_method")
+    declared = {p.name: p.default for p in merge_methods.get(method).spec.parameters if not p.required}
+    shared = {**declared, **(document.get("parameters") or {})}
+    models = [[str(e["model"]), {**shared, **(e.get("parameters") or {})}] for e in model_entries(document)]
     return json.dumps(
-        {
-            "method": document.get("merge_method"),
-            "parameters": document.get("parameters") or {},
-            "models": [[str(e["model"]), e.get("parameters") or {}] for e in model_entries(document)],
-            "slices": document.get("slices"),
-        },
-        sort_keys=True,
-        default=str,
+        {"method": method, "models": models, "slices": document.get("slices")}, sort_keys=True, default=str
     )

@@ -8,7 +8,7 @@ import base64
 import html
 import math
 import warnings
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from mergekit_mergeability.decide.features import rehearsal
 from mergekit_mergeability.names import shorten
@@ -121,6 +121,7 @@ base <code>{esc(str(report["base_model"]))}</code>.</p>
 <h2>Recommended models</h2>
 <ul>{advice}</ul>
 {_menu_table(rec.get("method_choice"), names)}
+{_landscape_plot(rec) or ""}
 <h2>Models</h2>
 <p><small>Click a column to sort. Predicted mergeability: the expected own-task score after merging (a pool: with 8 random partners; a config of 2 to 8 models: in the merge as written),
 {"the rehearsal where it was measured, else " if calibration.get("reads_first") else ""}the calibration
@@ -137,30 +138,94 @@ leave-one-out Spearman {number(calibration.get("leave_one_out_spearman"))}); cap
 
 
 def _menu_table(choice: Optional[Dict[str, Any]], names: Dict[str, str]) -> str:
-    """The config as written and the menu, each rehearsed: what each model kept on its own probe."""
+    """The config as written, the menu and the knob grid, each rehearsed: what each model kept on
+    its own probe, on each half of it and on all of it."""
     if not choice:
         return ""
     esc = html.escape
     models = list(choice["per_model"]["as_written"])
     order = sorted(choice["kept"], key=lambda c: -choice["kept"][c])
     head = "".join(f"<th>{esc(names.get(m, m))}</th>" for m in models)
+
+    def cell(value: float) -> str:
+        return f"<td class='num'>{value:.3f}</td>"
+
     rows = "".join(
         f"<tr><td>{'<b>' if c == choice['chosen'] else ''}{esc(c.replace('_', ' '))}{'</b>' if c == choice['chosen'] else ''}</td>"
-        f"<td class='num'>{choice['kept'][c]:.3f}</td>"
-        + "".join(f"<td class='num'>{choice['per_model'][c][m]:.3f}</td>" for m in models)
+        + cell(choice["kept"][c])
+        + "".join(cell(half) for half in choice["halves"][c])
+        + "".join(cell(choice["per_model"][c][m]) for m in models)
         + "</tr>"
         for c in order
     )
-    low, high = choice["interval"]
+    low, high = choice["gain_interval"]
+    picks = " and ".join(f"half {h}: {esc(p.replace('_', ' '))}" for h, p in zip("AB", choice["picked"]))
     note = (
-        f"{esc(choice['best'].replace('_', ' '))} against as written: {choice['margin']:+.3f}, "
-        f"95% interval {low:+.3f} to {high:+.3f} (paired bootstrap over {choice['items']} probe items); chosen in bold."
+        f"Each half of every probe picked a merge ({picks}); read on the other half, the picks keep "
+        f"{choice['gain']:+.3f} over the config as written (95% {low:+.3f} to {high:+.3f}), so "
+        + (
+            "the best over all items is recommended"
+            if choice["chosen"] != "as_written"
+            else "the config as written stays"
+        )
+        + "; chosen in bold."
     )
+    if choice.get("items_to_separate"):
+        note += (
+            f" The probes cannot tell {esc(choice['best'].replace('_', ' '))} from {esc(choice['runner_up'].replace('_', ' '))}:"
+            f" about {choice['items_to_separate']} items per probe would."
+        )
     return (
-        "<h2>Method choice by rehearsal</h2><p><small>Each merge built in memory as its config would be written, "
+        "<h2>The merge to write, by rehearsal</h2><p><small>Each merge built in memory as its config would be written, "
         "every model's own probe asked on it, read as its task is scored. " + note + "</small></p>"
-        f"<table class='sortable'><thead><tr><th>merge</th><th>mean kept</th>{head}</tr></thead><tbody>{rows}</tbody></table>"
+        f"<table class='sortable'><thead><tr><th>merge</th><th>mean kept</th><th>half A</th><th>half B</th>{head}</tr></thead><tbody>{rows}</tbody></table>"
     )
+
+
+def _landscape_plot(rec: Dict[str, Any]) -> Optional[str]:
+    """What the rehearsed merges keep against their update scale (left) and their density (right),
+    one line per method, one expert's update doubled as crosses, the config as written dashed and
+    the recommended merge starred."""
+    search, choice = rec.get("search"), rec.get("method_choice")
+    if not search or len(search) < 3:
+        return None
+    menu_density = next((c["density"] for c in search if c["name"] == "ties"), None)
+    scales: Dict[str, List[Tuple[float, float]]] = {}
+    densities: Dict[str, List[Tuple[float, float]]] = {}
+    boosted = [c["kept"] for c in search if c.get("line", "").startswith("mean, ")]
+    for c in search:
+        if c.get("scale") is None or c["line"].startswith("mean, "):
+            continue
+        if c["density"] in (None, menu_density):
+            scales.setdefault(c["line"], []).append((c["scale"], c["kept"]))
+        if c["density"] is not None and c["scale"] == 1.0:
+            densities.setdefault(c["method"], []).append((c["density"], c["kept"]))
+    chosen = next(c for c in search if c["name"] == choice["chosen"])
+    on_density = chosen["density"] not in (None, menu_density)
+
+    def draw(fig, ax):
+        ax.set_subplotspec(fig.add_gridspec(1, 2)[0])
+        right = fig.add_subplot(1, 2, 2, sharey=ax)
+        for panel, curves, label in (
+            (ax, scales, "update scale (1: as the menu writes it)"),
+            (right, densities, "density"),
+        ):
+            for name, points in curves.items():
+                points.sort()
+                panel.plot([x for x, _ in points], [y for _, y in points], marker="o", label=name)
+            panel.axhline(choice["kept"]["as_written"], color="grey", linestyle="--", label="the config as written")
+            panel.set_xlabel(label)
+        if boosted:
+            ax.plot([1.0] * len(boosted), boosted, "x", color="grey", label="mean, one expert ×2")
+        x = chosen["density"] if on_density else chosen.get("scale") or 1.0
+        (right if on_density else ax).plot(
+            [x], [chosen["kept"]], "*", markersize=16, color="black", label="recommended"
+        )
+        for panel in (ax, right):
+            panel.legend(fontsize="small")
+        ax.set_ylabel("mean kept on own probes")
+
+    return _figure(draw, "What each rehearsed merge keeps", width=10, height=4)
 
 
 def _model_row(model: Dict[str, Any], report: Dict[str, Any]) -> str:

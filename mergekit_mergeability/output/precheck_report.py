@@ -34,7 +34,7 @@ def _search(choice, document) -> List[Dict[str, Any]]:
     from mergekit_mergeability.decide.verdict import AS_WRITTEN
 
     found = candidates(document, choice.knowledge)
-    written = {"method": document["merge_method"], "line": "as written", "scale": 1.0, "density": None}
+    written = {"method": document["merge_method"], "line": "as written, lambda ×", "scale": 1.0, "density": None}
     return [
         {
             "name": name,
