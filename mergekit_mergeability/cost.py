@@ -23,6 +23,7 @@ class Cost:
     seconds: Dict[str, float] = field(default_factory=dict)  # unit -> one pass, timed here in a batch
     uncounted: List[str] = field(default_factory=list)  # diagnostics that do not say their passes
     device: str = "cpu"
+    notes: List[str] = field(default_factory=list)  # what a count is made of, where it is not plain
 
     @property
     def total(self) -> int:
@@ -42,7 +43,7 @@ class Cost:
             said += f"; roughly {duration(self.estimate)} on {self.device} at the pace of one timed batch"
         if self.uncounted:
             said += f"; not counted: {', '.join(self.uncounted)}"
-        return said
+        return "; ".join([said, *self.notes])
 
 
 def duration(seconds: float) -> str:
@@ -53,7 +54,7 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def estimate(inputs, diagnostics, menu_passes: int = 0) -> Cost:
+def estimate(inputs, diagnostics, menu_passes: int = 0, notes: List[str] = []) -> Cost:
     """The cost of ``diagnostics`` (those that will run) and the menu's rehearsal on ``inputs``."""
     tokenizer, module = None, None
     if inputs.base is not None:
@@ -75,7 +76,7 @@ def estimate(inputs, diagnostics, menu_passes: int = 0) -> Cost:
         passes["menu"], units["menu"] = menu_passes, LINE
     seconds = _timed(module, tokenizer, inputs, set(u for d, u in units.items() if passes[d])) if module else {}
     device = str(module.device) if module is not None else inputs.settings.device
-    return Cost(passes, units, seconds, uncounted, device)
+    return Cost(passes, units, seconds, uncounted, device, list(notes))
 
 
 def _timed(module, tokenizer, inputs, kinds) -> Dict[str, float]:

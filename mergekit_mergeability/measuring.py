@@ -231,7 +231,8 @@ def runs(diagnostic, inputs: DiagnosticInputs, skip) -> bool:
 def costs(inputs: DiagnosticInputs, diagnostics, skip) -> Cost:
     from mergekit_mergeability import menu
 
-    return estimate(inputs, diagnostics, 0 if menu.NAME in skip else menu.passes(inputs))
+    rehearsed = 0 if menu.NAME in skip else menu.passes(inputs)
+    return estimate(inputs, diagnostics, rehearsed, [menu.said(inputs)] if rehearsed else [])
 
 
 def plan(measured: Measurements) -> Optional[Dict[str, Any]]:

@@ -113,6 +113,17 @@ def passes(inputs: DiagnosticInputs) -> int:
     return (1 + MENU_SIZE + grid) * lines
 
 
+def said(inputs: DiagnosticInputs) -> str:
+    """What the menu's count is made of, for the cost line."""
+    lines = _lines(inputs)
+    grid = passes(inputs) // max(lines, 1) - 1 - MENU_SIZE
+    budget = "default" if inputs.settings.tune_budget is None else f"{inputs.settings.tune_budget:,}"
+    return (
+        f"menu: the config as written, {MENU_SIZE} other merges and up to {grid} of the knob grid"
+        f" ({lines:,} passes each; --tune-budget {budget})"
+    )
+
+
 def scored(result: DiagnosticResult) -> Dict[str, Dict[str, List[float]]]:
     """``rehearse``'s items as ``choose_method`` takes them: candidate -> member -> items."""
     candidates = next(iter(result.per_model.values())).keys()
