@@ -172,6 +172,7 @@ def measure(args) -> None:
             continue
         begun = time.perf_counter()
         document = config(demo, experts, members, method, probes)
+        demo.write_config(f"{label}_{method}", document)  # what a user would run, and benchmarks/tuning.py
         measured = rehearse(document)
         if "menu" not in measured.results:
             raise SystemExit(f"{label} {method}: the menu was not rehearsed ({measured.errors()})")
