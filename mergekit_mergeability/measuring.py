@@ -116,7 +116,8 @@ def load_inputs(
                 task = tasks.scoring_task(specs[name], folder, fewshot, chat)
             if chat:
                 with spec.naming(f"{spec.entries[name]}.chat"):
-                    probe = probes.chatted(probe, chat_tokenizer(sources[name]), Path(name).name)
+                    tokenizer, marker = chat_tokenizer(sources[name]), spec.answer_after.get(name)
+                    probe = tasks.chatted(specs[name], probe, tokenizer, folder, limit, marker, Path(name).name)
         models.append(
             ModelInput(name, sources[name], probe, shots, dtypes[name], shares.get(name), weights.get(name, 1.0), task)
         )

@@ -245,3 +245,63 @@ def test_a_tiny_models_score_is_the_references_per_token_probability(tmp_path, l
     for (prompt, continuation), got in zip(_expected(layout), scored):
         p_gold, greedy = _by_hand(model, tokenizer, prompt, continuation)
         assert got.p_gold == pytest.approx(p_gold, rel=1e-4) and got.correct == greedy
+
+
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def test_chat_true_writes_each_rows_own_turns_through_the_template(tmp_path, llama):
+    """A chat row's turns go to the template as turns (not one user message of "User: …"), ShareGPT's
+    roles as templates name them; another layout's prompt is the user's turn; the answer follows
+    the generation prompt with no delimiter, as lm-eval's --apply_chat_template scores it."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(llama["base"])
+    tokenizer.chat_template = TEMPLATE
+    q, a = PAIRS[0]
+    for layout, prompt in (
+        ("messages", f"<|system|>Answer briefly.<|end|><|user|>{q}<|end|><|assistant|>"),
+        ("conversations", f"<|user|>{q}<|end|><|assistant|>"),
+        ("prompt_completion", f"<|user|>Q: {q}\nA:<|end|><|assistant|>"),
+    ):
+        path = _write(tmp_path / layout, "jsonl", _rows(layout))
+        asked = tasks.chatted(str(path), tasks.load(str(path)), tokenizer)
+        assert (asked[0].prompt, asked[0].continuations) == (prompt, (a if layout != "prompt_completion" else f" {a}",))
+    refusing = transformers.AutoTokenizer.from_pretrained(llama["base"])
+    refusing.chat_template = "{{ raise_exception('no system turns') if messages[0]['role'] == 'system' else '' }}"
+    path = tmp_path / "messages" / "train.jsonl"
+    with pytest.raises(UserError, match=r"row 1: the model's chat template refused the row \(no system turns\)"):
+        tasks.chatted(str(path), tasks.load(str(path)), refusing)
+
+
+def test_chat_true_in_the_config_reads_fine_tuning_turns_through_the_models_template(tmp_path, llama):
+    import transformers
+
+    from mergekit_mergeability import api, measuring
+    from mergekit_mergeability.tiny import derive
+
+    from conftest import noise
+
+    expert = derive(llama["base"], tmp_path / "expert", noise(3, 0.01))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(expert)
+    tokenizer.chat_template = TEMPLATE
+    tokenizer.save_pretrained(expert)
+    data = _write(tmp_path / "data", "parquet", _rows("messages"))
+    document = {
+        "merge_method": "task_arithmetic",
+        "base_model": str(llama["base"]),
+        "models": [
+            {"model": str(expert), "probe": str(data), "chat": True},
+            {"model": str(llama["expert1"]), "probe": str(data)},
+        ],
+    }
+    spec = api._spec(document)
+    _, (chatted, plain) = measuring.load_inputs(spec, spec.probes, 3)
+    assert len(chatted.probes) == len(plain.probes) == 3  # the same rows drawn, asked two ways
+    for chat, text in zip(chatted.probes, plain.probes):
+        question = text.prompt.removeprefix("System: Answer briefly.\n\nUser: ").removesuffix("\n\nAssistant:")
+        assert chat.prompt == f"<|system|>Answer briefly.<|end|><|user|>{question}<|end|><|assistant|>"
+        assert question in dict(PAIRS) and chat.gold == text.gold.lstrip() == dict(PAIRS)[question]

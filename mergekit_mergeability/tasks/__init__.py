@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from mergekit_mergeability.errors import UserError
-from mergekit_mergeability.tasks import lmeval, sft
+from mergekit_mergeability.tasks import lmeval, probes, sft
 from mergekit_mergeability.tasks.probes import Instance, existing_file, fewshot_file, scored_lines
 
 
@@ -47,3 +47,21 @@ def load(
     if not instances:
         raise UserError(f"probe {spec}: no instances")
     return instances
+
+
+def chatted(
+    spec: str,
+    instances: List[Instance],
+    tokenizer,
+    relative_to: Optional[Path] = None,
+    limit: Optional[int] = None,
+    answer_after: Optional[str] = None,
+    where: str = "probe",
+) -> List[Instance]:
+    """A probe spec's ``instances`` asked through ``tokenizer``'s chat template (``chat: true``):
+    fine-tuning data read again with each row's own turns through it (``sft``), anything else as
+    ``probes.chatted`` asks it."""
+    data = sft.located(spec, relative_to)
+    if data is None or not getattr(tokenizer, "chat_template", None):  # no template: probes.chatted's error
+        return probes.chatted(instances, tokenizer, where)
+    return sft.load(data, limit, answer_after, tokenizer)

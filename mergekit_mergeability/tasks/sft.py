@@ -22,7 +22,8 @@ Asked of a model, its value is ``p_gold``, the reference's per-token geometric-m
 exp(−the fine-tuning loss on that row) (``maths.choice_scores.generation``): defined at every
 answer length, and what fine-tuning raised. Greedy match (every answer token the model's
 argmax, ``correct``) is kept beside it as accuracy; it means something only for short answers.
-Up to ``limit`` rows, drawn with a fixed seed (``SEED``) and kept in file order.
+Up to ``limit`` rows, drawn with a fixed seed (``SEED``) and kept in file order. Under ``chat: true``
+the model's chat template writes each prompt instead, a chat row's own turns included.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import csv
 import json
 import random
 from pathlib import Path
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.tasks.probes import GENERATION, LINE_KEYS, Instance, existing_file, join
@@ -41,6 +42,7 @@ SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 ANSWER_AFTER_KEY = "answer_after"  # the model entry's key (``merge_config``): the marker ending a "text" row's prompt
 CHAT_ROLES = {"system": "System", "user": "User", "human": "User", "assistant": "Assistant", "gpt": "Assistant"}
 ASSISTANT = ("assistant", "gpt", "model")
+TEMPLATE_ROLES = {"human": "user", "gpt": "assistant", "model": "assistant"}  # ShareGPT's names, as templates take them
 ALPACA = (
     "Below is an instruction that describes a task, paired with an input that provides further context. "
     "Write a response that appropriately completes the request.\n\n"
@@ -76,9 +78,11 @@ def located(spec: str, relative_to: Optional[Path] = None) -> Optional[Path]:
     return None
 
 
-def load(path: Path, limit: Optional[int] = None, answer_after: Optional[str] = None) -> List[Instance]:
+def load(path: Path, limit: Optional[int] = None, answer_after: Optional[str] = None, tokenizer=None) -> List[Instance]:
     """Up to ``limit`` rows of a fine-tuning data file (``located``), drawn with ``SEED``, as
-    generation instances."""
+    generation instances; with ``tokenizer`` (``chat: true``), each prompt rendered by its chat
+    template: a chat row's own turns, any other row's prompt as the user's turn, the answer right
+    after the generation prompt (as ``probes.chatted`` asks a probe line)."""
     columns, count, rows = _reader(path)
     if count == 0:
         raise UserError(f"probe {path}: no rows")
@@ -86,7 +90,9 @@ def load(path: Path, limit: Optional[int] = None, answer_after: Optional[str] = 
     chosen = (
         range(count) if limit is None or limit >= count else sorted(random.Random(SEED).sample(range(count), limit))
     )
-    return [_instance(layout, row, answer_after, f"{path}: row {i + 1}") for i, row in zip(chosen, rows(chosen))]
+    return [
+        _instance(layout, row, answer_after, f"{path}: row {i + 1}", tokenizer) for i, row in zip(chosen, rows(chosen))
+    ]
 
 
 # reading: (columns, row count, rows(indices) -> those rows as dicts)
@@ -173,7 +179,11 @@ def _probe_lines(path: Path) -> bool:
     return not isinstance(row, dict) or any(keys <= row.keys() for keys in PROBE_KEYS)
 
 
-Prompted = Tuple[str, str, str]  # prompt, answer, the delimiter between them
+class Prompted(NamedTuple):
+    prompt: str  # as plain text
+    answer: str
+    delimiter: str  # between the plain prompt and the answer
+    turns: Optional[List[Tuple[str, str]]] = None  # a chat row's turns before the answer: what a chat template renders
 
 
 def _layout(path: Path, columns: Sequence[str], answer_after: Optional[str]) -> Callable[..., Prompted]:
@@ -208,7 +218,7 @@ def _chat(row: Mapping[str, Any], answer_after: Optional[str] = None) -> Prompte
     last = max((i for i, (role, _) in enumerate(turns) if role in ASSISTANT), default=None)
     if last is None:
         raise ValueError("no assistant turn")
-    return _rendered(turns[:last]), turns[last][1], " "
+    return Prompted(_rendered(turns[:last]), turns[last][1], " ", turns[:last])
 
 
 def _completion(row: Mapping[str, Any], answer_after: Optional[str] = None) -> Prompted:
@@ -217,14 +227,14 @@ def _completion(row: Mapping[str, Any], answer_after: Optional[str] = None) -> P
         answers = [text for role, text in _turns(completion) if role in ASSISTANT]
         if not answers:
             raise ValueError("no assistant turn in completion")
-        return _rendered(_turns(prompt)), answers[-1], " "
-    return _text_of(prompt, "prompt"), _text_of(completion, "completion"), ""
+        return Prompted(_rendered(_turns(prompt)), answers[-1], " ", _turns(prompt))
+    return Prompted(_text_of(prompt, "prompt"), _text_of(completion, "completion"), "")
 
 
 def _alpaca(row: Mapping[str, Any], answer_after: Optional[str] = None) -> Prompted:
     instruction, given = _text_of(row["instruction"], "instruction"), row.get("input") or ""
     template = ALPACA if str(given).strip() else ALPACA_NO_INPUT
-    return template.format(instruction=instruction, input=given), _text_of(row["output"], "output"), ""
+    return Prompted(template.format(instruction=instruction, input=given), _text_of(row["output"], "output"), "")
 
 
 def _text(row: Mapping[str, Any], answer_after: Optional[str] = None) -> Prompted:
@@ -232,7 +242,7 @@ def _text(row: Mapping[str, Any], answer_after: Optional[str] = None) -> Prompte
     prompt, found, answer = text.rpartition(answer_after)
     if not found:
         raise ValueError(f"no {answer_after!r} ({ANSWER_AFTER_KEY}) in its text")
-    return prompt + found, answer, ""
+    return Prompted(prompt + found, answer, "")
 
 
 def _turns(value: Any) -> List[Tuple[str, str]]:
@@ -263,12 +273,21 @@ def _text_of(value: Any, key: str) -> str:
 
 
 def _instance(
-    layout: Callable[..., Prompted], row: Mapping[str, Any], answer_after: Optional[str], where: str
+    layout: Callable[..., Prompted], row: Mapping[str, Any], answer_after: Optional[str], where: str, tokenizer=None
 ) -> Instance:
     try:
-        prompt, answer, delimiter = layout(row, answer_after)
+        prompted = layout(row, answer_after)
     except (ValueError, KeyError) as error:
         raise UserError(f"probe {where}: {error}") from None
-    if not answer.strip():
+    if not prompted.answer.strip():
         raise UserError(f"probe {where}: the answer is empty")
-    return Instance(prompt, (join(prompt, answer, delimiter),), 0, GENERATION, format=GENERATION)
+    if tokenizer is None:
+        prompt = prompted.prompt
+        return Instance(prompt, (join(prompt, prompted.answer, prompted.delimiter),), 0, GENERATION, format=GENERATION)
+    turns = prompted.turns if prompted.turns is not None else [("user", prompted.prompt)]
+    messages = [{"role": TEMPLATE_ROLES.get(role, role), "content": text} for role, text in turns]
+    try:
+        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as error:  # the template's own check (a role it does not take, turns out of order)
+        raise UserError(f"probe {where}: the model's chat template refused the row ({error})") from None
+    return Instance(prompt, (prompted.answer,), 0, GENERATION, format=GENERATION)  # lm-eval's chat delimiter: none
