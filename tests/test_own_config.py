@@ -1,7 +1,8 @@
 """examples/own-config on tiny local models (its tiny.py): a config with the three kinds of probe (a
 JSONL probe, an lm-eval task YAML, fine-tuning data) runs through the CLI, each probe read as its
 kind is scored, and the fine-tuning data's prediction is its per-token p(gold) on the merge as
-written, equal to the same read of the merge mergekit-yaml writes."""
+written (its rows' turns through the model's chat template), equal to the same read of the merge
+mergekit-yaml writes."""
 
 import importlib.util
 import json
@@ -33,6 +34,8 @@ def test_the_config_names_hub_ids_and_three_kinds_of_probe():
 
 
 def test_the_tiny_variant_runs_through_the_cli(tmp_path):
+    import transformers
+
     from mergekit_mergeability import tasks
     from mergekit_mergeability.diagnostics.knowledge import scores
     from mergekit_mergeability.sources import load_causal_lm
@@ -49,8 +52,10 @@ def test_the_tiny_variant_runs_through_the_cli(tmp_path):
     assert sft["predicted_mergeability"] == sft["dilution"]["partnered_mean_p_gold"]  # the rehearsal reads p(gold)
 
     merged = _merge(config, tmp_path / "merged")
-    model, tokenizer = load_causal_lm(merged)
-    asked = tasks.load("probes/chat.jsonl", 4, config.parent)
+    model, _ = load_causal_lm(merged)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(config.parent / "models" / "expert2")
+    asked = tasks.chatted("probes/chat.jsonl", [], tokenizer, config.parent, 4)  # chat: true, as its entry says
+    assert asked[0].prompt.startswith("<|system|>\nYou are a helpful assistant.</s>\n<|user|>\n")
     read = fmean(s.p_gold for s in scores(model, tokenizer, asked, lambda n: None))
     assert read == pytest.approx(sft["dilution"]["partnered_mean_p_gold"], rel=1e-4)
 

@@ -19,15 +19,25 @@ HUB = {  # the config's hub ids -> the tiny model standing in for each
     "meta-math/MetaMath-Mistral-7B": "expert1",
     "HuggingFaceH4/zephyr-7b-beta": "expert2",
 }
+# zephyr's chat template, in short: the tiny expert standing in for it is asked through it (chat: true)
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 
 
 def tiny_config(folder: Path) -> Path:
     """The config and its probes copied to ``folder``, its models tiny local folders there."""
+    import transformers
+
     from mergekit_mergeability.tiny import make_family
 
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copytree(HERE / "probes", folder / "probes", dirs_exist_ok=True)
     models = make_family(folder / "models", "llama", experts=3)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(models["expert2"])
+    tokenizer.chat_template = TEMPLATE
+    tokenizer.save_pretrained(models["expert2"])
     text = (HERE / "config.yml").read_text().replace("dtype: bfloat16", "dtype: float32")
     for hub_id, tiny in HUB.items():
         assert hub_id in text, hub_id
