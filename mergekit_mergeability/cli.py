@@ -312,7 +312,7 @@ def default_cache_dir() -> Path:
     "--fewshot",
     settings="PrecheckSettings",
     type=click.IntRange(min=0),
-    help="Solved examples before each multiple-choice probe question (the default chosen by measurement). lm-eval tasks keep their own num_fewshot.",
+    help="Solved examples before each question of paper 1's lettered view of the base's knowledge (the default chosen by measurement): a model's fewshot: file's first K, else drawn from its probe. The probe as scored keeps its own \"shots\"; lm-eval tasks their own num_fewshot.",
 )
 @click.option(
     "--calibration",

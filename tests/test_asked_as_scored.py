@@ -176,7 +176,7 @@ def test_a_model_no_better_than_the_base_on_its_own_probe_is_a_finding(llama, tm
     result = Dilution().run(inputs)
     assert result.per_model["same"]["alone_accuracy"] is not None
     (finding,) = [f for f in result.findings if "may not be asked the way this model was trained" in f.message]
-    assert finding.severity == "warning" and finding.message.startswith("same: on its own probe it scores accuracy")
+    assert finding.severity == "warning" and finding.message.startswith("same: on its own probe it scores the share of items right")
 
 
 def test_with_the_users_shots_the_rehearsal_reads_as_the_written_merge_item_by_item(llama, tmp_path):

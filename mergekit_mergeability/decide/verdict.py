@@ -274,16 +274,26 @@ def predict(calibrated: Mapping[str, Prediction], kept: Mapping[str, float]) -> 
 
 
 def derived(predictions: Mapping[str, Prediction], experts: Sequence[Mapping[str, Any]]) -> Dict[str, Prediction]:
-    """A model without a probe predicted by the probe the precheck derived for it: of its own shift
-    from the base on the shipped general text's tokens it moves most, the share the merge as written
-    keeps (``fluency``'s ``signature_kept``, clipped to [0, 1]); the others as they are."""
+    """A model without a probe gets no prediction: what the precheck measured without one does not
+    rank models (docs/prediction.md, "Without probes"). Its reason says what is known, under its own
+    name: the share of its own shift on a shipped general text the merge as written keeps
+    (``fluency``'s ``signature_kept``) and the merge's perplexity there. The others as they are."""
     found = dict(predictions)
     for model in experts:
-        kept = FluencyStats.of(model.get("fluency")).signature_kept
-        if model.get("knowledge") is None and kept is not None and model["path"] in found:
-            reason = f"no probe: derived from its own shift on a shipped general text, of which the merge as written keeps {kept:.2f} (measured, this does not rank models: give it a probe)"
-            found[model["path"]] = Prediction(min(max(kept, 0.0), 1.0), [reason])
+        if model.get("knowledge") is None and model["path"] in found:
+            found[model["path"]] = Prediction(None, [unprobed(model)])
     return found
+
+
+def unprobed(model: Mapping[str, Any]) -> str:
+    """The reason of a model without a probe: no prediction, and what was measured without one."""
+    fluency = FluencyStats.of(model.get("fluency"))
+    if fluency.signature_kept is None:
+        return "no probe, no prediction: give it a probe"
+    return (
+        f"no probe, no prediction: the merge as written keeps {fluency.signature_kept:.2f} of its shift on a "
+        f"general text (signature_kept), perplexity {fluency.merged_perplexity:.3g} there (base {fluency.base_perplexity:.3g})"
+    )
 
 
 def interference(cosines: Mapping[Pair, float]) -> Tuple[List[Pair], List[Pair]]:

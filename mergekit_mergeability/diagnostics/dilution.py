@@ -263,7 +263,7 @@ def untaught(
 
     by_accuracy = all(i.format in (CLOZE, LM_EVAL) for i in model.probes)
     metric, mine, theirs = (
-        ("accuracy", alone.accuracy, baseline.accuracy)
+        ("the share of items right", alone.accuracy, baseline.accuracy)
         if by_accuracy
         else ("p(gold)", alone.mean_p_gold, baseline.mean_p_gold)
     )

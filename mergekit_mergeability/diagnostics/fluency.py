@@ -75,8 +75,9 @@ def signature_kept(
 
 def windows(tokenizer, text: str, size: int = WINDOW) -> torch.Tensor:
     """The text's token ids cut into whole windows of ``size`` (the last, shorter one dropped when
-    there is more than one)."""
-    ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"][0]
+    there is more than one). The text is tokenised whole, longer than a model may read at once:
+    ``verbose=False`` keeps transformers from warning of sequences longer than that (it is cut)."""
+    ids = tokenizer(text, return_tensors="pt", add_special_tokens=False, verbose=False)["input_ids"][0]
     count = max(1, len(ids) // size)
     size = min(size, len(ids))
     return ids[: count * size].reshape(count, size)

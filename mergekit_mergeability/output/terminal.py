@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 from mergekit_mergeability.names import short_names, shorten
+from mergekit_mergeability.records import FluencyStats
 
 if TYPE_CHECKING:
     from mergekit_mergeability.results import Report
@@ -32,10 +33,15 @@ def print_precheck(report: Printable, out: Optional[Path] = None, verbose: bool 
 
     console = Console()
     why = Column("why", no_wrap=True, overflow="ellipsis", ratio=1)
-    table = wrapping_table("Mergeability precheck", "model", "p(gold)", "acc", "predicted", expand=True)
-    table.columns.append(why)
     experts = [m for m in report["models"] if m["role"] == "expert"]
-    for model in experts:
+    unprobed = [m for m in experts if m["knowledge"] is None]
+    # without a probe there is no prediction: what was measured instead, under its own name
+    kept = [FluencyStats.of(m.get("fluency")).signature_kept for m in experts]
+    shift = unprobed and any(k is not None for k in kept)
+    columns = ["model", "p(gold)", "acc", "predicted", *(["shift kept"] if shift else [])]
+    table = wrapping_table("Mergeability precheck", *columns, expand=True)
+    table.columns.append(why)
+    for model, signature in zip(experts, kept):
         p_gold, accuracy = known(model, report)
         flag = "*" if model.get("out_of_domain") else ""
         table.add_row(
@@ -43,9 +49,18 @@ def print_precheck(report: Printable, out: Optional[Path] = None, verbose: bool 
             number(p_gold),
             number(accuracy),
             number(model["predicted_mergeability"]) + flag,
+            *([number(signature)] if shift else []),
             "; ".join(model["reasons"]),
         )
     console.print(table)
+    if unprobed:
+        console.print(no_prediction(unprobed, experts))
+        merge = next((FluencyStats.of(m.get("fluency")) for m in unprobed if m.get("fluency")), None)
+        if merge is not None and merge.merged_perplexity is not None:
+            console.print(
+                f"  the merge as written: perplexity {merge.merged_perplexity:.3g} on a shipped general text "
+                f"(the base's {merge.base_perplexity:.3g}); shift kept: the share of each model's own shift there it keeps"
+            )
     for model in experts if verbose else ():
         console.print(f"{model['name']}: " + "; ".join(model["reasons"]))
     if any(m.get("out_of_domain") for m in report["models"]):
@@ -80,6 +95,19 @@ def print_precheck(report: Printable, out: Optional[Path] = None, verbose: bool 
     if out is not None:
         files = ["precheck.json", "report.html"] + (["recommended.yml"] if rec["models"] else [])
         console.print(f"wrote {', '.join(f'{out}/{f}' for f in files)}")
+
+
+def no_prediction(unprobed, experts) -> str:
+    """The line under the table where some model has no probe: how to get its prediction."""
+    if len(unprobed) == len(experts):
+        said = "No prediction: no model has a probe"
+    else:
+        names = ", ".join(m["name"] for m in unprobed[:3]) + (" and more" if len(unprobed) > 3 else "")
+        said = f"No prediction for {names}: no probe"
+    return (
+        f"{said}; for one, give each model a probe: next to its model: in the config "
+        "(a JSONL file, an lm-eval task or its fine-tuning data), or --probe MODEL=SPEC"
+    )
 
 
 def known(model: Dict[str, Any], report: Dict[str, Any]):
