@@ -287,12 +287,13 @@ def absolute(config: Dict[str, Any], resolved: Dict[str, Path], folder: Optional
     ``probe:`` that is a file (as written, or against ``folder``, the config's) becomes its
     absolute path, so the written config is checked from anywhere; a task name stays."""
     from mergekit_mergeability.tasks.probes import existing_file
+    from mergekit_mergeability.tasks.sft import located  # a saved datasets folder too
 
     config = copy.deepcopy(config)
     for entry in model_entries(config):
         entry["model"] = _written(entry["model"], resolved)
         probe = entry.get("probe")
-        found = existing_file(probe, folder) if isinstance(probe, str) else None
+        found = (located(probe, folder) or existing_file(probe, folder)) if isinstance(probe, str) else None
         if found is not None:
             entry["probe"] = str(found)
     if "base_model" in config:

@@ -305,3 +305,13 @@ def test_chat_true_in_the_config_reads_fine_tuning_turns_through_the_models_temp
         question = text.prompt.removeprefix("System: Answer briefly.\n\nUser: ").removesuffix("\n\nAssistant:")
         assert chat.prompt == f"<|system|>Answer briefly.<|end|><|user|>{question}<|end|><|assistant|>"
         assert question in dict(PAIRS) and chat.gold == text.gold.lstrip() == dict(PAIRS)[question]
+
+
+def test_a_written_config_names_a_saved_dataset_by_its_absolute_folder(tmp_path):
+    """recommended.yml is checked from anywhere: its probe: folders are absolute, as its files are."""
+    from mergekit_mergeability.merge_config import absolute
+
+    saved = _write(tmp_path / "data", "datasets", _rows("alpaca"))
+    config = {"merge_method": "linear", "models": [{"model": "a", "probe": "data/saved"}, {"model": "b"}]}
+    written = absolute(config, {}, tmp_path)
+    assert written["models"][0]["probe"] == str(saved.resolve()) and config["models"][0]["probe"] == "data/saved"
