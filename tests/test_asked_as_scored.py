@@ -176,7 +176,9 @@ def test_a_model_no_better_than_the_base_on_its_own_probe_is_a_finding(llama, tm
     result = Dilution().run(inputs)
     assert result.per_model["same"]["alone_accuracy"] is not None
     (finding,) = [f for f in result.findings if "may not be asked the way this model was trained" in f.message]
-    assert finding.severity == "warning" and finding.message.startswith("same: on its own probe it scores the share of items right")
+    assert finding.severity == "warning" and finding.message.startswith(
+        "same: on its own probe it scores the share of items right"
+    )
 
 
 def test_with_the_users_shots_the_rehearsal_reads_as_the_written_merge_item_by_item(llama, tmp_path):
@@ -235,3 +237,13 @@ def _users_read(model, tokenizer, prompt, row):
             logits = model(input_ids=torch.tensor([ids])).logits[0].double().log_softmax(-1)
         totals.append(sum(logits[t - 1, ids[t]] for t in range(len(context), len(ids))))
     return float(torch.softmax(torch.stack(totals), 0)[row["label"]])
+
+
+def test_a_fewshot_file_beside_an_lm_eval_task_is_refused_naming_where_its_shots_come_from(tmp_path):
+    from mergekit_mergeability.tasks import lmeval
+
+    shots = str(_lines(tmp_path / "shots.jsonl", SHOTS))
+    with pytest.raises(UserError, match=r"the lm-eval task arc_easy takes its own from num_fewshot and fewshot_config"):
+        lmeval.resolve("arc_easy", fewshot=shots)
+    with pytest.raises(UserError, match=r"line 1 is not a \{\"question\", \"choices\", \"label\"\} line"):
+        probes.shots_from(str(_lines(tmp_path / "generation.jsonl", [{"prompt": "2+2=", "answer": "4"}])))

@@ -280,12 +280,17 @@ def derived(predictions: Mapping[str, Prediction], experts: Sequence[Mapping[str
     (``fluency``'s ``signature_kept``) and the merge's perplexity there. The others as they are."""
     found = dict(predictions)
     for model in experts:
-        if model.get("knowledge") is None and model["path"] in found:
-            found[model["path"]] = Prediction(None, [unprobed(model)])
+        if unprobed(model) and model["path"] in found:
+            found[model["path"]] = Prediction(None, [no_prediction(model)])
     return found
 
 
-def unprobed(model: Mapping[str, Any]) -> str:
+def unprobed(model: Mapping[str, Any]) -> bool:
+    """A precheck model without a probe: none named, and nothing asked of one (``knowledge``, ``dilution``)."""
+    return not model.get("probe") and model.get("knowledge") is None and model.get("dilution") is None
+
+
+def no_prediction(model: Mapping[str, Any]) -> str:
     """The reason of a model without a probe: no prediction, and what was measured without one."""
     fluency = FluencyStats.of(model.get("fluency"))
     if fluency.signature_kept is None:

@@ -34,7 +34,9 @@ def print_precheck(report: Printable, out: Optional[Path] = None, verbose: bool 
     console = Console()
     why = Column("why", no_wrap=True, overflow="ellipsis", ratio=1)
     experts = [m for m in report["models"] if m["role"] == "expert"]
-    unprobed = [m for m in experts if m["knowledge"] is None]
+    from mergekit_mergeability.decide.verdict import unprobed as without_probe
+
+    unprobed = [m for m in experts if without_probe(m)]
     # without a probe there is no prediction: what was measured instead, under its own name
     kept = [FluencyStats.of(m.get("fluency")).signature_kept for m in experts]
     shift = unprobed and any(k is not None for k in kept)

@@ -104,6 +104,11 @@ def _resolve(spec: str, relative_to: Optional[Path], what: str, fewshot: Optiona
     path = existing_file(spec, relative_to)
     if path is not None and path.suffix == ".jsonl":
         return _jsonl_task(path, fewshot, chat)
+    if fewshot is not None:  # lm-eval's own shots: its fewshot_config, which a file here would not change
+        raise UserError(
+            f"fewshot {fewshot}: shots of a .jsonl probe; the lm-eval task {spec} takes its own from "
+            "num_fewshot and fewshot_config in its YAML"
+        )
     if path is not None and path.suffix in (".yaml", ".yml"):
         name = _declared_name(path)
         return Task(name, name, path.parent, f"{name}:{_digest(*sorted(path.parent.iterdir()))}")
