@@ -96,7 +96,8 @@ class Recommendation(Report):
     # {knowledge_weighted, ties}: the experts' mean predicted score merged each way (None: not predicted)
     knowledge_weighted_against_ties: Optional[Json]
     configured_update: Optional[Json]
-    method_choice: Optional[Json]  # the config as written and the menu, rehearsed (None: not rehearsed)
+    method_choice: Optional[Json]  # the config as written, the menu and the knob grid, rehearsed (None: not rehearsed)
+    search: Optional[List[Json]]  # every rehearsed merge: its knobs and what it kept (None: not rehearsed)
     models: List[Json]  # {file, expert, keeps, drops, notes} per recommended config
 
 

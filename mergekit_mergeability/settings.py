@@ -66,7 +66,8 @@ class PrecheckSettings(RunSettings):
     overlap_threshold: float = DEFAULT_OVERLAP_THRESHOLD
     skip: Tuple[str, ...] = ()  # diagnostics not to run
     cache_dir: Optional[str] = None  # where each model's pass results are kept; None: nowhere
-    tune_budget: Optional[int] = None  # probe sequences the knob grid may spend beyond the menu; None: TUNE_CANDIDATES' worth
+    # probe sequences the knob grid may spend beyond the menu; None: TUNE_CANDIDATES' worth
+    tune_budget: Optional[int] = None
     probes_from_card: bool = False  # a model without a probe asks the first task its card names (``tasks.card``)
 
 

@@ -147,8 +147,11 @@ def advise(
     document: Mapping[str, Any],
     names: Mapping[str, str],
     predicted: Mapping[str, Optional[float]],
+    rehearsed: Mapping[str, Advice] = {},
 ) -> List[Advice]:
-    """One ``Advice`` per recommended model; none for ``do_not_merge``."""
+    """One ``Advice`` per recommended model; none for ``do_not_merge``. ``rehearsed``: the merges the
+    precheck rehearsed beside the config as written, by name (``decide.tuning.candidates``), of
+    which ``method_by_rehearsal`` writes the chosen one."""
     verdict = recommendation["verdict"]
     if verdict == DO_NOT_MERGE:
         return []
@@ -158,10 +161,7 @@ def advise(
     if verdict == SIGN_ELECTION:
         return [_sign_election(recommendation, document, names, predicted, update)]
     if verdict == METHOD_BY_REHEARSAL:
-        from mergekit_mergeability.decide.tuning import candidates
-
-        chosen = recommendation["method_choice"]["chosen"]
-        return [candidates(document, recommendation.get("knowledge") or {}, names)[chosen].advice]
+        return [rehearsed[recommendation["method_choice"]["chosen"]]]
     if verdict == LAYER_SELECTIVE:
         return _layer_selective(recommendation["cutoff"], document, names, predicted)
     if verdict == LEAVE_OUT:

@@ -100,7 +100,9 @@ def build(measured: Measurements, settings: PrecheckSettings, decision: Decision
         "search": None if recommendation.choice is None else _search(recommendation.choice, spec.document),
     }
     predicted = {m["path"]: m["predicted_mergeability"] for m in models}
-    rec["models"] = [_describe(a) for a in advise(rec, spec.document, names, predicted)]
+    rec["models"] = [
+        _describe(a) for a in advise(rec, spec.document, names, predicted, _rehearsed(rec, spec.document, names))
+    ]
     report = {
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "mergekit-mergeability", "version": version("mergekit-mergeability")},
@@ -279,8 +281,24 @@ def recommended(report: Dict[str, Any], measured: Measurements) -> List[Tuple[Ad
     predicted = {m["path"]: m["predicted_mergeability"] for m in report["models"]}
     return [
         (advice, absolute(advice.config, resolved, measured.spec.folder))
-        for advice in advise(report["recommendation"], measured.spec.document, names, predicted)
+        for advice in advise(
+            report["recommendation"],
+            measured.spec.document,
+            names,
+            predicted,
+            _rehearsed(report["recommendation"], measured.spec.document, names),
+        )
     ]
+
+
+def _rehearsed(recommendation, document, names) -> Dict[str, Advice]:
+    """The merges the rehearsal chose among, by name, as ``advise`` writes the chosen one."""
+    from mergekit_mergeability.decide.tuning import candidates
+
+    if recommendation.get("method_choice") is None:
+        return {}
+    knowledge = recommendation["method_choice"].get("knowledge") or {}
+    return {name: c.advice for name, c in candidates(document, knowledge, names).items()}
 
 
 def parsed(configs: List[Tuple[Advice, Dict[str, Any]]]) -> Dict[str, Any]:
