@@ -133,6 +133,9 @@ def test_chat_asks_through_the_models_chat_template_as_lm_eval_does(tmp_path, ll
     task = lmeval.resolve(str(probe), chat=True)
     assert task.chat and task.fingerprint != lmeval.resolve(str(probe)).fingerprint
     assert harness.score(model, tokenizer, task)["score"] == pytest.approx(sum(right) / len(right))
+    plain = transformers.AutoTokenizer.from_pretrained(llama["base"])
+    with pytest.raises(UserError, match="the tokenizer scoring it has no chat template"):
+        harness.score(model, plain, task)
 
 
 def test_chat_true_in_the_config_asks_through_the_template_and_must_be_a_bool(tmp_path, llama):

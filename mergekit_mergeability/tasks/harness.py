@@ -12,6 +12,7 @@ import logging
 from typing import Any, Dict, Optional
 from unittest import mock
 
+from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.tasks.lmeval import Task, compiled_templates, quiet_harness
 
 TRANSLATION_METRICS = {"bleu", "chrf"}
@@ -24,6 +25,10 @@ def score(
     from lm_eval import evaluator, simple_evaluate
     from lm_eval.models.huggingface import HFLM
 
+    if task.chat and not getattr(tokenizer, "chat_template", None):
+        raise UserError(
+            f"lm-eval task {task.name}: chat: true, but the tokenizer scoring it has no chat template; remove chat: true"
+        )
     manager, entry = task.load()
     for noisy in ("lm_eval", "lm-eval"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
