@@ -647,7 +647,14 @@ def plan(
     "--merged", type=click.Path(path_type=Path), required=True, help="The merged model folder (mergekit-yaml's output)."
 )
 @click.option("--tasks", help="Comma-separated task specs for every model, instead of each model's probe: key.")
-@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("eval"), show_default=True)
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("eval"),
+    show_default=True,
+    help="Folder (created if missing) for evaluation.json and evaluation.png.",
+)
 @cache_option
 @model_options("RunSettings")
 @user_errors
@@ -698,9 +705,20 @@ def evaluate(config_file: Path, merged: Path, tasks, out: Path, cache, **model):
     show_default=True,
     help="Any registered mergekit method (see `methods`); parameters come from the pool file.",
 )
-@click.option("--seed", type=int, default=api_default("mergeability", "seed"), show_default=True)
 @click.option(
-    "--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("mergeability"), show_default=True
+    "--seed",
+    type=int,
+    default=api_default("mergeability", "seed"),
+    show_default=True,
+    help="Seeds the draw of each trial's random partners: the same seed, the same trials.",
+)
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("mergeability"),
+    show_default=True,
+    help="Folder (created if missing) for mergeability.json.",
 )
 @cache_option
 @model_options("RunSettings")
@@ -747,7 +765,11 @@ def mergeability(pool_file: Path, partners, trials, method, seed, out: Path, cac
     help="Raw own-task score after merging, or the share of the fine-tune's gain kept.",
 )
 @click.option(
-    "--permutations", type=click.IntRange(min=100), default=api_default("validate", "permutations"), show_default=True
+    "--permutations",
+    type=click.IntRange(min=100),
+    default=api_default("validate", "permutations"),
+    show_default=True,
+    help="Shuffles of the measured scores for the permutation null of each Spearman.",
 )
 @click.option(
     "--out",
@@ -907,7 +929,7 @@ def calibrate(measured, out: Path, target, permutations, alpha, within, rehearsa
     type=click.FloatRange(min=0, min_open=True),
     help="Sampling temperature when --samples > 1.",
 )
-@setting("--seed", settings="SweepSettings", type=int)
+@setting("--seed", settings="SweepSettings", type=int, help="Seeds sampling when --samples > 1.")
 @setting(
     "--refine",
     settings="SweepSettings",
@@ -931,7 +953,14 @@ def calibrate(measured, out: Path, target, permutations, alpha, within, rehearsa
     is_flag=True,
     help="Also write the sweet spot's model to OUT/chosen/ (otherwise no checkpoint is written).",
 )
-@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("sweep"), show_default=True)
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("sweep"),
+    show_default=True,
+    help="Folder (created if missing) for sweep.json, sweep.png, report.html and chosen.yml.",
+)
 @cache_option
 @model_options("SweepSettings")
 @user_errors

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, TypeVar
 
 from mergekit_mergeability.errors import UserError
 
-INSTALL = "pip install mergekit-mergeability[ray]"
+INSTALL = 'pip install ".[ray]" in a checkout of mergekit-mergeability'
 
 T = TypeVar("T")
 

@@ -25,7 +25,7 @@ QUESTIONS = [f"Item {i}: which one?" for i in range(6)]
 def cluster():
     """One local cluster for the module: --ray uses a Ray already initialised in the process."""
     if ray is None:
-        pytest.skip("ray is not installed: pip install mergekit-mergeability[ray] (tests/run.sh installs it)")
+        pytest.skip('ray is not installed: pip install ".[ray]" (tests/run.sh installs it)')
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
@@ -134,7 +134,7 @@ def test_without_ray_the_option_says_how_to_install_it(pool, tmp_path, monkeypat
     )
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
-        "Error: --ray needs the ray package, which is not installed: pip install mergekit-mergeability[ray]"
+        'Error: --ray needs the ray package, which is not installed: pip install ".[ray]" in a checkout of mergekit-mergeability'
     ]
     assert not (tmp_path / "out").exists()
 
