@@ -40,7 +40,8 @@ def print_precheck(report: Printable, out: Optional[Path] = None, verbose: bool 
     # without a probe there is no prediction: what was measured instead, under its own name
     kept = [FluencyStats.of(m.get("fluency")).signature_kept for m in experts]
     shift = unprobed and any(k is not None for k in kept)
-    columns = ["model", "p(gold)", "acc", "predicted", *(["shift kept"] if shift else [])]
+    probed = len(unprobed) < len(experts)  # the base's knowledge is asked of probes: no columns without any
+    columns = ["model", *(["p(gold)", "acc"] if probed else []), "predicted", *(["shift kept"] if shift else [])]
     table = wrapping_table("Mergeability precheck", *columns, expand=True)
     table.columns.append(why)
     for model, signature in zip(experts, kept):
@@ -48,8 +49,7 @@ def print_precheck(report: Printable, out: Optional[Path] = None, verbose: bool 
         flag = "*" if model.get("out_of_domain") else ""
         table.add_row(
             model["name"],
-            number(p_gold),
-            number(accuracy),
+            *([number(p_gold), number(accuracy)] if probed else []),
             number(model["predicted_mergeability"]) + flag,
             *([number(signature)] if shift else []),
             "; ".join(model["reasons"]),
