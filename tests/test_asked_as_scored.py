@@ -250,3 +250,28 @@ def test_a_fewshot_file_beside_an_lm_eval_task_is_refused_naming_where_its_shots
         lmeval.resolve("arc_easy", fewshot=shots)
     with pytest.raises(UserError, match=r"line 1 is not a \{\"question\", \"choices\", \"label\"\} line"):
         probes.shots_from(str(_lines(tmp_path / "generation.jsonl", [{"prompt": "2+2=", "answer": "4"}])))
+
+
+def test_evaluate_and_mergeability_resolve_each_probe_with_its_models_fewshot_file_and_chat(tmp_path, llama):
+    """``resolve_all`` with the config's ``asked()``: the lm-eval task a probe becomes renders the
+    model's shots (what ``evaluate``, ``mergeability`` and ``plan --measured`` score)."""
+    from mergekit_mergeability import api
+    from mergekit_mergeability.tasks import lmeval
+
+    probe = _lines(tmp_path / "probe.jsonl", [{**r, "format": "options", "shots": 2} for r in ITEMS])
+    shots = _lines(tmp_path / "shots.jsonl", SHOTS)
+    document = {
+        "merge_method": "task_arithmetic",
+        "base_model": str(llama["base"]),
+        "models": [
+            {"model": str(llama["expert0"]), "probe": str(probe), "fewshot": str(shots), "chat": True},
+            {"model": str(llama["expert1"])},
+        ],
+    }
+    spec = api._spec(document)
+    assert spec.asked() == {str(probe): (str(shots), True)}
+    (task,) = lmeval.resolve_all([str(probe)], spec.folder, spec.asked()).values()
+    assert task.chat and task.entry["process_docs"].args == (str(probe), str(shots), True)
+    docs = task.entry["process_docs"](None)
+    assert [d["prompt"] for d in docs] == [_by_hand(r, 2) for r in ITEMS]
+    assert docs[0]["choices"] == ITEMS[0]["choices"]  # under chat, no delimiter before a choice
