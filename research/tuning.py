@@ -10,9 +10,9 @@ does not use, LoRA rank 4 on the attention projections of layers 15-29, trained 
 options listed. Each task has 16 probe items (all the precheck sees) and 48 unseen ones. 24 seeded
 draws of 2, 3 and 5 experts, each written as task_arithmetic (weight 1) and as ties (density 0.5,
 weight 1). The truth of a candidate: each member's mean p(gold) on its 48 unseen items in that
-candidate's merge built in memory exactly as mergekit writes it (the rehearsal's merge, read by the
-precheck's own ``dilution`` on a config whose probes are the unseen items). The precheck's choice
-with its default ``--tune-budget`` and with 0 (the menu alone) is read from the same rehearsal.
+candidate's merge built in memory exactly as mergekit writes it (the rehearsal's own merge). The
+precheck's choice with its default ``--tune-budget`` and with 0 (the menu alone) is read from the
+same rehearsal.
 Everything is cached under ``--cache-dir`` and ``--out``; a rerun goes on where it stopped.
 """
 
@@ -121,32 +121,47 @@ def rehearse(document: dict):
 
 
 class Truth:
-    """A candidate's members' mean p(gold) on their unseen items in its merge, read by the precheck's
-    rehearsal of the merge as written (``dilution``), cached by the merge."""
+    """A candidate's members' mean p(gold) on their unseen items in its merge, built in memory as
+    the rehearsal builds it (``dilution.as_written`` on mergekit's plan, DARE drawn as the rehearsal
+    draws it), cached by the merge."""
 
     def __init__(self, out: Path):
         self.path = out / "truth.json"
         self.cache = json.loads(self.path.read_text()) if self.path.is_file() else {}
 
-    def __call__(self, candidate: dict, unseen: dict, members) -> dict:
+    def __call__(self, document: dict, merges: dict, unseen: dict, members) -> dict:
+        """``merges``: name -> config; returns name -> task -> mean p(gold) on its unseen items."""
         from mergekit_mergeability import api, measuring
         from mergekit_mergeability.decide.tuning import _merge_key
-        from mergekit_mergeability.records import DilutionStats
+        from mergekit_mergeability.diagnostics import DiagnosticInputs
+        from mergekit_mergeability.diagnostics.dilution import as_written
+        from mergekit_mergeability.diagnostics.knowledge import scores
+        from mergekit_mergeability.merge_config import absolute
+        from mergekit_mergeability.planned import plan
         from mergekit_mergeability.settings import PrecheckSettings
+        from mergekit_mergeability.sources import load_causal_lm
 
-        key = _merge_key(candidate)
-        if key not in self.cache:
-            document = without_probes(candidate)
-            for entry, task in zip(document["models"], members):
+        keys = {name: _merge_key(config) for name, config in merges.items()}
+        left = {name: merges[name] for name, key in keys.items() if key not in self.cache}
+        if left:
+            asked = without_probes(document)
+            for entry, task in zip(asked["models"], members):
                 entry["probe"] = str(unseen[task])
-            skip = ("representations", "selectivity", "fluency", "menu")
-            settings = PrecheckSettings(device="cpu", dtype="float32", quiet=True, skip=skip, limit=SCORED)
-            results = measuring.measure(api._spec(document, pools=True), {}, settings).results["dilution"]
-            read = [DilutionStats.of(results.per_model[str(e["model"])]) for e in document["models"]]
-            assert all(r.rehearsed == "written" for r in read), key
-            self.cache[key] = {f"task_{t}": r.partnered_mean_p_gold for t, r in zip(members, read)}
+            spec = api._spec(asked, pools=True)
+            base, models = measuring.load_inputs(spec, measuring.probe_specs(spec, {}), SCORED, "float32")
+            inputs = DiagnosticInputs(base, models, PrecheckSettings(device="cpu", dtype="float32"))
+            touched = set().union(*inputs.touched.values())
+            sources = {m.name: m.path for m in (base, *models)}
+            module, tokenizer = load_causal_lm(base.path, "cpu", "float32")
+            for name, config in left.items():
+                with as_written(module, plan(absolute(config, sources), spec.source), list(sources.values()), touched):
+                    read = {m.name: scores(module, tokenizer, list(m.probes), None) for m in models}
+                self.cache[keys[name]] = {
+                    f"task_{t}": sum(s.p_gold for s in read[m.name]) / len(read[m.name])
+                    for t, m in zip(members, models)
+                }
             write_atomic(self.path, json.dumps(self.cache, indent=1))
-        return self.cache[key]
+        return {name: self.cache[key] for name, key in keys.items()}
 
 
 def measure(args) -> None:
@@ -184,9 +199,8 @@ def measure(args) -> None:
         untuned = choose_method({c: v for c, v in reads.items() if c in (AS_WRITTEN, *MENU)}, knowledge, kinds)
         offered = candidates(document, knowledge)
         needed = dict.fromkeys([AS_WRITTEN, *(c for c in MENU if c in reads), tuned.chosen, untuned.chosen])
-        measured_truth = {
-            c: truth(document if c == AS_WRITTEN else offered[c].advice.config, unseen, members) for c in needed
-        }
+        merges = {c: document if c == AS_WRITTEN else offered[c].advice.config for c in needed}
+        measured_truth = truth(document, merges, unseen, members)
         records.append(
             {
                 "config": label,
