@@ -70,6 +70,8 @@ def test_where_the_top_two_cannot_be_told_apart_it_says_how_many_items_would():
     margin, (low, high) = grouped_difference([p], [q])
     spread = (high - low) / (2 * 1.96)
     assert low <= 0 and apart.items_to_separate == math.ceil(16 * (1.96 * spread / margin) ** 2) > 16
+    said = recommend("ties", {}, {}, {}, None, [], choice=apart).reasons[0]
+    assert f"the probes cannot tell p from q: about {apart.items_to_separate} items per probe would" in said
 
 
 def test_the_verdict_says_what_the_pick_kept_on_the_held_out_halves():

@@ -460,6 +460,11 @@ def by_rehearsal(choice: MethodChoice, method: str) -> Recommendation:
         f" the config as written (95% {choice.gain_interval[0]:+.3f} to {choice.gain_interval[1]:+.3f})"
     )
     best = choice.best.replace("_", " ")
+    if choice.items_to_separate:
+        listing += (
+            f"; the probes cannot tell {best} from {choice.runner_up.replace('_', ' ')}:"
+            f" about {choice.items_to_separate} items per probe would"
+        )
     if choice.chosen == AS_WRITTEN:
         if choice.best == AS_WRITTEN:
             reason = f"rehearsed, the config as written keeps the most on its models' own probes ({listing})"
