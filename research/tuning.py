@@ -108,6 +108,17 @@ def unseen_probes(demo: Demo) -> dict:
     return found
 
 
+def trained_probes(demo: Demo) -> dict:
+    """Each task's 16 training items as a probe file: what a user who has the fine-tuning data has."""
+    from mergekit_mergeability.demo.training import fact_lines
+
+    found = {}
+    for r in map(json.loads, ROWS.read_text().splitlines()):
+        lines = "".join(json.dumps(line) + "\n" for line in fact_lines(r, SETTINGS.fact_format, trained=True))
+        found[r["id"].removeprefix("task_")] = write_atomic(demo.out / "trained" / f"{r['id']}.jsonl", lines)
+    return found
+
+
 def rehearse(document: dict):
     """The precheck's measurements of ``document`` (what decides the merge to write), with the
     representation passes and the signature skipped: they do not enter the choice."""
@@ -121,12 +132,12 @@ def rehearse(document: dict):
 
 
 class Truth:
-    """A candidate's members' mean p(gold) on their unseen items in its merge, built in memory as
+    """A candidate's members' mean p(gold) on their unseen items (or other probes) in its merge, built in memory as
     the rehearsal builds it (``dilution.as_written`` on mergekit's plan, DARE drawn as the rehearsal
     draws it), cached by the merge."""
 
-    def __init__(self, out: Path):
-        self.path = out / "truth.json"
+    def __init__(self, out: Path, name: str = "truth.json"):
+        self.path = out / name
         self.cache = json.loads(self.path.read_text()) if self.path.is_file() else {}
 
     def __call__(self, document: dict, merges: dict, unseen: dict, members) -> dict:
@@ -177,8 +188,8 @@ def measure(args) -> None:
     experts = demo.fact_experts()
     console.print(f"{len(experts)} experts ({time.perf_counter() - started:.0f} s)")
     probes = {t: experts[f"task_{t}"]["probe"] for t in TASKS}
-    unseen = unseen_probes(demo)
-    truth = Truth(args.out)
+    unseen, trained = unseen_probes(demo), trained_probes(demo)
+    truth, on_trained = Truth(args.out), Truth(args.out, "trained.json")
     saved = args.out / "tuning.json"
     records = json.loads(saved.read_text()) if saved.is_file() else []
     done = {(r["config"], r["method"]) for r in records}
@@ -201,6 +212,9 @@ def measure(args) -> None:
         needed = dict.fromkeys([AS_WRITTEN, *(c for c in MENU if c in reads), tuned.chosen, untuned.chosen])
         merges = {c: document if c == AS_WRITTEN else offered[c].advice.config for c in needed}
         measured_truth = truth(document, merges, unseen, members)
+        # the merge as written asked its members' training items: a probe from the fine-tuning data
+        from_training = on_trained(document, {AS_WRITTEN: document}, trained, members)[AS_WRITTEN]
+        tasks = {m["model"]: f"task_{t}" for m, t in zip(document["models"], members)}
         records.append(
             {
                 "config": label,
@@ -210,6 +224,8 @@ def measure(args) -> None:
                 "tuned": {"chosen": tuned.chosen, "best": tuned.best, "gain": tuned.gain, "kept": tuned.kept},
                 "untuned": {"chosen": untuned.chosen, "best": untuned.best, "gain": untuned.gain},
                 "measured": measured_truth,
+                "probe_read": {tasks[m]: v for m, v in tuned.per_model[AS_WRITTEN].items()},
+                "trained_read": from_training,
                 "seconds": round(time.perf_counter() - begun, 1),
             }
         )
@@ -252,8 +268,42 @@ def report(args, records=None) -> None:
         mean, (low, high) = mean_interval(values)
         table.add_row(name, f"{mean:+.3f}", f"[{low:+.3f}, {high:+.3f}]", f"{min(values):+.3f}", bar)
     show(table, args.markdown)
+    probes_from(records, args.markdown)
     moved = sum(r["tuned"]["chosen"] != AS_WRITTEN for r in records)
     console.print(f"tuned: off the config as written on {moved} of {len(records)}")
+
+
+def probes_from(records, markdown: bool) -> None:
+    """The merge as written, each member's own score predicted from a probe of its 16 held-out items
+    and from its 16 training items, against its mean p(gold) on 48 unseen items."""
+    from mergekit_mergeability.decide.verdict import AS_WRITTEN
+    from mergekit_mergeability.maths.stats import correlate, mean_interval
+
+    rows = [
+        (r["probe_read"][t], r["trained_read"][t], r["measured"][AS_WRITTEN][t])
+        for r in records
+        if "trained_read" in r
+        for t in r["members"]
+    ]
+    if len(rows) < 3:
+        return
+    table = Table(title=f"probes for the merge as written: {len(rows)} members, truth on 48 unseen items")
+    for column in ("probe of 16 items", "Spearman", "95% interval", "permutation p", "MAE", "MAE 95%"):
+        table.add_column(column)
+    truth = [y for *_, y in rows]
+    for name, column in (("held out of training", 0), ("from the training items", 1)):
+        read = [row[column] for row in rows]
+        c = correlate(read, truth)
+        mae, (low, high) = mean_interval([abs(a - b) for a, b in zip(read, truth)])
+        table.add_row(
+            name,
+            f"{c.spearman:+.2f}",
+            f"[{c.interval[0]:+.2f}, {c.interval[1]:+.2f}]",
+            f"{c.p_permutation:.4f}",
+            f"{mae:.3f}",
+            f"[{low:.3f}, {high:.3f}]",
+        )
+    show(table, markdown)
 
 
 def regression(args) -> None:
