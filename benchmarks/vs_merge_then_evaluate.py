@@ -71,6 +71,8 @@ from rich.table import Table
 
 from _models import workdir
 
+from mergekit_mergeability.tasks.lmeval import write_task
+
 DEFAULT = Path("pools-out/tuning/configs/n3_0_task_arithmetic.yml")
 DETERMINISTIC = ("task_arithmetic", "ties", "knowledge_weighted")
 DRAWN = ("dare_ties", "dare_linear", "della", "della_linear")  # mergekit draws their masks anew
@@ -79,30 +81,6 @@ console = Console(width=160)
 
 
 # Both sides ask the same lm-eval tasks --------------------------------------------------------------
-
-
-def task_yaml(folder: Path, name: str, instances) -> Path:
-    """``instances`` (prompts and continuations as the precheck scores them) as the lm-eval
-    multiple-choice task ``name``: its data as JSONL and its YAML, metric acc, the choices exactly
-    as given (target delimiter ""); as ``research/configs.py``'s ``task_yaml`` writes one."""
-    rows = [{"prompt": i.prompt, "choices": list(i.continuations), "label": i.label} for i in instances]
-    data = folder / f"{name}.jsonl"
-    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    task = {
-        "task": name,
-        "dataset_path": "json",
-        "dataset_kwargs": {"data_files": {"test": str(data.resolve())}},
-        "test_split": "test",
-        "output_type": "multiple_choice",
-        "doc_to_text": "{{prompt}}",
-        "doc_to_choice": "{{choices}}",
-        "doc_to_target": "{{label}}",
-        "target_delimiter": "",
-        "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
-    }
-    path = folder / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(task, sort_keys=False))
-    return path
 
 
 def asked_as_tasks(config: Path, work: Path):
@@ -127,7 +105,7 @@ def asked_as_tasks(config: Path, work: Path):
             if any(i.kind != MULTIPLE_CHOICE for i in instances):
                 raise SystemExit(f"{found}: only multiple-choice probes can be compared here")
             name = f"probe{index}_{re.sub(r'[^A-Za-z0-9_]', '_', found.stem)}"
-            probe_of[member] = str(task_yaml(folder, name, instances).resolve())
+            probe_of[member] = str(write_task(folder, name, instances, delimiter="").resolve())
         else:  # a task YAML (or a task name): lm-eval reads it where it is
             task = lmeval.resolve(probe, spec.folder, "probe")
             name = task.name

@@ -50,6 +50,7 @@ import make_tasks  # noqa: E402  (research/pools/make_tasks.py: the task generat
 from mergekit_mergeability.cli import default_cache_dir  # noqa: E402
 from mergekit_mergeability.demo.steps import Demo, Settings  # noqa: E402
 from mergekit_mergeability.files import write_atomic  # noqa: E402
+from mergekit_mergeability.tasks.lmeval import write_task as task_yaml  # noqa: E402  (a probe as an lm-eval task)
 
 TASKS = ("add_7", "sub_5", "double", "next", "last_digit", "first_digit", "digit_sum", "difference", "larger", "parity")
 TRAIN, PROBE, SCORED = 12, 16, 48
@@ -76,18 +77,18 @@ SETTINGS = Settings(
 console = Console(width=120)
 
 
-def write_rows() -> Path:
-    """The family's tasks: each task's items from make_tasks' generator (seeded by its name),
-    ``items`` the 12 trained and 16 probed, ``scored`` the 48 after them."""
+def write_rows(names=TASKS, family: str = "configs", train: int = TRAIN, path: Path = ROWS) -> Path:
+    """A family's tasks: each task's items from make_tasks' generator (seeded by the family and its
+    name), ``items`` the ``train`` trained and 16 probed, ``scored`` the 48 after them."""
     made = dict(make_tasks.TASKS)
     rows = []
-    for name in TASKS:
-        items = made[name](random.Random(f"configs/{name}"), TRAIN + PROBE + SCORED)
-        assert len(items) == TRAIN + PROBE + SCORED and len({i["question"] for i in items}) == len(items), name
+    for name in names:
+        items = made[name](random.Random(f"{family}/{name}"), train + PROBE + SCORED)
+        assert len(items) == train + PROBE + SCORED and len({i["question"] for i in items}) == len(items), name
         rows.append(
-            {"id": f"task_{name}", "items": items[: TRAIN + PROBE], "train": TRAIN, "scored": items[TRAIN + PROBE :]}
+            {"id": f"task_{name}", "items": items[: train + PROBE], "train": train, "scored": items[train + PROBE :]}
         )
-    return write_atomic(ROWS, "".join(json.dumps(r) + "\n" for r in rows))
+    return write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def groups():
@@ -162,32 +163,6 @@ class Scorer:
                 self.cache.setdefault(key, {})[task] = [round(v, 6) for v in p] if self.per_item else sum(p) / len(p)
             write_atomic(self.path, json.dumps(self.cache, indent=1))
         return {t: self.cache[key][t] for t in tasks}
-
-
-def task_yaml(folder: Path, name: str, instances, delimiter: str = " ") -> Path:
-    """``instances`` (prompts and choices as the precheck scores them) as an lm-eval multiple-choice
-    task ``name`` in ``folder``: its data as JSONL and its YAML, metric acc; the YAML's path.
-    lm-eval puts ``delimiter`` between prompt and choice ("": the choices exactly as given)."""
-    import yaml
-
-    rows = [
-        {"prompt": i.prompt, "choices": [c.removeprefix(delimiter) for c in i.continuations], "label": i.label}
-        for i in instances
-    ]
-    data = write_atomic(folder / f"{name}.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
-    task = {
-        "task": name,
-        "dataset_path": "json",
-        "dataset_kwargs": {"data_files": {"test": str(data.resolve())}},
-        "test_split": "test",
-        "output_type": "multiple_choice",
-        "doc_to_text": "{{prompt}}",
-        "doc_to_choice": "{{choices}}",
-        "doc_to_target": "{{label}}",
-        "target_delimiter": delimiter,
-        "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
-    }
-    return write_atomic(folder / f"{name}.yaml", yaml.safe_dump(task, sort_keys=False))
 
 
 def lm_eval_tasks(out: Path) -> dict:

@@ -29,10 +29,8 @@ from rich.console import Console
 from rich.table import Table
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE / "pools"))
-import make_tasks  # noqa: E402  (research/pools/make_tasks.py: the task generators)
-
-from configs import show, without_probes  # noqa: E402
+sys.path.insert(0, str(HERE))
+from configs import show, without_probes, write_rows as task_rows  # noqa: E402
 from mergekit_mergeability.cli import default_cache_dir  # noqa: E402
 from mergekit_mergeability.demo.steps import Demo, Settings  # noqa: E402
 from mergekit_mergeability.files import write_atomic  # noqa: E402
@@ -60,15 +58,7 @@ console = Console(width=120)
 
 def write_rows() -> Path:
     """Each task's 16 trained and 16 probed items (``items``) and 48 unseen ones (``scored``)."""
-    made = dict(make_tasks.TASKS)
-    rows = []
-    for name in TASKS:
-        items = made[name](random.Random(f"tuning/{name}"), TRAIN + PROBE + SCORED)
-        assert len(items) == TRAIN + PROBE + SCORED and len({i["question"] for i in items}) == len(items), name
-        rows.append(
-            {"id": f"task_{name}", "items": items[: TRAIN + PROBE], "train": TRAIN, "scored": items[TRAIN + PROBE :]}
-        )
-    return write_atomic(ROWS, "".join(json.dumps(r) + "\n" for r in rows))
+    return task_rows(TASKS, "tuning", TRAIN, ROWS)
 
 
 def written_configs():

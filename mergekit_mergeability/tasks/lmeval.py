@@ -18,7 +18,7 @@ import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.tasks.probes import (
@@ -150,6 +150,42 @@ def _declares(yaml_file: Path, name: str) -> bool:
     return any(line.strip() == f"task: {name}" for line in yaml_file.read_text().splitlines())
 
 
+def _multiple_choice(delimiter: str) -> Dict[str, Any]:
+    """An lm-eval multiple-choice task over ``{prompt, choices, label}`` rows, metric acc; lm-eval
+    puts ``delimiter`` between the prompt and each choice."""
+    return {
+        "output_type": "multiple_choice",
+        "doc_to_text": "{{prompt}}",
+        "doc_to_choice": "{{choices}}",
+        "doc_to_target": "{{label}}",
+        "target_delimiter": delimiter,
+        "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
+    }
+
+
+def write_task(folder: Path, name: str, instances: Sequence[Instance], delimiter: str = " ") -> Path:
+    """``instances`` (prompts and choices as the precheck asks them) as the lm-eval multiple-choice
+    task ``name`` in ``folder``: its data as JSONL beside its YAML (metric acc); the YAML's path.
+    With ``delimiter`` "" the choices are scored exactly as given."""
+    import yaml
+
+    from mergekit_mergeability.files import write_atomic
+
+    rows = [
+        {"prompt": i.prompt, "choices": [c.removeprefix(delimiter) for c in i.continuations], "label": i.label}
+        for i in instances
+    ]
+    data = write_atomic(Path(folder) / f"{name}.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+    task = {
+        "task": name,
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"test": str(data.resolve())}},
+        "test_split": "test",
+        **_multiple_choice(delimiter),
+    }
+    return write_atomic(Path(folder) / f"{name}.yaml", yaml.safe_dump(task, sort_keys=False))
+
+
 def _jsonl_task(path: Path, fewshot: Optional[Path] = None, chat: bool = False) -> Task:
     first = json.loads(next(line for line in path.read_text().splitlines() if line.strip()))
     name = f"{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
@@ -162,15 +198,7 @@ def _jsonl_task(path: Path, fewshot: Optional[Path] = None, chat: bool = False) 
     if "choices" in first and _rendered(path):
         # each line as ``probes`` renders it (its own format, its shots, its own prompt), each choice the
         # continuation the precheck scores whole (no delimiter added): what is scored is what the precheck asked
-        config = {
-            **common,
-            "output_type": "multiple_choice",
-            "doc_to_text": "{{prompt}}",
-            "doc_to_choice": "{{choices}}",
-            "doc_to_target": "{{label}}",
-            "target_delimiter": "",
-            "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
-        }
+        config = {**common, **_multiple_choice("")}
         fingerprint = _digest(path, *([fewshot] if fewshot else [])) + json.dumps(config, sort_keys=True)
         docs = functools.partial(_scored_docs, str(path), fewshot and str(fewshot), chat)
         return Task(name, {**config, "process_docs": docs}, None, fingerprint)
