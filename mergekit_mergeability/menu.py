@@ -21,12 +21,13 @@ from mergekit_mergeability.diagnostics.dilution import PARTNERS, as_written
 from mergekit_mergeability.planned import writable
 from mergekit_mergeability.diagnostics.knowledge import scores
 from mergekit_mergeability.sources import TensorReader
+from mergekit_mergeability.decide.verdict import MENU
 from mergekit_mergeability.records import KnowledgeStats
 from mergekit_mergeability.settings import TUNE_CANDIDATES
 from mergekit_mergeability.tasks.probes import GENERATION, OPTIONS
 
 NAME = "menu"  # its results sit beside the diagnostics' in precheck.json
-MENU_SIZE = 4  # advice.menu's candidates at most
+MENU_SIZE = len(MENU)  # advice.menu's candidates at most
 GRID_SIZE = 9  # decide.tuning's grid at most, besides one candidate per expert
 
 
@@ -55,7 +56,7 @@ def rehearse(measured, inputs: DiagnosticInputs) -> Optional[DiagnosticResult]:
     left = _budget(inputs, lines)
     plans = {AS_WRITTEN: inputs.merge}
     for name, candidate in candidates(measured.spec.document, knowledge).items():
-        on_grid = name not in MENU_NAMES
+        on_grid = name not in MENU
         if on_grid and left < lines:
             break
         planned = plan(absolute(candidate.advice.config, sources), measured.spec.source)
@@ -81,9 +82,6 @@ def rehearse(measured, inputs: DiagnosticInputs) -> Optional[DiagnosticResult]:
         result.per_model[model] = {c: sum(v) / len(v) for c, v in by_candidate.items()}
         result.per_instance[model] = [dict(zip(by_candidate, row)) for row in zip(*by_candidate.values())]
     return result
-
-
-MENU_NAMES = ("mean", "ties", "dare_ties", "knowledge_weighted")
 
 
 def _rehearsed(inputs: DiagnosticInputs) -> bool:
