@@ -22,7 +22,7 @@ from pathlib import Path
 
 from precheck import PeakMemory
 
-from mergekit_mergeability.cli import default_cache_dir
+from mergekit_mergeability.files import default_cache_dir
 from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
 from mergekit_mergeability.diagnostics.weights import WeightStatistics
 from mergekit_mergeability.settings import PrecheckSettings

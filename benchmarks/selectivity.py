@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from mergekit_mergeability.sources import load_causal_lm
-from mergekit_mergeability.cli import default_cache_dir
+from mergekit_mergeability.files import default_cache_dir
 from mergekit_mergeability.diagnostics.activations import encode, pad
 from mergekit_mergeability.diagnostics.selectivity import activation_probabilities
 from precheck import PeakMemory, alternate

@@ -27,7 +27,7 @@ from rich.console import Console
 
 from _models import workdir
 
-from mergekit_mergeability.cli import default_cache_dir
+from mergekit_mergeability.files import default_cache_dir
 from mergekit_mergeability.demo import reasoning
 from mergekit_mergeability.demo.steps import FULL, Demo
 from mergekit_mergeability.sources.cache import Cache

@@ -13,6 +13,7 @@ from typing import Callable, Optional
 import click
 
 from mergekit_mergeability.errors import MeasurementError, UserError
+from mergekit_mergeability.files import default_cache_dir
 
 # Exit statuses: 0 go ahead, 1 the precheck says stop, 2 a usage error, 3 could not measure.
 STOP, USAGE, UNMEASURED = 1, 2, 3
@@ -279,12 +280,6 @@ def ray_option(command):
     )(wrapper)
 
 
-def default_cache_dir() -> Path:
-    import os
-
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mergekit-mergeability"
-
-
 @main.command(short_help="Predict, before merging, how well each model survives it.")
 @click.argument("config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=False)
 @click.option(
@@ -395,7 +390,7 @@ def default_cache_dir() -> Path:
 @click.option(
     "--dry-run",
     is_flag=True,
-    help="Check the config and plan the merge, then say how many forward passes the precheck would run and roughly how long here; run nothing heavy, write nothing.",
+    help="Check the config and plan the merge from config.json and the weight files' headers, then say how many forward passes each phase would run and roughly how long here; no weights read, nothing written.",
 )
 @model_options("PrecheckSettings")
 @user_errors
@@ -453,7 +448,8 @@ def precheck(
     OUT/recommended/<expert>.yml, one model per expert).
     \b
     Before its heavy passes it says how many forward passes it will run and
-    roughly how long on this device; --dry-run says only that.
+    roughly how long on this device (and on a GPU, where one is here);
+    --dry-run says only that, phase by phase, and reads no weights.
     \b
     Exit status: 0 merge (as configured or as recommended); 1 do_not_merge or
     a plugin asks to stop; 2 a usage error; 3 the precheck could not measure
@@ -486,8 +482,9 @@ def precheck(
     if (config_file is None) == (pool is None):
         raise UserError("precheck: name a CONFIG_FILE or a --pool folder of adapters (one of the two)")
     if dry_run:
-        click.echo(api.precheck_cost(config_file or pool, probes=_probe_pairs(probes), settings=settings).line())
-        click.echo("dry run: nothing written; without --dry-run the precheck runs these passes")
+        cost = api.precheck_cost(config_file or pool, probes=_probe_pairs(probes), settings=settings)
+        click.echo("\n".join([cost.line(), *cost.by_phase()]))
+        click.echo("dry run: nothing written and no weights read; without --dry-run the precheck runs these passes")
         return
     result = api.precheck(config_file or pool, probes=_probe_pairs(probes), settings=settings, out=out)
     print_precheck(result, out, verbose)
@@ -611,7 +608,7 @@ def plan(
     \b
     Writes OUT/plan.json, OUT/models/model<k>.yml (each runs with the stock
     mergekit-yaml), OUT/precheck.json (reuse with --precheck) and report.html.
-    Predictions come from merges measured by the project (docs/plan.md); a
+    Predictions come from merges measured by the project (docs/prediction.md); a
     method never measured is predicted by the nearest measured one and marked.
     """
     from mergekit_mergeability import api

@@ -69,3 +69,8 @@ def read_report(path: Path, kind: str, fields: Sequence[str]) -> dict:
     if not isinstance(models, list) or not all(isinstance(m, dict) and set(fields) <= m.keys() for m in models):
         raise UserError(f"{path}: not {kind}'s output (needs models with {', '.join(fields)})")
     return document
+
+
+def default_cache_dir() -> Path:
+    """The user's cache for this tool ($XDG_CACHE_HOME, else ~/.cache)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mergekit-mergeability"

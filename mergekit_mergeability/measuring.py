@@ -180,7 +180,9 @@ def measure(
         if diagnostic.name != COMPATIBILITY and not planned:  # the models fit together: would mergekit take the config?
             inputs = replace(inputs, merge=plan(measured))
             planned = True
-            measured.cost = costs(inputs, [d for _, d in diagnostics if runs(d, inputs, skip)], skip)
+            # a dry run reads headers and config.json alone: a whole model is taken to touch every tensor
+            said = replace(inputs, read_weights=False) if dry_run else inputs
+            measured.cost = costs(said, [d for _, d in diagnostics if runs(d, said, skip)], skip)
             note(measured.cost.line(), settings.quiet)
             if dry_run:
                 return measured
@@ -233,7 +235,7 @@ def costs(inputs: DiagnosticInputs, diagnostics, skip) -> Cost:
     from mergekit_mergeability import menu
 
     rehearsed = 0 if menu.NAME in skip else menu.passes(inputs)
-    return estimate(inputs, diagnostics, rehearsed, [menu.said(inputs)] if rehearsed else [])
+    return estimate(inputs, diagnostics, rehearsed, [menu.said(inputs)] if rehearsed else [], menu.share(inputs))
 
 
 def plan(measured: Measurements) -> Optional[Dict[str, Any]]:

@@ -164,3 +164,40 @@ def make_adapter(
     }
     (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))
     return folder
+
+
+def shaped(folder: Path, model_config, dtype: str = "bfloat16") -> Path:
+    """A model folder of any size on almost no disk: ``model_config``'s config.json, the tiny
+    tokenizer, and one safetensors file whose header lists every tensor of that architecture and
+    whose data is a sparse run of zeros (nothing written). For what must read headers only, such
+    as a 7B-shape ``--dry-run``; reading its tensors gives zeros."""
+    import json
+    import os
+    import struct
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with torch.device("meta"):
+        shapes = {
+            n: tuple(t.shape)
+            for n, t in transformers.AutoModelForCausalLM.from_config(model_config).state_dict().items()
+        }
+    size = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, shape in shapes.items():
+        length = size * int(torch.Size(shape).numel())
+        header[name] = {
+            "dtype": {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}[dtype],
+            "shape": list(shape),
+            "data_offsets": [offset, offset + length],
+        }
+        offset += length
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    with open(folder / "model.safetensors", "wb") as file:
+        file.write(struct.pack("<Q", len(encoded)) + encoded)
+    os.truncate(folder / "model.safetensors", 8 + len(encoded) + offset)
+    model_config.torch_dtype = dtype
+    model_config.save_pretrained(folder)
+    train_tokenizer().save_pretrained(folder)
+    return folder

@@ -47,7 +47,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "pools"))
 import make_tasks  # noqa: E402  (research/pools/make_tasks.py: the task generators)
 
-from mergekit_mergeability.cli import default_cache_dir  # noqa: E402
+from mergekit_mergeability.files import default_cache_dir  # noqa: E402
 from mergekit_mergeability.demo.steps import Demo, Settings  # noqa: E402
 from mergekit_mergeability.files import write_atomic  # noqa: E402
 from mergekit_mergeability.tasks.lmeval import write_task as task_yaml  # noqa: E402  (a probe as an lm-eval task)

@@ -249,7 +249,7 @@ def speed(args) -> None:
 
 def check(args) -> None:
     """Measure the plan, merge-everything and random subsets in memory (see the module docstring)."""
-    from mergekit_mergeability.cli import default_cache_dir
+    from mergekit_mergeability.files import default_cache_dir
     from mergekit_mergeability.settings import RunSettings
     from mergekit_mergeability.sources.cache import Cache
     from mergekit_mergeability.planner import conditional, deciding, conditional_fit, planning

@@ -52,7 +52,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from mergekit_mergeability.cli import default_cache_dir
+from mergekit_mergeability.files import default_cache_dir
 from mergekit_mergeability.demo.steps import Demo, Settings, knowledge_of
 from mergekit_mergeability.files import write_atomic
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from mergekit_mergeability.cli import default_cache_dir
+from mergekit_mergeability.files import default_cache_dir
 from mergekit_mergeability.demo import translation
 from mergekit_mergeability.demo.steps import FULL, Demo
 from mergekit_mergeability.errors import UserError

@@ -31,7 +31,7 @@ from rich.table import Table
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from configs import show, without_probes, write_rows as task_rows  # noqa: E402
-from mergekit_mergeability.cli import default_cache_dir  # noqa: E402
+from mergekit_mergeability.files import default_cache_dir  # noqa: E402
 from mergekit_mergeability.decide.verdict import MENU as MENU_METHODS  # noqa: E402
 from mergekit_mergeability.demo.steps import Demo, Settings  # noqa: E402
 from mergekit_mergeability.files import write_atomic  # noqa: E402

@@ -706,3 +706,69 @@ def test_the_knowledge_bar_ends_at_its_total_for_probes_asked_with_their_options
     skip = ("dilution", "fluency", "representations", "selectivity", "menu")
     measuring.measure(api._spec(config), {}, PrecheckSettings(quiet=True, skip=skip))
     assert len(bars) == 1 and bars[0][0] == bars[0][1] > 0, bars
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """The tensors read through safetensors while it is in use (names); loading a model fails."""
+    import safetensors
+    import transformers
+
+    read, opened = [], safetensors.safe_open
+
+    class Counting:
+        def __init__(self, *args, **kwargs):
+            self.handle = opened(*args, **kwargs)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def __getattr__(self, name):
+            if name in ("get_tensor", "get_slice"):
+                read.append(name)
+            return getattr(self.handle, name)
+
+    def never(*args, **kwargs):
+        raise AssertionError("a dry run loaded a model")
+
+    monkeypatch.setattr(safetensors, "safe_open", Counting)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", never)
+    return read
+
+
+def test_a_dry_run_reads_no_tensor_data_and_loads_no_model(tmp_path, pool, reads):
+    """Issue 52: the cost line comes from headers, config.json and the probes' tokens, so that at 7B
+    ``--dry-run`` reads none of the 14-28 GB it will then read."""
+    from mergekit_mergeability import api
+
+    config = _config(tmp_path, pool, ["known", "unknown"], ["probe_known", "probe_unknown"])
+    cost = api.precheck_cost(config)
+    assert reads == [] and cost.total > 0 and cost.estimate, (reads[:3], cost.line())
+
+
+def test_a_dry_run_of_a_7b_shape_config_reads_no_tensor_data(tmp_path, reads, monkeypatch):
+    """Three 7B-shape fine-tunes and their base (headers only, their data sparse zeros): the dry
+    run's count and time come without a byte of tensor data read."""
+    import transformers
+
+    from mergekit_mergeability import api, cost
+    from mergekit_mergeability.tiny import shaped
+
+    seven = transformers.LlamaConfig(
+        hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32, vocab_size=32000
+    )
+    folders = {name: shaped(tmp_path / name, seven) for name in ("base", "a", "b", "c")}
+    monkeypatch.setattr(cost, "_timed", lambda *args: cost.Pace(1e-4, 1e-5, 1e-3, 1e-4, 1))  # not timing 7B here
+    probe = tmp_path / "probe.jsonl"
+    probe.write_text(json.dumps({"question": "2 + 2 =", "choices": ["4", "5"], "label": 0}) + "\n")
+    models = [{"model": str(folders[n]), "probe": str(probe), "parameters": {"weight": 1.0}} for n in "abc"]
+    config = tmp_path / "seven.yml"
+    config.write_text(
+        yaml.safe_dump({"merge_method": "task_arithmetic", "base_model": str(folders["base"]), "models": models})
+    )
+    counted = api.precheck_cost(config)
+    assert reads == [] and counted.total > 0 and counted.estimate > 0, (reads[:3], counted.line())
+    assert "menu" in counted.passes  # the merge as written is planned from the headers

@@ -76,14 +76,18 @@ class DiagnosticInputs:
     # the config's merge as mergekit plans it, output tensor -> planned.Planned (``planned.plan``);
     # None where it was not planned here (a hub model's config would be fetched)
     merge: Optional[Dict[str, Any]] = None
+    # False for a dry run: no tensor's values are read, so a whole model is taken to touch every tensor
+    read_weights: bool = True
 
     @cached_property
     def touched(self) -> Dict[str, FrozenSet[str]]:
         """Each model's name -> the tensors its update touches (``sources.changed``), read once
         per precheck for every diagnostic that rehearses a merge."""
-        from mergekit_mergeability.sources import TensorReader, changed
+        from mergekit_mergeability.sources import TensorReader, changed, tensors
 
         base = TensorReader(self.base.path)
+        if not self.read_weights:
+            return {m.name: frozenset(tensors(m.path).known_update() or base.index) for m in self.models}
         return {m.name: frozenset(changed(base, m.path)) for m in self.models}
 
     @cached_property

@@ -119,7 +119,8 @@ def shared_prompt_logprobs(model, tokenizer, prompt: str, continuations: Sequenc
     encoded = [encode(tokenizer, prompt, c) for c in continuations]
     context = encoded[0][0]
     device = next(model.parameters()).device
-    out = model(input_ids=torch.tensor([context], device=device), use_cache=True)
+    last_only = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}  # the prompt's last logits only
+    out = model(input_ids=torch.tensor([context], device=device), use_cache=True, **last_only)
     first = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
     cache = out[argument]
     cache.batch_repeat_interleave(len(encoded))

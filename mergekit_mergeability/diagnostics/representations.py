@@ -30,6 +30,7 @@ MIN_ROWS = 4  # the unbiased estimator's minimum; fewer rows say little anyway
 
 class Representations:
     name = "representations"
+    unit = "row"  # its passes read a probe's prompt and answer whole
     needs = frozenset({Need.PROBES})
 
     def passes(self, inputs: DiagnosticInputs, tokenizer=None) -> int:

@@ -48,6 +48,7 @@ _ACTIVATION = re.compile(r"\.(\d+)\.mlp\.(act_fn|act)$")  # transformers' names:
 
 class Selectivity:
     name = "selectivity"
+    unit = "row"  # its passes read a probe's prompt and answer whole
     needs = frozenset({Need.PROBES})
 
     def passes(self, inputs: DiagnosticInputs, tokenizer=None) -> int:

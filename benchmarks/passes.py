@@ -1,0 +1,107 @@
+"""The menu's forward passes, each speed-up measured against a baseline run in the same process.
+
+The precheck of a config of three SmolLM2-135M LoRA experts spends most of its time rehearsing
+merges: every candidate asks every member's probe. Two speed-ups, each switched on in turn:
+  - the prompt pass keeps the last position's logits only (``logits_to_keep=1``);
+  - the layers below the first one the updates touch run once for every candidate
+    (``diagnostics.shared_layers``): the first candidate records, the others replay.
+Each variant's scores must equal the baseline's (printed: the largest difference over every item of
+every candidate). The config: the `tuning` family's first three-expert draw as task_arithmetic
+(LoRA on the attention of layers 15-29; ``python research/run.py tuning measure`` trains and writes
+it), or ``--config`` yours. ``--tune-budget`` as the precheck's (default 0: the menu alone).
+
+    python benchmarks/passes.py [--config CONFIG.yml] [--tune-budget N] [--repeats 1]
+"""
+
+import argparse
+import contextlib
+import functools
+import statistics
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import transformers
+
+from mergekit_mergeability import api, menu
+from mergekit_mergeability.diagnostics.shared_layers import Shared
+from mergekit_mergeability.settings import PrecheckSettings
+
+DEFAULT = Path("pools-out/tuning/configs/n3_0_task_arithmetic.yml")
+VARIANTS = ("baseline", "+ last-position logits", "+ shared lower layers")
+
+
+@contextlib.contextmanager
+def variant(name: str):
+    """The code as shipped, with the speed-ups after ``name`` in VARIANTS switched off."""
+    keep = VARIANTS.index(name)
+    forward = transformers.LlamaForCausalLM.forward
+    shared_below = menu.shared_below
+    if keep < 1:
+
+        @functools.wraps(forward)
+        def every_logit(self, *args, logits_to_keep=0, **kwargs):
+            return forward(self, *args, **kwargs)
+
+        transformers.LlamaForCausalLM.forward = every_logit
+    if keep < 2:
+        menu.shared_below = lambda module, names: contextlib.nullcontext(Shared())
+    try:
+        yield
+    finally:
+        transformers.LlamaForCausalLM.forward, menu.shared_below = forward, shared_below
+
+
+def timed_rehearsal(config: Path, settings: PrecheckSettings):
+    """Seconds in ``menu.rehearse`` and its per-item reads, over one whole precheck."""
+    rehearse, spent = menu.rehearse, {}
+
+    def timing(measured, inputs):
+        started = time.perf_counter()
+        result = rehearse(measured, inputs)
+        spent["seconds"], spent["items"] = time.perf_counter() - started, result.per_instance
+        return result
+
+    menu.rehearse = timing
+    try:
+        with tempfile.TemporaryDirectory() as out:
+            api.precheck(config, settings=settings, out=out)
+    finally:
+        menu.rehearse = rehearse
+    return spent["seconds"], spent["items"]
+
+
+def largest_difference(a, b) -> float:
+    return max(abs(x[c] - y[c]) for m in a for x, y in zip(a[m], b[m]) for c in x)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, default=DEFAULT)
+    parser.add_argument("--tune-budget", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=1)
+    args = parser.parse_args()
+    if not args.config.is_file():
+        raise SystemExit(f"{args.config}: no such config (python research/run.py tuning measure writes it)")
+    settings = PrecheckSettings(
+        device="cpu", dtype="float32", quiet=True, skip=("representations", "selectivity"), tune_budget=args.tune_budget
+    )
+    seconds, items = {v: [] for v in VARIANTS}, {}
+    for _ in range(args.repeats):
+        for name in VARIANTS:  # interleaved: a noisy spell of the machine falls on every variant alike
+            with variant(name):
+                spent, items[name] = timed_rehearsal(args.config, replace(settings))
+            seconds[name].append(spent)
+    base = statistics.median(seconds["baseline"])
+    for name in VARIANTS:
+        median = statistics.median(seconds[name])
+        print(
+            f"{name:24s} {median:7.1f} s  {base / median:4.2f}x the baseline's speed  "
+            f"largest score difference {largest_difference(items['baseline'], items[name]):.1e}"
+        )
+    print(f"target: the speed-ups together >= 1.5x ({args.repeats} run(s) each, medians)")
+
+
+if __name__ == "__main__":
+    main()
