@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 LINE, WINDOW, ROW = "line", "window", "row"
-TIMED_TOKENS = 64  # per row of the timed batch
 TIMED_VOCABULARY = 8192  # the head is timed this wide and scaled to the model's vocabulary
+UNCACHED = 256 << 20  # bytes of blocks timed together, beyond any processor cache
 
 
 @dataclass(frozen=True)
@@ -109,8 +109,7 @@ def estimate(inputs, diagnostics, menu_passes: int = 0, notes: List[str] = [], m
         if tokenizer is None or not any(passes.values()):
             return {}
         config = _source(inputs.base.path).config_json()[1]
-        at = pace(config, device, inputs.base.load_dtype(inputs.settings), inputs.settings.batch_size)
-        return {unit: at.seconds(*tokens) for unit, tokens in _tokens(inputs, tokenizer).items()}
+        return _tokens(inputs, tokenizer, pace(config, device, inputs.base.load_dtype(inputs.settings)))
 
     elsewhere = {}
     if device == "cpu" and _gpu():
@@ -118,103 +117,125 @@ def estimate(inputs, diagnostics, menu_passes: int = 0, notes: List[str] = [], m
     return Cost(passes, units, on(device), uncounted, device, list(notes), shares, elsewhere)
 
 
+TIMED = (1, 8, 32, 128, 512, 2048)  # tokens in one forward call, where the pace is timed
+PROMPT, FULL = "prompt", "full"  # a call that reads the last position's logits only, or every position's
+
+
 @dataclass(frozen=True)
 class Pace:
-    """Seconds per token through one decoder block and through the head (the embedding, the final
-    norm and the logits), and what a forward call costs beyond its tokens, outside the blocks and
-    in each, for a model of ``layers`` blocks."""
+    """Seconds one forward call of n tokens (TIMED, read between them by linear interpolation)
+    takes in one decoder block and outside the blocks (embedding, final norm, logits, the call's
+    own overhead), for a call that reads the last position's logits (PROMPT) or every position's
+    (FULL), for a model of ``layers`` blocks."""
 
-    block: float
-    head: float
-    call: float
-    block_call: float
-    layers: int
+    block: Dict[str, List[float]]
+    outside: Dict[str, List[float]]
+    layers: int = 1
 
-    def seconds(self, block_tokens: float, head_tokens: float, calls: float) -> Tuple[float, float]:
-        """One counted pass (its tokens through the blocks, those whose logits are read, its share
-        of a call): its seconds in the blocks and outside them."""
-        blocks = self.layers * (block_tokens * self.block + calls * self.block_call)
-        return blocks, head_tokens * self.head + calls * self.call
+    def call(self, kind: str, tokens: float) -> Tuple[float, float]:
+        """One call of ``tokens`` tokens: (seconds in all the blocks, seconds outside them)."""
+        import numpy as np
+
+        block, outside = (float(np.interp(tokens, TIMED, table[kind])) for table in (self.block, self.outside))
+        return self.layers * block, outside
 
 
-def pace(config: dict, device: str, dtype: str, batch: int) -> Pace:
-    """This device's ``Pace`` for a model shaped as ``config`` (config.json's dict): timed once on
-    one block with random weights, then kept in the user's cache per device, dtype and shape."""
+def pace(config: dict, device: str, dtype: str) -> Pace:
+    """This device's ``Pace`` for a model shaped as ``config`` (config.json's dict): timed once on a
+    one-block model with random weights, then kept in the user's cache per device, dtype and shape."""
     from mergekit_mergeability.files import default_cache_dir, write_atomic
 
-    shape = {k: config.get(k) for k in ("model_type", "hidden_size", "intermediate_size", "num_attention_heads")}
-    key = f"{device}/{dtype}/batch {batch}/" + "/".join(f"{v}" for v in shape.values())
+    shape = (
+        "model_type",
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "vocab_size",
+    )
+    key = f"{device}/{dtype}/" + "/".join(f"{config.get(k)}" for k in shape)
     kept = default_cache_dir() / "pace.json"
     known = _read(kept)
-    if not isinstance(known.get(key), dict) or set(known[key]) != set(Pace.__dataclass_fields__):
-        known[key] = asdict(_timed(config, device, dtype, batch))
+    if not isinstance(known.get(key), dict) or set(known[key]) != {"block", "outside"}:
+        timed = _timed(config, device, dtype)
+        known[key] = {"block": timed.block, "outside": timed.outside}
         write_atomic(kept, json.dumps(known, indent=1))
-    return Pace(**{**known[key], "layers": int(config.get("num_hidden_layers") or 1)})
+    return Pace(**known[key], layers=int(config.get("num_hidden_layers") or 1))
 
 
-def _timed(config: dict, device: str, dtype: str, batch: int) -> Pace:
-    """A one-block model of the shape, timed with its block and without (the faster of two runs),
-    on ``batch`` rows of TIMED_TOKENS and on one row of one token (a call's own cost)."""
+def _timed(config: dict, device: str, dtype: str) -> Pace:
+    """A model of the shape with a few blocks (UNCACHED bytes of them, or all), each TIMED call
+    run with its blocks and without (the fastest of a few runs). A vocabulary wider than the timed one is timed at TIMED_VOCABULARY and its
+    logits' share scaled up (the head's time grows with its width)."""
     import torch
     import transformers
 
     vocabulary = int(config.get("vocab_size") or TIMED_VOCABULARY)
-    shaped = {**config, "num_hidden_layers": 1, "vocab_size": min(vocabulary, TIMED_VOCABULARY)}
-    if isinstance(shaped.get("layer_types"), list):  # one entry per block
-        shaped["layer_types"] = shaped["layer_types"][:1]
-    shaped = {k: v for k, v in shaped.items() if k not in ("architectures", "dtype", "torch_dtype")}
-    made = transformers.AutoConfig.for_model(**shaped)
-    with torch.device(device):
-        model = transformers.AutoModelForCausalLM.from_config(made, dtype=getattr(torch, dtype)).eval()
-    blocks = model.get_decoder().layers
 
-    def fastest(rows: int, tokens: int) -> float:
-        ids = torch.randint(0, made.vocab_size, (rows, tokens), device=device)
+    def built(layers: int):
+        shaped = {**config, "num_hidden_layers": layers, "vocab_size": min(vocabulary, TIMED_VOCABULARY)}
+        if isinstance(shaped.get("layer_types"), list):  # one entry per block
+            shaped["layer_types"] = (shaped["layer_types"] * layers)[:layers]
+        shaped = {k: v for k, v in shaped.items() if k not in ("architectures", "dtype", "torch_dtype")}
+        made = transformers.AutoConfig.for_model(**shaped)
+        with torch.device(device):
+            return transformers.AutoModelForCausalLM.from_config(made, dtype=getattr(torch, dtype)).eval()
+
+    # enough blocks that their weights do not fit in the processor's cache, as a whole model's do not:
+    # one small block run again and again is read from the cache, and timed several times too fast
+    model = built(1)
+    one = sum(p.numel() * p.element_size() for p in model.get_decoder().layers.parameters())
+    count = min(int(config.get("num_hidden_layers") or 1), max(1, -(-UNCACHED // one)))
+    model = built(count) if count > 1 else model
+    made, decoder = model.config, model.get_decoder()
+    blocks, wider = decoder.layers, vocabulary / made.vocab_size
+
+    def fastest(tokens: int, kind: str) -> float:
+        rows = max(1, tokens // 256)
+        ids = torch.randint(0, made.vocab_size, (rows, tokens // rows), device=device)
+        keep = {"logits_to_keep": 1} if kind == PROMPT else {}
         runs = []
         with torch.inference_mode():
-            for _ in range(3):  # the first warms up
+            for _ in range(2 if tokens > 256 else 5):  # the first warms up
                 started = time.perf_counter()
-                model(input_ids=ids)
+                model(input_ids=ids, **keep)
                 if device.startswith("cuda"):
                     torch.cuda.synchronize()
                 runs.append(time.perf_counter() - started)
         return min(runs[1:])
 
-    tokens = batch * TIMED_TOKENS
-    whole, whole_call = fastest(batch, TIMED_TOKENS), fastest(1, 1)
-    model.get_decoder().layers = torch.nn.ModuleList()
-    outer, outer_call = fastest(batch, TIMED_TOKENS), fastest(1, 1)
-    model.get_decoder().layers = blocks
-    return Pace(
-        block=max(whole - outer - (whole_call - outer_call), 0.0) / tokens,
-        head=max(outer - outer_call, 0.0) / tokens * vocabulary / made.vocab_size,
-        call=outer_call,
-        block_call=max(whole_call - outer_call, 0.0),
-        layers=1,
-    )
+    whole = {kind: [fastest(n, kind) for n in TIMED] for kind in (PROMPT, FULL)}
+    decoder.layers = torch.nn.ModuleList()
+    bare = {kind: [fastest(n, kind) for n in TIMED] for kind in (PROMPT, FULL)}
+    decoder.layers = blocks
+    # every position's logits: what FULL adds to PROMPT, scaled to the model's vocabulary
+    head = [max(f - p, 0.0) * wider for f, p in zip(bare[FULL], bare[PROMPT])]
+    outside = {PROMPT: bare[PROMPT], FULL: [p + h for p, h in zip(bare[PROMPT], head)]}
+    block = {kind: [max(w - b, 0.0) / count for w, b in zip(whole[kind], bare[kind])] for kind in (PROMPT, FULL)}
+    return Pace(block, outside)
 
 
-def _tokens(inputs, tokenizer) -> Dict[str, Tuple[float, float, float]]:
-    """Per unit, one counted pass's (tokens through the blocks, tokens whose logits are read, calls):
-    a probe line shares its item's prompt with the item's other options (two calls an item); a row
-    is a prompt and its answer; a window is the shipped text's."""
+def _tokens(inputs, tokenizer, at: Pace) -> Dict[str, Tuple[float, float]]:
+    """Per unit, one counted pass's seconds (in the blocks, outside them): a probe line is one
+    option of an item whose prompt runs once for all its options (a PROMPT call of the prompt, a
+    FULL call of every option); a row is a prompt and its answer whole, in batches; a window is
+    the shipped text's."""
     from mergekit_mergeability.diagnostics.fluency import WINDOW as WINDOW_TOKENS
 
     batch = max(1, inputs.settings.batch_size)
     items = [i for m in inputs.models for i in (m.probes or ())]
-    found = {WINDOW: (WINDOW_TOKENS, WINDOW_TOKENS, 1 / batch)}
+    found = {WINDOW: at.call(FULL, WINDOW_TOKENS)}
     if items:
         count = lambda text, **kw: len(tokenizer(text, **kw)["input_ids"])  # noqa: E731
         prompts = [count(i.prompt) for i in items]
         options = [[count(c, add_special_tokens=False) for c in (*i.continuations, *i.letters)] for i in items]
         lines = sum(len(o) for o in options)
-        found[LINE] = (
-            (sum(prompts) + sum(map(sum, options))) / lines,
-            (len(items) + sum(map(sum, options))) / lines,
-            2 * len(items) / lines,
-        )
-        rows = sum(p + o[i.label] for p, o, i in zip(prompts, options, items)) / len(items)
-        found[ROW] = (rows, rows, 1 / batch)
+        spent = [
+            tuple(a + b for a, b in zip(at.call(PROMPT, p), at.call(FULL, sum(o)))) for p, o in zip(prompts, options)
+        ]
+        found[LINE] = tuple(sum(part) / lines for part in zip(*spent))
+        row = sum(p + o[i.label] for p, o, i in zip(prompts, options, items)) / len(items)
+        found[ROW] = tuple(part / batch for part in at.call(FULL, batch * row))
     return found
 
 

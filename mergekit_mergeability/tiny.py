@@ -166,9 +166,9 @@ def make_adapter(
     return folder
 
 
-def shaped(folder: Path, model_config, dtype: str = "bfloat16") -> Path:
-    """A model folder of any size on almost no disk: ``model_config``'s config.json, the tiny
-    tokenizer, and one safetensors file whose header lists every tensor of that architecture and
+def shaped(folder: Path, model_config, dtype: str = "bfloat16", tokenizer=None) -> Path:
+    """A model folder of any size on almost no disk: ``model_config``'s config.json, ``tokenizer``
+    (default: the tiny one), and one safetensors file whose header lists every tensor of that architecture and
     whose data is a sparse run of zeros (nothing written). For what must read headers only, such
     as a 7B-shape ``--dry-run``; reading its tensors gives zeros."""
     import json
@@ -199,5 +199,5 @@ def shaped(folder: Path, model_config, dtype: str = "bfloat16") -> Path:
     os.truncate(folder / "model.safetensors", 8 + len(encoded) + offset)
     model_config.torch_dtype = dtype
     model_config.save_pretrained(folder)
-    train_tokenizer().save_pretrained(folder)
+    (tokenizer or train_tokenizer()).save_pretrained(folder)
     return folder

@@ -138,6 +138,7 @@ class Truth:
         from mergekit_mergeability.diagnostics import DiagnosticInputs
         from mergekit_mergeability.diagnostics.dilution import as_written
         from mergekit_mergeability.diagnostics.knowledge import scores
+        from mergekit_mergeability.diagnostics.shared_layers import shared_below
         from mergekit_mergeability.merge_config import absolute
         from mergekit_mergeability.planned import plan
         from mergekit_mergeability.settings import PrecheckSettings
@@ -155,13 +156,16 @@ class Truth:
             touched = set().union(*inputs.touched.values())
             sources = {m.name: m.path for m in (base, *models)}
             module, tokenizer = load_causal_lm(base.path, "cpu", "float32")
-            for name, config in left.items():
-                with as_written(module, plan(absolute(config, sources), spec.source), list(sources.values()), touched):
-                    read = {m.name: scores(module, tokenizer, list(m.probes), None) for m in models}
-                self.cache[keys[name]] = {
-                    f"task_{t}": sum(s.p_gold for s in read[m.name]) / len(read[m.name])
-                    for t, m in zip(members, models)
-                }
+            with shared_below(module, touched) as shared:  # the untouched layers run once for every merge
+                for name, config in left.items():
+                    shared.next_candidate()
+                    planned = plan(absolute(config, sources), spec.source)
+                    with as_written(module, planned, list(sources.values()), touched):
+                        read = {m.name: scores(module, tokenizer, list(m.probes), None) for m in models}
+                    self.cache[keys[name]] = {
+                        f"task_{t}": sum(s.p_gold for s in read[m.name]) / len(read[m.name])
+                        for t, m in zip(members, models)
+                    }
             write_atomic(self.path, json.dumps(self.cache, indent=1))
         return {name: self.cache[key] for name, key in keys.items()}
 

@@ -761,7 +761,9 @@ def test_a_dry_run_of_a_7b_shape_config_reads_no_tensor_data(tmp_path, reads, mo
         hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32, vocab_size=32000
     )
     folders = {name: shaped(tmp_path / name, seven) for name in ("base", "a", "b", "c")}
-    monkeypatch.setattr(cost, "_timed", lambda *args: cost.Pace(1e-4, 1e-5, 1e-3, 1e-4, 1))  # not timing 7B here
+    flat = {kind: [0.01] * len(cost.TIMED) for kind in (cost.PROMPT, cost.FULL)}
+    monkeypatch.setattr(cost, "_timed", lambda *args: cost.Pace(flat, flat))  # not timing 7B here
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     probe = tmp_path / "probe.jsonl"
     probe.write_text(json.dumps({"question": "2 + 2 =", "choices": ["4", "5"], "label": 0}) + "\n")
     models = [{"model": str(folders[n]), "probe": str(probe), "parameters": {"weight": 1.0}} for n in "abc"]
