@@ -6,7 +6,8 @@ merges: every candidate asks every member's probe. Two speed-ups, each switched 
   - the layers below the first one the updates touch run once for every candidate
     (``diagnostics.shared_layers``): the first candidate records, the others replay.
 Each variant's scores must equal the baseline's (printed: the largest difference over every item of
-every candidate). The config: the `tuning` family's first three-expert draw as task_arithmetic
+every candidate). ``--bfloat16`` adds the shipped code run in bfloat16 on the CPU, kept only where
+it is faster and its scores agree with float32's to 1e-3. The config: the `tuning` family's first three-expert draw as task_arithmetic
 (LoRA on the attention of layers 15-29; ``python research/run.py tuning measure`` trains and writes
 it), or ``--config`` yours. ``--tune-budget`` as the precheck's (default 0: the menu alone).
 
@@ -30,12 +31,13 @@ from mergekit_mergeability.settings import PrecheckSettings
 
 DEFAULT = Path("pools-out/tuning/configs/n3_0_task_arithmetic.yml")
 VARIANTS = ("baseline", "+ last-position logits", "+ shared lower layers")
+BFLOAT16 = "shipped, in bfloat16"
 
 
 @contextlib.contextmanager
 def variant(name: str):
     """The code as shipped, with the speed-ups after ``name`` in VARIANTS switched off."""
-    keep = VARIANTS.index(name)
+    keep = VARIANTS.index(name) if name in VARIANTS else len(VARIANTS)
     forward = transformers.LlamaForCausalLM.forward
     shared_below = menu.shared_below
     if keep < 1:
@@ -81,20 +83,23 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=DEFAULT)
     parser.add_argument("--tune-budget", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--bfloat16", action="store_true", help="also the shipped code in bfloat16")
     args = parser.parse_args()
     if not args.config.is_file():
         raise SystemExit(f"{args.config}: no such config (python research/run.py tuning measure writes it)")
     settings = PrecheckSettings(
         device="cpu", dtype="float32", quiet=True, skip=("representations", "selectivity"), tune_budget=args.tune_budget
     )
-    seconds, items = {v: [] for v in VARIANTS}, {}
+    names = (*VARIANTS, BFLOAT16) if args.bfloat16 else VARIANTS
+    seconds, items = {v: [] for v in names}, {}
     for _ in range(args.repeats):
-        for name in VARIANTS:  # interleaved: a noisy spell of the machine falls on every variant alike
+        for name in names:  # interleaved: a noisy spell of the machine falls on every variant alike
+            dtype = "bfloat16" if name == BFLOAT16 else "float32"
             with variant(name):
-                spent, items[name] = timed_rehearsal(args.config, replace(settings))
+                spent, items[name] = timed_rehearsal(args.config, replace(settings, dtype=dtype))
             seconds[name].append(spent)
     base = statistics.median(seconds["baseline"])
-    for name in VARIANTS:
+    for name in names:
         median = statistics.median(seconds[name])
         print(
             f"{name:24s} {median:7.1f} s  {base / median:4.2f}x the baseline's speed  "

@@ -85,10 +85,11 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def estimate(inputs, diagnostics, menu_passes: int = 0, notes: List[str] = [], menu_share: float = 1.0) -> Cost:
-    """The cost of ``diagnostics`` (those that will run) and the menu's rehearsal on ``inputs``
-    (``menu_share``: the share of the blocks its passes run), from headers, config.json and the
-    probes' tokens."""
+def estimate(inputs, diagnostics, menu_passes: int = 0, notes: List[str] = []) -> Cost:
+    """The cost of ``diagnostics`` (those that will run) and the menu's rehearsal on ``inputs``,
+    from headers, config.json and the probes' tokens. The menu's passes, and those of a diagnostic
+    that says ``shares_layers``, ask each probe under several merges: after the first, they run
+    only the layers the updates touch (``shared_layers``)."""
     tokenizer = _tokenizer(inputs.base.path) if inputs.base is not None else None
     passes, units, uncounted = {}, {}, []
     for diagnostic in diagnostics:
@@ -103,7 +104,8 @@ def estimate(inputs, diagnostics, menu_passes: int = 0, notes: List[str] = [], m
     if menu_passes:
         passes["menu"], units["menu"] = menu_passes, LINE
     device = _device(inputs.settings.device)
-    shares = {"menu": menu_share} if menu_passes else {}
+    shared = ["menu", *(d.name for d in diagnostics if getattr(d, "shares_layers", False))]
+    shares = _shares(inputs, {name: passes[name] for name in shared if passes.get(name)})
 
     def on(device: str) -> Dict[str, Tuple[float, float]]:
         if tokenizer is None or not any(passes.values()):
@@ -237,6 +239,20 @@ def _tokens(inputs, tokenizer, at: Pace) -> Dict[str, Tuple[float, float]]:
         row = sum(p + o[i.label] for p, o, i in zip(prompts, options, items)) / len(items)
         found[ROW] = tuple(part / batch for part in at.call(FULL, batch * row))
     return found
+
+
+def _shares(inputs, passes: Dict[str, int]) -> Dict[str, float]:
+    """Each diagnostic's share of a whole pass's blocks (``shared_layers.share``), where it passes
+    each probe line ``passes / lines`` times."""
+    from mergekit_mergeability.diagnostics.shared_layers import first_touched, share
+
+    lines = sum(len(i.continuations) for m in inputs.models for i in (m.probes or ()))
+    if not passes or not lines:
+        return {}
+    config = _source(inputs.base.path).config_json()[1]
+    layers = int(config.get("num_hidden_layers") or 1)
+    first = first_touched(set().union(*inputs.touched.values()), layers, bool(config.get("tie_word_embeddings")))
+    return {name: share(n / lines, first, layers) for name, n in passes.items()}
 
 
 def _tokenizer(source):

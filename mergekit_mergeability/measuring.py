@@ -235,7 +235,7 @@ def costs(inputs: DiagnosticInputs, diagnostics, skip) -> Cost:
     from mergekit_mergeability import menu
 
     rehearsed = 0 if menu.NAME in skip else menu.passes(inputs)
-    return estimate(inputs, diagnostics, rehearsed, [menu.said(inputs)] if rehearsed else [], menu.share(inputs))
+    return estimate(inputs, diagnostics, rehearsed, [menu.said(inputs)] if rehearsed else [])
 
 
 def plan(measured: Measurements) -> Optional[Dict[str, Any]]:

@@ -22,7 +22,7 @@ from mergekit_mergeability.diagnostics.dilution import PARTNERS, as_written
 from mergekit_mergeability.planned import writable
 from mergekit_mergeability.diagnostics.knowledge import scores
 from mergekit_mergeability.diagnostics.shared_layers import shared_below
-from mergekit_mergeability.sources import TensorReader, source_of
+from mergekit_mergeability.sources import TensorReader
 from mergekit_mergeability.decide.verdict import MENU
 from mergekit_mergeability.records import KnowledgeStats
 from mergekit_mergeability.settings import TUNE_CANDIDATES
@@ -72,10 +72,9 @@ def rehearse(measured, inputs: DiagnosticInputs) -> Optional[DiagnosticResult]:
         task(
             f"menu: the config as written and {len(plans) - 1} other merges", len(plans) * lines, settings.quiet
         ) as advance,
-        shared_below(module, names) as shared,
+        shared_below(module, names),
     ):
         for name, candidate in plans.items():
-            shared.next_candidate()
             with as_written(module, candidate, paths, names):
                 for model in models:
                     asked = scores(module, tokenizer, list(model.probes), advance)
@@ -115,21 +114,6 @@ def passes(inputs: DiagnosticInputs) -> int:
     lines = _lines(inputs)
     grid = min(_budget(inputs, lines) // max(lines, 1), GRID_SIZE + len(inputs.models))
     return (1 + MENU_SIZE + grid) * lines
-
-
-def share(inputs: DiagnosticInputs) -> float:
-    """The share of a whole pass's blocks the menu's passes run on average: the first candidate
-    runs every block, the others only those the updates touch and layer 0 (``shared_layers``)."""
-    from mergekit_mergeability.diagnostics.shared_layers import blocks_run, first_touched
-
-    lines = _lines(inputs)
-    candidates = passes(inputs) // max(lines, 1)
-    if candidates < 2:
-        return 1.0
-    config = source_of(inputs.base.path).config_json()[1]
-    layers = int(config.get("num_hidden_layers") or 1)
-    first = first_touched(set().union(*inputs.touched.values()), layers, bool(config.get("tie_word_embeddings")))
-    return (layers + (candidates - 1) * blocks_run(first, layers)) / (candidates * layers)
 
 
 def said(inputs: DiagnosticInputs) -> str:

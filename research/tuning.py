@@ -156,9 +156,8 @@ class Truth:
             touched = set().union(*inputs.touched.values())
             sources = {m.name: m.path for m in (base, *models)}
             module, tokenizer = load_causal_lm(base.path, "cpu", "float32")
-            with shared_below(module, touched) as shared:  # the untouched layers run once for every merge
+            with shared_below(module, touched):  # the untouched layers run once for every merge
                 for name, config in left.items():
-                    shared.next_candidate()
                     planned = plan(absolute(config, sources), spec.source)
                     with as_written(module, planned, list(sources.values()), touched):
                         read = {m.name: scores(module, tokenizer, list(m.probes), None) for m in models}

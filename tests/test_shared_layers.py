@@ -37,10 +37,9 @@ def _asked(model, tokenizer):
 
 def _rehearse(model, tokenizer, candidates, share: bool):
     names = set().union(*candidates)
-    read, sharing = [], shared_below(model, names if share else {"model.embed_tokens.weight"})
-    with sharing as shared, torch.no_grad():
+    read = []
+    with shared_below(model, names if share else {"model.embed_tokens.weight"}) as shared, torch.no_grad():
         for changes in candidates:
-            shared.next_candidate()
             params = dict(model.named_parameters())
             for name, change in changes.items():
                 params[name].add_(change)
@@ -54,8 +53,8 @@ def test_sharing_the_untouched_layers_leaves_every_candidates_scores_as_they_wer
     model, tokenizer = six_layers
     candidates = [_upper(model, seed, first=3) for seed in range(3)]
     whole, _ = _rehearse(model, tokenizer, candidates, share=False)
-    shared, replay = _rehearse(model, tokenizer, candidates, share=True)
-    assert replay.replaying and len(replay.recorded) == 5  # 2 prompts, 2 option batches, 1 scored batch
+    shared, kept = _rehearse(model, tokenizer, candidates, share=True)
+    assert len(kept.kept) == 5 and kept.replayed == 2 * 5  # 2 prompts, 2 option batches, 1 scored batch
     for a, b in zip(whole, shared):
         for x, y in zip(a, b):
             torch.testing.assert_close(x, y, rtol=0, atol=1e-5)
@@ -63,14 +62,23 @@ def test_sharing_the_untouched_layers_leaves_every_candidates_scores_as_they_wer
     assert "forward" not in model.model.layers[2].__dict__  # the model is whole again
 
 
-def test_a_candidate_that_asks_other_passes_than_the_first_is_refused(six_layers):
+def test_a_new_input_runs_whole_and_a_seen_one_in_any_order_replays(six_layers):
     model, tokenizer = six_layers
     with shared_below(model, {"model.layers.4.mlp.up_proj.weight"}) as shared:
-        shared.next_candidate()
-        shared_prompt_logprobs(model, tokenizer, *PROMPTS[0])
-        shared.next_candidate()
-        with pytest.raises(RuntimeError, match="replayed activations"):
-            shared_prompt_logprobs(model, tokenizer, *PROMPTS[1])
+        first = [shared_prompt_logprobs(model, tokenizer, *p) for p in PROMPTS]
+        again = [shared_prompt_logprobs(model, tokenizer, *p) for p in reversed(PROMPTS)]
+    assert shared.replayed == 4 and len(shared.kept) == 4
+    for a, b in zip(first, reversed(again)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_options_never_asked_after_a_replayed_prompt_are_refused_not_misread(six_layers):
+    model, tokenizer = six_layers
+    prompt, options = PROMPTS[0]
+    with shared_below(model, {"model.layers.4.mlp.up_proj.weight"}):
+        shared_prompt_logprobs(model, tokenizer, prompt, options)
+        with pytest.raises(RuntimeError, match="replayed"):
+            shared_prompt_logprobs(model, tokenizer, prompt, [" Berlin", " Madrid"])
 
 
 def test_the_first_touched_layer_is_zero_at_the_embedding_or_a_tied_head():
@@ -79,3 +87,34 @@ def test_the_first_touched_layer_is_zero_at_the_embedding_or_a_tied_head():
     assert first_touched({"lm_head.weight"}, 6) == 6  # untied: only the head differs
     assert first_touched({"lm_head.weight"}, 6, tied=True) == 0
     assert blocks_run(first=3, layers=6) == 4 and blocks_run(first=1, layers=6) == 6
+
+
+def test_merges_scored_through_lm_eval_share_the_layers_below_their_patch(llama, tmp_path):
+    """plan's rehearsal and the mergeability trials: each merge patched into one loaded base, its
+    members' lm-eval tasks asked; the layers below every patch run once per request."""
+    import json
+
+    from mergekit_mergeability.evaluation.scorer import Scorer
+    from mergekit_mergeability.settings import RunSettings
+    from mergekit_mergeability.sources.cache import Cache
+    from mergekit_mergeability.tasks import lmeval
+    from mergekit_mergeability.tiny import state_dict
+
+    rows = [{"question": f"{a} + {a} =", "choices": [str(2 * a), str(a)], "label": 0} for a in range(6)]
+    probe = tmp_path / "probe.jsonl"
+    probe.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = lmeval.resolve(str(probe))
+    base = state_dict(llama["base"])
+    upper = [n for n in base if ".layers.2." in n or ".layers.3." in n]
+
+    def merge(seed: int):
+        generator = torch.Generator().manual_seed(seed)
+        return lambda: {n: base[n] + 0.3 * torch.randn(base[n].shape, generator=generator) for n in upper}
+
+    scored = {}
+    for budget in (0, 1 << 30):  # nothing kept: every layer runs for every merge
+        scorer = Scorer(llama["base"], RunSettings(device="cpu"), Cache(None))
+        scorer._shared.left = budget
+        scored[budget] = [scorer.patch_many(("merge", seed), [task], merge(seed))[0] for seed in range(3)]
+        replayed = scorer._shared.replayed
+    assert scored[0] == scored[1 << 30] and replayed > 0

@@ -56,6 +56,7 @@ import torch
 
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
 from mergekit_mergeability.diagnostics.knowledge import scores
+from mergekit_mergeability.diagnostics.shared_layers import shared_below
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.maths import choice_scores
 from mergekit_mergeability.maths.merging import COMPARED, DEFAULT_DENSITY, DEFAULT_TEMPERATURE, elected
@@ -282,6 +283,7 @@ def untaught(
 class Dilution:
     name = "dilution"
     needs = frozenset({Need.BASE_MODEL, Need.PROBES, Need.WEIGHTS})
+    shares_layers = True  # each probe under several merges: the untouched layers run once (the cost line)
 
     def __init__(self, share: float = 1 / (PARTNERS + 1)):
         self.share = share
@@ -342,7 +344,10 @@ class Dilution:
         mixture_of = lambda ms: [(m.path, in_sum[m.name], touched[m.name]) for m in ms]  # noqa: E731
         per_item = lambda m: result.per_instance.setdefault(m.name, [])  # noqa: E731
         every = summed(base, mixture_of(inputs.models), limit) if in_sum else None
-        with task(f"dilution: each model at {self.share:.3g} of its update", passes * lines, settings.quiet) as advance:
+        with (
+            task(f"dilution: each model at {self.share:.3g} of its update", passes * lines, settings.quiet) as advance,
+            shared_below(module, names),  # each probe under several merges: the untouched layers run once
+        ):
             for model in models:
                 own = (model.path, self.share, touched[model.name])
                 with mixed(module, base, [own]):

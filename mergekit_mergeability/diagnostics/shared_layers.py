@@ -1,21 +1,25 @@
 """Rehearsals of many merges of one base share the layers none of them touches.
 
 Every candidate the menu rehearses merges the same updates, so where no update touches a tensor
-below decoder layer L, layers 0..L-1 compute exactly the same thing for every candidate, over the
-same probe sequences in the same order. The first candidate's passes record what layer L-1 hands
-on; each later candidate replays it and skips layers 1..L-1. Layer 0 still runs: the key/value
-cache's length and the attention mask are read from its entry. LoRA experts on the upper half of
-a model then cost about half a pass each after the first.
+below decoder layer L, layers 0..L-1 compute exactly the same thing for every candidate on the
+same input. The first pass of an input keeps what layer L-1 hands on, by what layer 0 handed on;
+a later pass of the same input, under any merge, replays it and skips layers 1..L-1. Layer 0
+still runs: it says which input this is, and the key/value cache's length and the attention mask
+are read from its entry. LoRA experts on the upper half of a model then cost about half a pass
+each after the first.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterable, Iterator, List, Optional
+import hashlib
+from typing import Dict, Iterable, Iterator, Optional, Tuple
 
 import torch
 
 from mergekit_mergeability.sources.architecture import UnknownTensorError, tensor_position
+
+KEPT_BYTES = 1 << 30  # activations kept for replay at most
 
 
 def first_touched(names: Iterable[str], layers: int, tied: bool = False) -> int:
@@ -40,6 +44,12 @@ def blocks_run(first: int, layers: int) -> int:
     return layers if first < 2 else 1 + layers - first
 
 
+def share(repeats: float, first: int, layers: int) -> float:
+    """The share of a whole pass's blocks run on average where each input is passed ``repeats``
+    times (under as many merges), the first whole, with layers below ``first`` untouched."""
+    return (layers + (repeats - 1) * blocks_run(first, layers)) / (repeats * layers) if repeats > 1 else 1.0
+
+
 def _blocks(module: torch.nn.Module) -> Optional[torch.nn.ModuleList]:
     decoder = module.get_decoder() if hasattr(module, "get_decoder") else None
     blocks = getattr(decoder, "layers", None)
@@ -47,66 +57,68 @@ def _blocks(module: torch.nn.Module) -> Optional[torch.nn.ModuleList]:
 
 
 class Shared:
-    """What layer L-1 handed on, per forward call, recorded on the first candidate."""
+    """What layer L-1 handed on, kept by what layer 0 handed on (the same input, the same lower
+    layers: the same activations, whichever merge is patched in above)."""
 
-    def __init__(self) -> None:
-        self.recorded: List[object] = []
-        self.replaying = False
-        self.at = 0
+    def __init__(self, budget: int = KEPT_BYTES) -> None:
+        self.kept: Dict[Tuple, object] = {}
+        self.key: Optional[Tuple] = None  # the pass in flight: its key, where it was kept
+        self.replayed, self.left, self.first = 0, budget, 0
 
-    def next_candidate(self) -> None:
-        """Call before each candidate's passes: the first records, every later one replays."""
-        self.replaying = bool(self.recorded)
-        self.at = 0
+    def keep(self, key: Tuple, out) -> None:
+        size = sum(
+            t.numel() * t.element_size() for t in (out if isinstance(out, tuple) else (out,)) if torch.is_tensor(t)
+        )
+        if size <= self.left:  # past the budget, a new input's layers run whole every time
+            self.kept[key], self.left = out, self.left - size
 
-    def _replayed(self, hidden: torch.Tensor):
-        if self.at >= len(self.recorded):
-            raise RuntimeError("a rehearsed candidate ran more forward passes than the first one recorded")
-        out = self.recorded[self.at]
-        recorded = out if isinstance(out, torch.Tensor) else out[0]
-        if recorded.shape != hidden.shape:
-            raise RuntimeError(f"replayed activations {tuple(recorded.shape)} for a pass of {tuple(hidden.shape)}")
-        return out
+    def seen(self, hidden: torch.Tensor, kwargs: dict) -> bool:
+        """At layer 1: whether this input's lower layers were run before (and so are skipped now)."""
+        digest = hashlib.blake2b(hidden.detach().float().cpu().numpy().tobytes(), digest_size=16).hexdigest()
+        key = (self.first, tuple(hidden.shape), str(hidden.dtype), digest)
+        if key in self.kept:
+            self.key = key
+            self.replayed += 1
+            return True
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if cache is not None and cache.get_seq_length(1) == 0 < cache.get_seq_length(0) - hidden.shape[1]:
+            raise RuntimeError("a pass reads the keys and values of lower layers that were replayed, not run")
+        self.key = None
+        self.pending = key
+        return False
 
 
 @contextlib.contextmanager
-def shared_below(module: torch.nn.Module, names: Iterable[str]) -> Iterator[Shared]:
-    """``module`` with its untouched lower layers (below the first of ``names``) run once for all
-    the candidates rehearsed inside; ``Shared.next_candidate`` before each. Where fewer than two
-    layers are untouched there is nothing to share and every pass runs whole."""
-    shared = Shared()
+def shared_below(module: torch.nn.Module, names: Iterable[str], shared: Optional[Shared] = None) -> Iterator[Shared]:
+    """``module`` with its untouched lower layers (below the first of ``names``) run once per input
+    for every merge rehearsed inside: a pass whose input was seen before replays what they handed
+    on. ``shared`` carries what was kept from one such block to the next (where the base is the
+    same). Where fewer than two layers are untouched there is nothing to share and every pass runs
+    whole."""
+    shared = shared if shared is not None else Shared()
     blocks = _blocks(module)
     tied = bool(getattr(module.config, "tie_word_embeddings", False))
     first = first_touched(names, len(blocks), tied) if blocks is not None else 0
     if first < 2:
         yield shared
         return
-    last = blocks[first - 1]
-    original = last.forward
+    shared.first = first  # what layer L-1 hands on is kept per L
 
-    def handing_on(hidden, *args, **kwargs):
-        if shared.replaying:
-            out = shared._replayed(hidden)
-            shared.at += 1
-            return out
-        out = original(hidden, *args, **kwargs)
-        shared.recorded.append(out)
-        return out
-
-    def skipped(block):
-        run = block.forward
-
+    def wrapped(index: int, run):
         def forward(hidden, *args, **kwargs):
-            # replaying, its output is thrown away: layer L-1 hands on the recorded one
-            return shared._replayed(hidden) if shared.replaying else run(hidden, *args, **kwargs)
+            if index == 1 and not shared.seen(hidden, kwargs) or index > 1 and shared.key is None:
+                out = run(hidden, *args, **kwargs)
+                if index == first - 1:
+                    shared.keep(shared.pending, out)
+                return out
+            return shared.kept[shared.key]  # replaying: below L-1 its output is thrown away
 
         return forward
 
     own = {block: block.__dict__.get("forward") for block in blocks[1:first]}  # a hook's wrapper, if any
     try:
-        for block in blocks[1 : first - 1]:
-            block.forward = skipped(block)
-        last.forward = handing_on
+        for index in range(1, first):
+            blocks[index].forward = wrapped(index, blocks[index].forward)
         yield shared
     finally:
         for block, forward in own.items():

@@ -7,6 +7,7 @@ from typing import Any, Callable, Dict, List, Mapping, Sequence
 
 import torch
 
+from mergekit_mergeability.diagnostics.shared_layers import Shared, shared_below
 from mergekit_mergeability.sources.heap import release_freed_memory
 from mergekit_mergeability.settings import RunSettings
 from mergekit_mergeability.sources import Source, auto_device, load_causal_lm, merged, patched, same_model, update_of
@@ -23,6 +24,7 @@ class Scorer:
         self.cache = cache
         self._module = None
         self._tokenizer = None
+        self._shared = Shared()
 
     def settings(self, task: Task):
         """Everything besides the model that changes a score on ``task`` (cache and resume keys)."""
@@ -67,7 +69,9 @@ class Scorer:
         found = [self.cache.get(key) for key in keys]
         if any(result is None for result in found):
             module, tokenizer = self.base_module()
-            with patched(module, make()):
+            tensors = make()
+            # each merge asks the same tasks: the layers below those it patches run once per input
+            with patched(module, tensors), shared_below(module, tensors, self._shared):
                 found = [
                     self.cache.put(key, self._run(module, tokenizer, task)) if result is None else result
                     for result, key, task in zip(found, keys, tasks)
