@@ -72,13 +72,18 @@ def test_a_new_input_runs_whole_and_a_seen_one_in_any_order_replays(six_layers):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def test_options_never_asked_after_a_replayed_prompt_are_refused_not_misread(six_layers):
+def test_options_never_asked_after_a_replayed_prompt_read_as_if_every_layer_ran(six_layers):
+    """Members whose probes share a question but not its options: the prompt's lower layers are
+    replayed with the keys and values they cached, so the new options attend to them as run."""
     model, tokenizer = six_layers
     prompt, options = PROMPTS[0]
-    with shared_below(model, {"model.layers.4.mlp.up_proj.weight"}):
+    other = [" Berlin", " Madrid"]
+    whole = shared_prompt_logprobs(model, tokenizer, prompt, other)
+    with shared_below(model, {"model.layers.4.mlp.up_proj.weight"}) as shared:
         shared_prompt_logprobs(model, tokenizer, prompt, options)
-        with pytest.raises(RuntimeError, match="replayed"):
-            shared_prompt_logprobs(model, tokenizer, prompt, [" Berlin", " Madrid"])
+        again = shared_prompt_logprobs(model, tokenizer, prompt, other)
+    assert shared.replayed == 1  # the prompt; the new options ran
+    torch.testing.assert_close(again, whole, rtol=0, atol=1e-5)
 
 
 def test_the_first_touched_layer_is_zero_at_the_embedding_or_a_tied_head():

@@ -57,44 +57,60 @@ def _blocks(module: torch.nn.Module) -> Optional[torch.nn.ModuleList]:
 
 
 class Shared:
-    """What layer L-1 handed on, kept by what layer 0 handed on (the same input, the same lower
-    layers: the same activations, whichever merge is patched in above)."""
+    """What layer L-1 handed on, and the keys and values layers 1..L-1 cached, kept by what layer 0
+    handed on (the same input, the same lower layers: the same activations, whichever merge is
+    patched in above)."""
 
     def __init__(self, budget: int = KEPT_BYTES) -> None:
-        self.kept: Dict[Tuple, object] = {}
+        self.kept: Dict[Tuple, Tuple[object, Dict[int, Tuple[torch.Tensor, torch.Tensor]]]] = {}
         self.key: Optional[Tuple] = None  # the pass in flight: its key, where it was kept
+        self.pending: Optional[Tuple] = None  # or where it is being run, to keep
+        self.cached: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}  # what it cached, layer by layer
         self.replayed, self.left, self.first = 0, budget, 0
 
-    def keep(self, key: Tuple, out) -> None:
-        size = sum(
-            t.numel() * t.element_size() for t in (out if isinstance(out, tuple) else (out,)) if torch.is_tensor(t)
-        )
+    def keep(self, out) -> None:
+        tensors = [*(out if isinstance(out, tuple) else (out,)), *(t for kv in self.cached.values() for t in kv)]
+        size = sum(t.numel() * t.element_size() for t in tensors if torch.is_tensor(t))
         if size <= self.left:  # past the budget, a new input's layers run whole every time
-            self.kept[key], self.left = out, self.left - size
+            self.kept[self.pending], self.left = (out, self.cached), self.left - size
 
-    def seen(self, hidden: torch.Tensor, kwargs: dict) -> bool:
-        """At layer 1: whether this input's lower layers were run before (and so are skipped now)."""
+    def seen(self, hidden: torch.Tensor, cache) -> bool:
+        """At layer 1: whether this input's lower layers were run before (and so are skipped now,
+        their keys and values put in ``cache`` as they would have been)."""
         digest = hashlib.blake2b(hidden.detach().float().cpu().numpy().tobytes(), digest_size=16).hexdigest()
         key = (self.first, tuple(hidden.shape), str(hidden.dtype), digest)
-        if key in self.kept:
+        if key in self.kept and (cache is None or self.kept[key][1]):
             self.key = key
             self.replayed += 1
+            for layer, (keys, values) in (self.kept[key][1] if cache is not None else {}).items():
+                cache.update(keys, values, layer)
             return True
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))
         if cache is not None and cache.get_seq_length(1) == 0 < cache.get_seq_length(0) - hidden.shape[1]:
             raise RuntimeError("a pass reads the keys and values of lower layers that were replayed, not run")
-        self.key = None
-        self.pending = key
+        self.key, self.pending, self.cached = None, key, {}
         return False
+
+
+def _cache(kwargs: dict):
+    return kwargs.get("cache", kwargs.get("past_key_values"))
+
+
+def _added(cache, layer: int, tokens: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values a pass of ``tokens`` tokens just cached at ``layer``."""
+    entry = cache.layers[layer] if hasattr(cache, "layers") else None  # transformers >= 4.56
+    keys, values = (
+        (entry.keys, entry.values) if entry is not None else (cache.key_cache[layer], cache.value_cache[layer])
+    )
+    return keys[..., -tokens:, :].clone(), values[..., -tokens:, :].clone()
 
 
 @contextlib.contextmanager
 def shared_below(module: torch.nn.Module, names: Iterable[str], shared: Optional[Shared] = None) -> Iterator[Shared]:
     """``module`` with its untouched lower layers (below the first of ``names``) run once per input
     for every merge rehearsed inside: a pass whose input was seen before replays what they handed
-    on. ``shared`` carries what was kept from one such block to the next (where the base is the
-    same). Where fewer than two layers are untouched there is nothing to share and every pass runs
-    whole."""
+    on and cached. ``shared`` carries what was kept from one such block to the next (where the
+    base is the same). Where fewer than two layers are untouched there is nothing to share and
+    every pass runs whole."""
     shared = shared if shared is not None else Shared()
     blocks = _blocks(module)
     tied = bool(getattr(module.config, "tie_word_embeddings", False))
@@ -106,12 +122,15 @@ def shared_below(module: torch.nn.Module, names: Iterable[str], shared: Optional
 
     def wrapped(index: int, run):
         def forward(hidden, *args, **kwargs):
-            if index == 1 and not shared.seen(hidden, kwargs) or index > 1 and shared.key is None:
+            cache = _cache(kwargs)
+            if index == 1 and not shared.seen(hidden, cache) or index > 1 and shared.key is None:
                 out = run(hidden, *args, **kwargs)
+                if cache is not None:
+                    shared.cached[index] = _added(cache, index, hidden.shape[1])
                 if index == first - 1:
-                    shared.keep(shared.pending, out)
+                    shared.keep(out)
                 return out
-            return shared.kept[shared.key]  # replaying: below L-1 its output is thrown away
+            return shared.kept[shared.key][0]  # replaying: below L-1 its output is thrown away
 
         return forward
 
