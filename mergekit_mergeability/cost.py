@@ -17,7 +17,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 LINE, WINDOW, ROW = "line", "window", "row"
 TIMED_VOCABULARY = 8192  # the head is timed this wide and scaled to the model's vocabulary
@@ -85,11 +85,12 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def estimate(inputs, diagnostics, menu_passes: int = 0, notes: List[str] = []) -> Cost:
+def estimate(inputs, diagnostics, menu_passes: int = 0, notes: Sequence[str] = ()) -> Cost:
     """The cost of ``diagnostics`` (those that will run) and the menu's rehearsal on ``inputs``,
     from headers, config.json and the probes' tokens. The menu's passes, and those of a diagnostic
     that says ``shares_layers``, ask each probe under several merges: after the first, they run
     only the layers the updates touch (``shared_layers``)."""
+    notes = list(notes)  # a block that cannot be timed adds one
     tokenizer = _tokenizer(inputs.base.path) if inputs.base is not None else None
     passes, units, uncounted = {}, {}, []
     for diagnostic in diagnostics:
@@ -111,12 +112,19 @@ def estimate(inputs, diagnostics, menu_passes: int = 0, notes: List[str] = []) -
         if tokenizer is None or not any(passes.values()):
             return {}
         config = _source(inputs.base.path).config_json()[1]
-        return _tokens(inputs, tokenizer, pace(config, device, inputs.base.load_dtype(inputs.settings)))
+        try:
+            at = pace(config, device, inputs.base.load_dtype(inputs.settings))
+        except Exception as error:  # a shape transformers cannot build bare: the count is still said
+            notes.append(
+                f"no time estimated: a block of {config.get('model_type')} could not be timed ({type(error).__name__})"
+            )
+            return {}
+        return _tokens(inputs, tokenizer, at)
 
     elsewhere = {}
     if device == "cpu" and _gpu():
         elsewhere["cuda"] = Cost(passes, units, on("cuda"), uncounted, "cuda", shares=shares)
-    return Cost(passes, units, on(device), uncounted, device, list(notes), shares, elsewhere)
+    return Cost(passes, units, on(device), uncounted, device, notes, shares, elsewhere)
 
 
 TIMED = (1, 8, 32, 128, 512, 2048)  # tokens in one forward call, where the pace is timed

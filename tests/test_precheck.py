@@ -774,3 +774,16 @@ def test_a_dry_run_of_a_7b_shape_config_reads_no_tensor_data(tmp_path, reads, mo
     counted = api.precheck_cost(config)
     assert reads == [] and counted.total > 0 and counted.estimate > 0, (reads[:3], counted.line())
     assert "menu" in counted.passes  # the merge as written is planned from the headers
+
+
+def test_a_base_whose_block_cannot_be_timed_still_gets_its_passes_counted(tmp_path, pool, monkeypatch):
+    from mergekit_mergeability import api, cost
+
+    def cannot(*args):
+        raise ValueError("no such model type")
+
+    monkeypatch.setattr(cost, "_timed", cannot)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    counted = api.precheck_cost(_config(tmp_path, pool, ["known", "unknown"], ["probe_known", "probe_unknown"]))
+    assert counted.total > 0 and counted.estimate is None
+    assert "no time estimated: a block of llama could not be timed (ValueError)" in counted.line()
