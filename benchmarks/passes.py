@@ -9,9 +9,10 @@ Each variant's scores must equal the baseline's (printed: the largest difference
 every candidate). ``--bfloat16`` adds the shipped code run in bfloat16 on the CPU, kept only where
 it is faster and its scores agree with float32's to 1e-3. The config: the `tuning` family's first three-expert draw as task_arithmetic
 (LoRA on the attention of layers 15-29; ``python research/run.py tuning measure`` trains and writes
-it), or ``--config`` yours. ``--tune-budget`` as the precheck's (default 0: the menu alone).
+it), or ``--config`` yours. ``--tune-budget`` as the precheck's (default: the precheck's default,
+ten of the knob grid's candidates beside the menu).
 
-    python benchmarks/passes.py [--config CONFIG.yml] [--tune-budget N] [--repeats 1]
+    python benchmarks/passes.py [--config CONFIG.yml] [--tune-budget N] [--repeats 1] [--bfloat16]
 """
 
 import argparse
@@ -81,7 +82,7 @@ def largest_difference(a, b) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=DEFAULT)
-    parser.add_argument("--tune-budget", type=int, default=0)
+    parser.add_argument("--tune-budget", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--bfloat16", action="store_true", help="also the shipped code in bfloat16")
     args = parser.parse_args()

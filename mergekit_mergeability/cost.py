@@ -28,7 +28,7 @@ UNCACHED = 256 << 20  # bytes of blocks timed together, beyond any processor cac
 class Cost:
     passes: Dict[str, int]  # diagnostic -> forward passes
     units: Dict[str, str]  # diagnostic -> LINE, ROW or WINDOW
-    # unit -> one pass's seconds at this device's pace: (in the decoder blocks, outside them)
+    # diagnostic -> one of its passes' seconds at this device's pace: (in the decoder blocks, outside them)
     seconds: Dict[str, Tuple[float, float]] = field(default_factory=dict)
     uncounted: List[str] = field(default_factory=list)  # diagnostics that do not say their passes
     device: str = "cpu"
@@ -48,7 +48,7 @@ class Cost:
             return {}
         phases = {}
         for name, n in self.passes.items():
-            blocks, outside = self.seconds.get(self.units[name], (0.0, 0.0))
+            blocks, outside = self.seconds.get(name, (0.0, 0.0))
             phases[name] = n * (blocks * self.shares.get(name, 1.0) + outside)
         return phases
 
@@ -119,7 +119,7 @@ def estimate(inputs, diagnostics, menu_passes: int = 0, notes: Sequence[str] = (
                 f"no time estimated: a block of {config.get('model_type')} could not be timed ({type(error).__name__})"
             )
             return {}
-        return _tokens(inputs, tokenizer, at)
+        return _seconds(inputs, diagnostics, passes, tokenizer, at)
 
     elsewhere = {}
     if device == "cpu" and _gpu():
@@ -225,27 +225,37 @@ def _timed(config: dict, device: str, dtype: str) -> Pace:
     return Pace(block, outside)
 
 
-def _tokens(inputs, tokenizer, at: Pace) -> Dict[str, Tuple[float, float]]:
-    """Per unit, one counted pass's seconds (in the blocks, outside them): a probe line is one
-    option of an item whose prompt runs once for all its options (a PROMPT call of the prompt, a
-    FULL call of every option); a row is a prompt and its answer whole, in batches; a window is
-    the shipped text's."""
+def _seconds(inputs, diagnostics, passes, tokenizer, at: Pace) -> Dict[str, Tuple[float, float]]:
+    """Per diagnostic, one counted pass's seconds (in the blocks, outside them). A probe line is
+    one option of an item whose prompt runs once for all its options (a PROMPT call of the prompt,
+    a FULL call of every option), among the requests the diagnostic says it asks (``asked``) or
+    else the models' probes; a row is a prompt and its answer whole, in batches; a window is the
+    shipped text's."""
     from mergekit_mergeability.diagnostics.fluency import WINDOW as WINDOW_TOKENS
 
     batch = max(1, inputs.settings.batch_size)
-    items = [i for m in inputs.models for i in (m.probes or ())]
-    found = {WINDOW: at.call(FULL, WINDOW_TOKENS)}
-    if items:
-        count = lambda text, **kw: len(tokenizer(text, **kw)["input_ids"])  # noqa: E731
-        prompts = [count(i.prompt) for i in items]
-        options = [[count(c, add_special_tokens=False) for c in (*i.continuations, *i.letters)] for i in items]
-        lines = sum(len(o) for o in options)
-        spent = [
-            tuple(a + b for a, b in zip(at.call(PROMPT, p), at.call(FULL, sum(o)))) for p, o in zip(prompts, options)
-        ]
-        found[LINE] = tuple(sum(part) / lines for part in zip(*spent))
-        row = sum(p + o[i.label] for p, o, i in zip(prompts, options, items)) / len(items)
-        found[ROW] = tuple(part / batch for part in at.call(FULL, batch * row))
+    probed = [i for m in inputs.models for i in (m.probes or ())]
+    count = lambda text, **kw: len(tokenizer(text, **kw)["input_ids"])  # noqa: E731
+    asked = {d.name: d.asked(inputs) for d in diagnostics if hasattr(d, "asked")}
+    found = {}
+    for name, unit in ({d.name: getattr(d, "unit", LINE) for d in diagnostics} | {"menu": LINE}).items():
+        items = asked.get(name) or probed
+        if not passes.get(name):
+            continue
+        if unit == WINDOW:
+            found[name] = at.call(FULL, WINDOW_TOKENS)
+        elif unit == ROW and items:
+            row = sum(count(i.prompt) + count(i.gold, add_special_tokens=False) for i in items) / len(items)
+            found[name] = tuple(part / batch for part in at.call(FULL, batch * row))
+        elif items:
+            options = [[count(c, add_special_tokens=False) for c in (*i.continuations, *i.letters)] for i in items]
+            spent = [
+                tuple(a + b for a, b in zip(at.call(PROMPT, count(i.prompt)), at.call(FULL, sum(o))))
+                for i, o in zip(items, options)
+            ]
+            # a diagnostic that says what it asks counts every option and letter; a probe line, its options
+            counted = sum(len(o) if name in asked else len(i.continuations) for i, o in zip(items, options))
+            found[name] = tuple(sum(part) / counted for part in zip(*spent))
     return found
 
 

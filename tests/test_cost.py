@@ -17,7 +17,7 @@ def test_the_menus_share_of_blocks_discounts_its_time_in_the_blocks_only():
     cost = Cost(
         passes={"knowledge": 4, "menu": 10, "fluency": 2},
         units={"knowledge": LINE, "menu": LINE, "fluency": WINDOW},
-        seconds={LINE: (2.0, 1.0), WINDOW: (5.0, 0.5)},
+        seconds={"knowledge": (2.0, 1.0), "menu": (2.0, 1.0), "fluency": (5.0, 0.5)},
         shares={"menu": 0.25},
     )
     assert cost.phases == pytest.approx({"knowledge": 12.0, "menu": 15.0, "fluency": 11.0})

@@ -18,6 +18,7 @@ fine-tune is scored in, so the calibration reads ``scored_*`` whatever that form
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import List
 from pathlib import Path
 
 from mergekit_mergeability import distributed
@@ -43,6 +44,17 @@ class Knowledge:
     def passes(self, inputs: DiagnosticInputs, tokenizer=None) -> int:
         """The sequences it scores (``measure``'s cost line)."""
         return sequences(*requests(inputs))
+
+    def asked(self, inputs: DiagnosticInputs) -> List[probes.Instance]:
+        """The requests it asks (the cost line times their prompts and options): every probe
+        lettered with its shots, and as its task scores it where that is another request."""
+        scored, lettered = requests(inputs)
+        return [
+            i
+            for name in lettered
+            for s, a in zip(scored[name], lettered[name])
+            for i in ((a,) if _same_request(s, a) else (a, s))
+        ]
 
 
 def requests(inputs: DiagnosticInputs):
