@@ -366,7 +366,7 @@ def ray_option(command):
     settings="PrecheckSettings",
     type=click.IntRange(min=0),
     metavar="PASSES",
-    help="Probe sequences the search over method, update scale, density and one expert's weight may spend beyond the menu (a config of 2 to 8 models, each with a probe). Default: 10 candidates' worth, each one pass over every probe; 0: the menu alone. The cost line counts them.",
+    help="Forward passes the search over update scale, density and one expert's weight may spend beyond the menu of methods; one candidate costs one pass over every probe (--dry-run says how many). Default: 10 candidates; 0: the menu alone. Searched where the config has 2 to 8 models, each with a probe.",
 )
 @click.option(
     "--skip",

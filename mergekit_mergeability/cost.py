@@ -36,6 +36,7 @@ class Cost:
     # diagnostic -> the share of a pass's blocks it runs (the menu shares the untouched layers)
     shares: Dict[str, float] = field(default_factory=dict)
     elsewhere: Dict[str, "Cost"] = field(default_factory=dict)  # another device here (a GPU) -> its cost
+    dtype: str = ""  # what the passes run in
 
     @property
     def total(self) -> int:
@@ -58,14 +59,17 @@ class Cost:
         return sum(self.phases.values()) if self.seconds else None
 
     def line(self) -> str:
+        """The count and roughly how long, then one indented line per note."""
         counted = ", ".join(f"{name} {n:,}" for name, n in self.passes.items() if n)
         said = f"precheck: about {self.total:,} forward passes" + (f" ({counted})" if counted else "")
         if self.estimate is not None and self.total:
-            said += f"; roughly {duration(self.estimate)} on {self.device}"
+            said += f"; roughly {duration(self.estimate)} on {self.device}" + (
+                f" in {self.dtype}" if self.dtype else ""
+            )
             said += "".join(f" (on {d}: {duration(c.estimate)})" for d, c in self.elsewhere.items() if c.estimate)
         if self.uncounted:
             said += f"; not counted: {', '.join(self.uncounted)}"
-        return "; ".join([said, *self.notes])
+        return "\n".join([said, *(f"  {note}" for note in self.notes)])
 
     def by_phase(self) -> List[str]:
         """One line a phase: its passes and roughly how long, on this device and any other here."""
@@ -124,7 +128,8 @@ def estimate(inputs, diagnostics, menu_passes: int = 0, notes: Sequence[str] = (
     elsewhere = {}
     if device == "cpu" and _gpu():
         elsewhere["cuda"] = Cost(passes, units, on("cuda"), uncounted, "cuda", shares=shares)
-    return Cost(passes, units, on(device), uncounted, device, notes, shares, elsewhere)
+    dtype = inputs.base.load_dtype(inputs.settings) if inputs.base is not None else ""
+    return Cost(passes, units, on(device), uncounted, device, notes, shares, elsewhere, dtype)
 
 
 TIMED = (1, 8, 32, 128, 512, 2048)  # tokens in one forward call, where the pace is timed
@@ -154,6 +159,7 @@ def pace(config: dict, device: str, dtype: str) -> Pace:
     """This device's ``Pace`` for a model shaped as ``config`` (config.json's dict): timed once on a
     one-block model with random weights, then kept in the user's cache per device, dtype and shape."""
     from mergekit_mergeability.files import default_cache_dir, write_atomic
+    from mergekit_mergeability.progress import note
 
     shape = (
         "model_type",
@@ -167,6 +173,7 @@ def pace(config: dict, device: str, dtype: str) -> Pace:
     kept = default_cache_dir() / "pace.json"
     known = _read(kept)
     if not isinstance(known.get(key), dict) or set(known[key]) != {"block", "outside"}:
+        note(f"timing a forward pass of this shape once ({device}, {dtype}), kept in {kept}")
         timed = _timed(config, device, dtype)
         known[key] = {"block": timed.block, "outside": timed.outside}
         write_atomic(kept, json.dumps(known, indent=1))

@@ -121,8 +121,9 @@ def said(inputs: DiagnosticInputs) -> str:
     lines = _lines(inputs)
     grid = passes(inputs) // max(lines, 1) - 1 - MENU_SIZE
     budget = "default" if inputs.settings.tune_budget is None else f"{inputs.settings.tune_budget:,}"
+    searched = f"up to {grid} of the knob grid" if grid > 0 else "no knob grid"
     return (
-        f"menu: the config as written, {MENU_SIZE} other merges and up to {grid} of the knob grid"
+        f"menu: the config as written, {MENU_SIZE} other merges and {searched}"
         f" ({lines:,} passes each; --tune-budget {budget})"
     )
 

@@ -649,7 +649,7 @@ def test_a_dry_run_says_the_passes_and_roughly_how_long_and_writes_nothing(tmp_p
     assert result.exit_code == 0, result.output
     line = result.output.splitlines()[0]
     assert line.startswith("precheck: about ") and " forward passes (knowledge " in line, line
-    assert "dilution" in line and "menu" in line and " s on cpu" in line or " min on cpu" in line, line
+    assert "dilution" in line and "menu" in line and (" s on cpu" in line or " min on cpu" in line), line
     assert not (tmp_path / "out").exists()
 
 
