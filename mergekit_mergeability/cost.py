@@ -4,11 +4,11 @@ with no weight read and no model loaded: at 7B that is the 14-28 GB the passes w
 Each diagnostic that runs the model says how many forward passes it will make (``passes(inputs,
 tokenizer)``: probe sequences, or windows of the shipped text where its ``unit`` says so); a
 third party's diagnostic without ``passes`` is left out of the sum, and the line says so. The time
-comes from the probes' own token counts and a ``Pace``: seconds per token through one decoder
-block and through the head, timed once on a one-block model of the base's shape (config.json, with
-random weights) on the precheck's device and dtype, and kept in the user's cache for the next run.
-A counted probe line is one of an item's options: the item's prompt runs once for all of them
-(``activations.shared_prompt_logprobs``); a row is a prompt and its answer whole.
+comes from the probes' own token counts and a ``Pace``: seconds a forward call of n tokens takes in
+a decoder block and outside the blocks, timed once on a few blocks of the base's shape
+(config.json, random weights) on the precheck's device and dtype, and kept in the user's cache for
+the next run. A counted probe line is one of an item's options: the item's prompt runs once for
+all of them (``activations.shared_prompt_logprobs``); a row is a prompt and its answer whole.
 """
 
 from __future__ import annotations
@@ -73,11 +73,12 @@ class Cost:
 
     def by_phase(self) -> List[str]:
         """One line a phase: its passes and roughly how long, on this device and any other here."""
+        phases = self.phases
         return [
-            f"  {name}: {n:,} passes, about {duration(seconds)}"
+            f"  {name}: {n:,} passes, about {duration(phases[name])}"
             + "".join(f", {duration(c.phases[name])} on {d}" for d, c in self.elsewhere.items() if name in c.phases)
-            for (name, seconds), n in zip(self.phases.items(), self.passes.values())
-            if n
+            for name, n in self.passes.items()
+            if n and name in phases
         ]
 
 
@@ -94,6 +95,8 @@ def estimate(inputs, diagnostics, menu_passes: int = 0, notes: Sequence[str] = (
     from headers, config.json and the probes' tokens. The menu's passes, and those of a diagnostic
     that says ``shares_layers``, ask each probe under several merges: after the first, they run
     only the layers the updates touch (``shared_layers``)."""
+    from mergekit_mergeability.sources import source_of
+
     notes = list(notes)  # a block that cannot be timed adds one
     tokenizer = _tokenizer(inputs.base.path) if inputs.base is not None else None
     passes, units, uncounted = {}, {}, []
@@ -109,15 +112,16 @@ def estimate(inputs, diagnostics, menu_passes: int = 0, notes: Sequence[str] = (
     if menu_passes:
         passes["menu"], units["menu"] = menu_passes, LINE
     device = _device(inputs.settings.device)
+    dtype = inputs.base.load_dtype(inputs.settings) if inputs.base is not None else ""
+    config = source_of(inputs.base.path).config_json()[1] if inputs.base is not None else {}
     shared = ["menu", *(d.name for d in diagnostics if getattr(d, "shares_layers", False))]
-    shares = _shares(inputs, {name: passes[name] for name in shared if passes.get(name)})
+    shares = _shares(inputs, config, {name: passes[name] for name in shared if passes.get(name)})
 
     def on(device: str) -> Dict[str, Tuple[float, float]]:
         if tokenizer is None or not any(passes.values()):
             return {}
-        config = _source(inputs.base.path).config_json()[1]
         try:
-            at = pace(config, device, inputs.base.load_dtype(inputs.settings))
+            at = pace(config, device, dtype)
         except Exception as error:  # a shape transformers cannot build bare: the count is still said
             notes.append(
                 f"no time estimated: a block of {config.get('model_type')} could not be timed ({type(error).__name__})"
@@ -128,7 +132,6 @@ def estimate(inputs, diagnostics, menu_passes: int = 0, notes: Sequence[str] = (
     elsewhere = {}
     if device == "cpu" and _gpu():
         elsewhere["cuda"] = Cost(passes, units, on("cuda"), uncounted, "cuda", shares=shares)
-    dtype = inputs.base.load_dtype(inputs.settings) if inputs.base is not None else ""
     return Cost(passes, units, on(device), uncounted, device, notes, shares, elsewhere, dtype)
 
 
@@ -157,7 +160,7 @@ class Pace:
 
 def pace(config: dict, device: str, dtype: str) -> Pace:
     """This device's ``Pace`` for a model shaped as ``config`` (config.json's dict): timed once on a
-    one-block model with random weights, then kept in the user's cache per device, dtype and shape."""
+    few blocks with random weights (``_timed``), then kept in the user's cache per device, dtype and shape."""
     from mergekit_mergeability.files import default_cache_dir, write_atomic
     from mergekit_mergeability.progress import note
 
@@ -182,8 +185,9 @@ def pace(config: dict, device: str, dtype: str) -> Pace:
 
 def _timed(config: dict, device: str, dtype: str) -> Pace:
     """A model of the shape with a few blocks (UNCACHED bytes of them, or all), each TIMED call
-    run with its blocks and without (the fastest of a few runs). A vocabulary wider than the timed one is timed at TIMED_VOCABULARY and its
-    logits' share scaled up (the head's time grows with its width)."""
+    run with its blocks and without (the fastest of a few runs). A vocabulary wider than
+    TIMED_VOCABULARY is timed at that width and its logits' share scaled up (the head's time grows
+    with its width)."""
     import torch
     import transformers
 
@@ -266,7 +270,7 @@ def _seconds(inputs, diagnostics, passes, tokenizer, at: Pace) -> Dict[str, Tupl
     return found
 
 
-def _shares(inputs, passes: Dict[str, int]) -> Dict[str, float]:
+def _shares(inputs, config: dict, passes: Dict[str, int]) -> Dict[str, float]:
     """Each diagnostic's share of a whole pass's blocks (``shared_layers.share``), where it passes
     each probe line ``passes / lines`` times."""
     from mergekit_mergeability.diagnostics.shared_layers import first_touched, share
@@ -274,7 +278,6 @@ def _shares(inputs, passes: Dict[str, int]) -> Dict[str, float]:
     lines = sum(len(i.continuations) for m in inputs.models for i in (m.probes or ()))
     if not passes or not lines:
         return {}
-    config = _source(inputs.base.path).config_json()[1]
     layers = int(config.get("num_hidden_layers") or 1)
     first = first_touched(set().union(*inputs.touched.values()), layers, bool(config.get("tie_word_embeddings")))
     return {name: share(n / lines, first, layers) for name, n in passes.items()}
@@ -288,12 +291,6 @@ def _tokenizer(source):
         return transformers.AutoTokenizer.from_pretrained(str(source))
     except (OSError, ValueError):
         return None
-
-
-def _source(path):
-    from mergekit_mergeability.sources import source_of
-
-    return source_of(path)
 
 
 def _gpu() -> bool:

@@ -18,8 +18,8 @@ fine-tune is scored in, so the calibration reads ``scored_*`` whatever that form
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import List
 from pathlib import Path
+from typing import List
 
 from mergekit_mergeability import distributed
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, Need
