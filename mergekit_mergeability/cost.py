@@ -14,13 +14,13 @@ all of them (``activations.shared_prompt_logprobs``); a row is a prompt and its 
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 LINE, WINDOW, ROW = "line", "window", "row"
-TIMED_VOCABULARY = 8192  # the head is timed this wide and scaled to the model's vocabulary
 UNCACHED = 256 << 20  # bytes of blocks timed together, beyond any processor cache
 
 
@@ -37,6 +37,7 @@ class Cost:
     shares: Dict[str, float] = field(default_factory=dict)
     elsewhere: Dict[str, "Cost"] = field(default_factory=dict)  # another device here (a GPU) -> its cost
     dtype: str = ""  # what the passes run in
+    building: Dict[str, float] = field(default_factory=dict)  # diagnostic -> seconds building its merges in memory
 
     @property
     def total(self) -> int:
@@ -50,7 +51,7 @@ class Cost:
         phases = {}
         for name, n in self.passes.items():
             blocks, outside = self.seconds.get(name, (0.0, 0.0))
-            phases[name] = n * (blocks * self.shares.get(name, 1.0) + outside)
+            phases[name] = n * (blocks * self.shares.get(name, 1.0) + outside) + self.building.get(name, 0.0)
         return phases
 
     @property
@@ -76,6 +77,7 @@ class Cost:
         phases = self.phases
         return [
             f"  {name}: {n:,} passes, about {duration(phases[name])}"
+            + (f" (its merges built in {duration(self.building[name])})" if name in self.building else "")
             + "".join(f", {duration(c.phases[name])} on {d}" for d, c in self.elsewhere.items() if name in c.phases)
             for name, n in self.passes.items()
             if n and name in phases
@@ -90,11 +92,12 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def estimate(inputs, diagnostics, menu_passes: int = 0, notes: Sequence[str] = ()) -> Cost:
+def estimate(inputs, diagnostics, menu_passes: int = 0, notes: Sequence[str] = (), menu_merges=None) -> Cost:
     """The cost of ``diagnostics`` (those that will run) and the menu's rehearsal on ``inputs``,
     from headers, config.json and the probes' tokens. The menu's passes, and those of a diagnostic
     that says ``shares_layers``, ask each probe under several merges: after the first, they run
-    only the layers the updates touch (``shared_layers``)."""
+    only the layers the updates touch (``shared_layers``). ``menu_merges``: the plans of the merges
+    the menu builds (``menu.merges``), each timed on random inputs (``_building``)."""
     from mergekit_mergeability.sources import source_of
 
     notes = list(notes)  # a block that cannot be timed adds one
@@ -129,22 +132,55 @@ def estimate(inputs, diagnostics, menu_passes: int = 0, notes: Sequence[str] = (
             return {}
         return _seconds(inputs, diagnostics, passes, tokenizer, at)
 
+    building = {"menu": _building(menu_merges, inputs, dtype)} if menu_merges and passes.get("menu") else {}
     elsewhere = {}
-    if device == "cpu" and _gpu():
-        elsewhere["cuda"] = Cost(passes, units, on("cuda"), uncounted, "cuda", shares=shares)
-    return Cost(passes, units, on(device), uncounted, device, notes, shares, elsewhere, dtype)
+    if device == "cpu" and _gpu():  # the merges are built on the CPU either way
+        elsewhere["cuda"] = Cost(passes, units, on("cuda"), uncounted, "cuda", shares=shares, building=building)
+    return Cost(passes, units, on(device), uncounted, device, notes, shares, elsewhere, dtype, building)
 
 
-TIMED = (1, 8, 32, 128, 512, 2048)  # tokens in one forward call, where the pace is timed
-PROMPT, FULL = "prompt", "full"  # a call that reads the last position's logits only, or every position's
+def _building(plans, inputs, dtype: str) -> float:
+    """Seconds to build each of ``plans``' merges (tensor name -> mergekit's plan) on the tensors the
+    updates touch: each merge timed on random inputs for one touched tensor of middling size (its
+    shape from the base's headers), scaled to the values of them all. Reading the models' tensors is
+    not counted."""
+    import torch
+
+    from mergekit_mergeability.planned import merged
+    from mergekit_mergeability.sources import TensorReader
+
+    index = TensorReader(inputs.base.path).index
+    size = lambda name: math.prod(index[name].shape)  # noqa: E731
+    names = sorted(set().union(*inputs.touched.values()) & set(index), key=size)
+    if not names:
+        return 0.0
+    middle = names[len(names) // 2]
+    drawn = {}  # one random tensor a model
+
+    def read(model: str, name: str):
+        return drawn.setdefault(model, torch.randn(index[middle].shape, dtype=getattr(torch, dtype or "float32")))
+
+    def timed(plan) -> float:
+        started = time.perf_counter()
+        merged(plan[middle], read)
+        return time.perf_counter() - started
+
+    return sum(min(timed(plan), timed(plan)) for plan in plans.values()) * sum(map(size, names)) / size(middle)
+
+
+TIMED = (1, 8, 16, 32, 64, 128, 512, 2048)  # tokens in one forward call, where the pace is timed
+# the calls the passes make (``activations``): a probe's prompt, keeping its last position's logits and its
+# keys and values; its options, one row each, on that cache; a whole sequence, every position's logits
+PROMPT, OPTIONS, FULL = "prompt", "options", "full"
+KINDS = (PROMPT, OPTIONS, FULL)
+TIMED_OPTIONS, TIMED_PROMPT = 4, 32  # an options call is timed as this many rows after a prompt this long
 
 
 @dataclass(frozen=True)
 class Pace:
     """Seconds one forward call of n tokens (TIMED, read between them by linear interpolation)
     takes in one decoder block and outside the blocks (embedding, final norm, logits, the call's
-    own overhead), for a call that reads the last position's logits (PROMPT) or every position's
-    (FULL), for a model of ``layers`` blocks."""
+    own overhead), for each kind of call (KINDS), for a model of ``layers`` blocks."""
 
     block: Dict[str, List[float]]
     outside: Dict[str, List[float]]
@@ -175,7 +211,7 @@ def pace(config: dict, device: str, dtype: str) -> Pace:
     key = f"{device}/{dtype}/" + "/".join(f"{config.get(k)}" for k in shape)
     kept = default_cache_dir() / "pace.json"
     known = _read(kept)
-    if not isinstance(known.get(key), dict) or set(known[key]) != {"block", "outside"}:
+    if not _usable(known.get(key)):
         note(f"timing a forward pass of this shape once ({device}, {dtype}), kept in {kept}")
         timed = _timed(config, device, dtype)
         known[key] = {"block": timed.block, "outside": timed.outside}
@@ -183,18 +219,25 @@ def pace(config: dict, device: str, dtype: str) -> Pace:
     return Pace(**known[key], layers=int(config.get("num_hidden_layers") or 1))
 
 
+def _usable(kept) -> bool:
+    """Whether a kept pace has every kind's table at every TIMED size (one kept by an older version may not)."""
+    tables = [kept.get(part) for part in ("block", "outside")] if isinstance(kept, dict) else [None]
+    return all(
+        isinstance(t, dict) and set(t) == set(KINDS) and all(len(t[k]) == len(TIMED) for k in KINDS) for t in tables
+    )
+
+
 def _timed(config: dict, device: str, dtype: str) -> Pace:
     """A model of the shape with a few blocks (UNCACHED bytes of them, or all), each TIMED call
-    run with its blocks and without (the fastest of a few runs). A vocabulary wider than
-    TIMED_VOCABULARY is timed at that width and its logits' share scaled up (the head's time grows
-    with its width)."""
+    run with its blocks and without (the fastest of a few runs). The embedding and the head are
+    timed whole: at a few tokens, reading the head is much of a call."""
     import torch
     import transformers
 
-    vocabulary = int(config.get("vocab_size") or TIMED_VOCABULARY)
+    from mergekit_mergeability.diagnostics.activations import options_pass, prompt_pass
 
     def built(layers: int):
-        shaped = {**config, "num_hidden_layers": layers, "vocab_size": min(vocabulary, TIMED_VOCABULARY)}
+        shaped = {**config, "num_hidden_layers": layers}
         if isinstance(shaped.get("layer_types"), list):  # one entry per block
             shaped["layer_types"] = (shaped["layer_types"] * layers)[:layers]
         shaped = {k: v for k, v in shaped.items() if k not in ("architectures", "dtype", "torch_dtype")}
@@ -209,37 +252,49 @@ def _timed(config: dict, device: str, dtype: str) -> Pace:
     count = min(int(config.get("num_hidden_layers") or 1), max(1, -(-UNCACHED // one)))
     model = built(count) if count > 1 else model
     made, decoder = model.config, model.get_decoder()
-    blocks, wider = decoder.layers, vocabulary / made.vocab_size
+    blocks = decoder.layers
+
+    def ids(tokens: int) -> List[int]:
+        return torch.randint(0, made.vocab_size, (tokens,)).tolist()
+
+    def ready(kind: str, tokens: int):
+        """One call of ``kind`` and ``tokens`` tokens, as the passes make it, ready to run (an options
+        call's prompt already run)."""
+        if kind == PROMPT:
+            context = ids(tokens)
+            return lambda: prompt_pass(model, context)
+        if kind == OPTIONS:
+            rows = min(TIMED_OPTIONS, tokens)
+            prompted, options = prompt_pass(model, ids(TIMED_PROMPT)), [ids(tokens // rows) for _ in range(rows)]
+            return lambda: options_pass(model, *prompted, options)
+        rows = max(1, tokens // 256)
+        batch = torch.tensor([ids(tokens // rows) for _ in range(rows)], device=device)
+        return lambda: model(input_ids=batch)
 
     def fastest(tokens: int, kind: str) -> float:
-        rows = max(1, tokens // 256)
-        ids = torch.randint(0, made.vocab_size, (rows, tokens // rows), device=device)
-        keep = {"logits_to_keep": 1} if kind == PROMPT else {}
         runs = []
         with torch.inference_mode():
             for _ in range(2 if tokens > 256 else 5):  # the first warms up
+                call = ready(kind, tokens)
                 started = time.perf_counter()
-                model(input_ids=ids, **keep)
+                call()
                 if device.startswith("cuda"):
                     torch.cuda.synchronize()
                 runs.append(time.perf_counter() - started)
         return min(runs[1:])
 
-    whole = {kind: [fastest(n, kind) for n in TIMED] for kind in (PROMPT, FULL)}
+    whole = {kind: [fastest(n, kind) for n in TIMED] for kind in KINDS}
     decoder.layers = torch.nn.ModuleList()
-    bare = {kind: [fastest(n, kind) for n in TIMED] for kind in (PROMPT, FULL)}
+    outside = {kind: [fastest(n, kind) for n in TIMED] for kind in KINDS}
     decoder.layers = blocks
-    # every position's logits: what FULL adds to PROMPT, scaled to the model's vocabulary
-    head = [max(f - p, 0.0) * wider for f, p in zip(bare[FULL], bare[PROMPT])]
-    outside = {PROMPT: bare[PROMPT], FULL: [p + h for p, h in zip(bare[PROMPT], head)]}
-    block = {kind: [max(w - b, 0.0) / count for w, b in zip(whole[kind], bare[kind])] for kind in (PROMPT, FULL)}
+    block = {kind: [max(w - b, 0.0) / count for w, b in zip(whole[kind], outside[kind])] for kind in KINDS}
     return Pace(block, outside)
 
 
 def _seconds(inputs, diagnostics, passes, tokenizer, at: Pace) -> Dict[str, Tuple[float, float]]:
     """Per diagnostic, one counted pass's seconds (in the blocks, outside them). A probe line is
     one option of an item whose prompt runs once for all its options (a PROMPT call of the prompt,
-    a FULL call of every option), among the requests the diagnostic says it asks (``asked``) or
+    an OPTIONS call of all its options), among the requests the diagnostic says it asks (``asked``) or
     else the models' probes; a row is a prompt and its answer whole, in batches; a window is the
     shipped text's."""
     from mergekit_mergeability.diagnostics.fluency import WINDOW as WINDOW_TOKENS
@@ -260,8 +315,8 @@ def _seconds(inputs, diagnostics, passes, tokenizer, at: Pace) -> Dict[str, Tupl
             found[name] = tuple(part / batch for part in at.call(FULL, batch * row))
         elif items:
             options = [[count(c, add_special_tokens=False) for c in (*i.continuations, *i.letters)] for i in items]
-            spent = [
-                tuple(a + b for a, b in zip(at.call(PROMPT, count(i.prompt)), at.call(FULL, sum(o))))
+            spent = [  # the options run padded to the longest
+                tuple(a + b for a, b in zip(at.call(PROMPT, count(i.prompt)), at.call(OPTIONS, len(o) * max(o))))
                 for i, o in zip(items, options)
             ]
             # a diagnostic that says what it asks counts every option and letter; a probe line, its options

@@ -182,7 +182,7 @@ def measure(
             planned = True
             # a dry run reads headers and config.json alone: a whole model is taken to touch every tensor
             said = replace(inputs, read_weights=False) if dry_run else inputs
-            measured.cost = costs(said, [d for _, d in diagnostics if runs(d, said, skip)], skip)
+            measured.cost = costs(measured, said, [d for _, d in diagnostics if runs(d, said, skip)], skip)
             note(measured.cost.line(), settings.quiet)
             if dry_run:
                 return measured
@@ -231,11 +231,12 @@ def runs(diagnostic, inputs: DiagnosticInputs, skip) -> bool:
     )
 
 
-def costs(inputs: DiagnosticInputs, diagnostics, skip) -> Cost:
+def costs(measured, inputs: DiagnosticInputs, diagnostics, skip) -> Cost:
     from mergekit_mergeability import menu
 
     rehearsed = 0 if menu.NAME in skip else menu.passes(inputs)
-    return estimate(inputs, diagnostics, rehearsed, [menu.said(inputs)] if rehearsed else [])
+    built = menu.merges(measured, inputs, {m.name: None for m in inputs.models}) if rehearsed else {}
+    return estimate(inputs, diagnostics, rehearsed, [menu.said(inputs)] if rehearsed else [], built)
 
 
 def plan(measured: Measurements) -> Optional[Dict[str, Any]]:

@@ -37,34 +37,17 @@ def rehearse(measured, inputs: DiagnosticInputs) -> Optional[DiagnosticResult]:
     """Per candidate (``as_written``, the menu and as much of the grid as ``--tune-budget`` pays
     for), per member: its probe's items as scored, in ``per_instance`` (member -> one record per
     item: candidate -> value) and their mean in ``per_model``; None where the menu is not rehearsed."""
-    from mergekit_mergeability.merge_config import absolute
-    from mergekit_mergeability.decide.tuning import candidates
-    from mergekit_mergeability.decide.verdict import AS_WRITTEN
-    from mergekit_mergeability.planned import plan
     from mergekit_mergeability.progress import task
     from mergekit_mergeability.sources import load_causal_lm
 
     models, settings = inputs.models, inputs.settings
-    if not _rehearsed(inputs):
-        return None
-    base = TensorReader(inputs.base.path)
-    names = set().union(*inputs.touched.values())
-    if measured.errors():
+    if not _rehearsed(inputs) or measured.errors():
         return None
     known = (measured.results.get("knowledge") or DiagnosticResult()).per_model
-    knowledge = {m.name: KnowledgeStats.of(known.get(m.name)).scored_mean_p_gold for m in models}
+    plans = merges(measured, inputs, {m.name: KnowledgeStats.of(known.get(m.name)).scored_mean_p_gold for m in models})
+    names = set().union(*inputs.touched.values())
     sources = {m.name: m.path for m in (inputs.base, *models)}
     lines = _lines(inputs)
-    left = _budget(inputs, lines)
-    plans = {AS_WRITTEN: inputs.merge}
-    for name, candidate in candidates(measured.spec.document, knowledge).items():
-        on_grid = name not in MENU
-        if on_grid and left < lines:
-            break
-        planned = plan(absolute(candidate.advice.config, sources), measured.spec.source)
-        if writable(planned, base.index, names):
-            plans[name] = planned
-            left -= lines if on_grid else 0
     module, tokenizer = load_causal_lm(inputs.base.path, settings.device, inputs.base.load_dtype(settings))
     paths = list(sources.values())
     items: Dict[str, Dict[str, List[float]]] = {m.name: {} for m in models}
@@ -87,6 +70,31 @@ def rehearse(measured, inputs: DiagnosticInputs) -> Optional[DiagnosticResult]:
         result.per_model[model] = {c: sum(v) / len(v) for c, v in by_candidate.items()}
         result.per_instance[model] = [dict(zip(by_candidate, row)) for row in zip(*by_candidate.values())]
     return result
+
+
+def merges(measured, inputs: DiagnosticInputs, knowledge: Dict[str, Optional[float]]) -> Dict[str, dict]:
+    """The merges ``rehearse`` builds, by candidate, each mergekit's plan (``planned.plan``): the
+    config as written, the menu, then the grid as far as ``--tune-budget`` pays, each where it can
+    be built on the loaded base. ``knowledge``: each member's base knowledge (None: not measured)."""
+    from mergekit_mergeability.decide.tuning import candidates
+    from mergekit_mergeability.decide.verdict import AS_WRITTEN
+    from mergekit_mergeability.merge_config import absolute
+    from mergekit_mergeability.planned import plan
+
+    base, names = TensorReader(inputs.base.path), set().union(*inputs.touched.values())
+    sources = {m.name: m.path for m in (inputs.base, *inputs.models)}
+    lines = _lines(inputs)
+    left = _budget(inputs, lines)
+    plans = {AS_WRITTEN: inputs.merge}
+    for name, candidate in candidates(measured.spec.document, knowledge).items():
+        on_grid = name not in MENU
+        if on_grid and left < lines:
+            break
+        merge = plan(absolute(candidate.advice.config, sources), measured.spec.source)
+        if writable(merge, base.index, names):
+            plans[name] = merge
+            left -= lines if on_grid else 0
+    return plans
 
 
 def _rehearsed(inputs: DiagnosticInputs) -> bool:

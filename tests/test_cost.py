@@ -1,5 +1,7 @@
 """The cost line's arithmetic, with known answers (what it is measured against: benchmarks/cost_line.py)."""
 
+import json
+
 import pytest
 
 from mergekit_mergeability.cost import FULL, LINE, PROMPT, TIMED, WINDOW, Cost, Pace
@@ -8,7 +10,7 @@ from mergekit_mergeability.cost import FULL, LINE, PROMPT, TIMED, WINDOW, Cost, 
 def test_a_call_between_timed_sizes_is_read_on_the_line_between_them_and_the_blocks_times_the_layers():
     rising = [float(n) for n in TIMED]  # a second a token, in a block and outside it
     pace = Pace(block={PROMPT: rising, FULL: rising}, outside={PROMPT: [1.0] * len(TIMED), FULL: rising}, layers=30)
-    assert pace.call(FULL, 20) == pytest.approx((30 * 20.0, 20.0))  # between 8 and 32
+    assert pace.call(FULL, 20) == pytest.approx((30 * 20.0, 20.0))  # between 16 and 32
     assert pace.call(PROMPT, 20) == pytest.approx((30 * 20.0, 1.0))
     assert pace.call(FULL, 10**6) == pytest.approx((30 * TIMED[-1], TIMED[-1]))  # held beyond the last size
 
@@ -28,3 +30,42 @@ def test_the_menus_share_of_blocks_discounts_its_time_in_the_blocks_only():
         "  fluency: 2 passes",
     ]
     assert "roughly 38 s on cpu" in cost.line()
+
+
+def test_a_pace_is_timed_once_per_shape_and_again_where_the_kept_one_lacks_a_kind_or_a_size(tmp_path, monkeypatch):
+    from mergekit_mergeability import cost
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    timed = []
+    flat = {kind: [0.5] * len(TIMED) for kind in cost.KINDS}
+    monkeypatch.setattr(cost, "_timed", lambda *args: timed.append(args) or Pace(flat, flat))
+    config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 3}
+    assert cost.pace(config, "cpu", "float32").call(PROMPT, 8) == pytest.approx((1.5, 0.5))
+    cost.pace(config, "cpu", "float32")
+    assert len(timed) == 1  # kept
+    kept = tmp_path / "mergekit-mergeability" / "pace.json"
+    older = {
+        k: {"block": {PROMPT: [1.0] * 6, FULL: [1.0] * 6}, "outside": {PROMPT: [1.0] * 6}}
+        for k in json.loads(kept.read_text())
+    }
+    kept.write_text(json.dumps(older))  # two kinds at six sizes, as an older version kept it
+    assert cost.pace(config, "cpu", "float32").call(FULL, 8) == pytest.approx((1.5, 0.5))
+    assert len(timed) == 2
+
+
+def test_the_timed_pace_of_a_tiny_shape_has_every_kind_at_every_size():
+    import transformers
+
+    from mergekit_mergeability import cost
+
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=320,
+    ).to_dict()
+    at = cost._timed(config, "cpu", "float32")
+    assert cost._usable({"block": at.block, "outside": at.outside})
+    assert all(t > 0 for kind in cost.KINDS for t in at.outside[kind])

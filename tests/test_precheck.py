@@ -643,11 +643,14 @@ def test_a_rerun_with_cache_dir_reads_each_models_passes_back(tmp_path, pool, mo
 
 def test_a_dry_run_says_the_passes_and_roughly_how_long_and_writes_nothing(tmp_path, pool):
     config = _config(tmp_path, pool, ["known", "unknown"], ["probe_known", "probe_unknown"])
-    result = CliRunner().invoke(
-        main, ["precheck", str(config), "--out", str(tmp_path / "out"), "--dry-run"], env={"COLUMNS": "1000"}
+    result = CliRunner().invoke(  # a fresh cache: the pace is timed, and that announced, first
+        main,
+        ["precheck", str(config), "--out", str(tmp_path / "out"), "--dry-run"],
+        env={"COLUMNS": "1000", "XDG_CACHE_HOME": str(tmp_path / "cache")},
     )
     assert result.exit_code == 0, result.output
-    line = result.output.splitlines()[0]
+    assert "timing a forward pass of this shape once" in result.output
+    line = next(line for line in result.output.splitlines() if line.startswith("precheck: about"))
     assert line.startswith("precheck: about ") and " forward passes (knowledge " in line, line
     assert "dilution" in line and "menu" in line and (" s on cpu" in line or " min on cpu" in line), line
     assert not (tmp_path / "out").exists()
@@ -761,7 +764,7 @@ def test_a_dry_run_of_a_7b_shape_config_reads_no_tensor_data(tmp_path, reads, mo
         hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32, vocab_size=32000
     )
     folders = {name: shaped(tmp_path / name, seven) for name in ("base", "a", "b", "c")}
-    flat = {kind: [0.01] * len(cost.TIMED) for kind in (cost.PROMPT, cost.FULL)}
+    flat = {kind: [0.01] * len(cost.TIMED) for kind in cost.KINDS}
     monkeypatch.setattr(cost, "_timed", lambda *args: cost.Pace(flat, flat))  # not timing 7B here
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     probe = tmp_path / "probe.jsonl"

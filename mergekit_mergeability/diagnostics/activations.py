@@ -108,28 +108,39 @@ def shared_prompt_logprobs(model, tokenizer, prompt: str, continuations: Sequenc
     are computed once and repeated for every option (equal to scoring each
     prompt + option alone; tests check it).
     """
-    parameters = inspect.signature(model.forward).parameters
-    argument = next(
-        (a for a in ("cache", "past_key_values") if a in parameters), None
-    )  # transformers ≥ 5.2x renamed it
-    if argument is None:  # a model without a key/value cache: score each option whole
+    if cache_argument(model) is None:  # a model without a key/value cache: score each option whole
         return torch.stack(
             [s.continuation_logprobs.sum() for s in score(model, tokenizer, [(prompt, c) for c in continuations])]
         )
     encoded = [encode(tokenizer, prompt, c) for c in continuations]
-    context = encoded[0][0]
+    return options_pass(model, *prompt_pass(model, encoded[0][0]), [c for _, c in encoded]).cpu()
+
+
+def cache_argument(model) -> Optional[str]:
+    """The name ``model.forward`` takes its key/value cache by (transformers ≥ 5.2x renamed it); None: it takes none."""
+    parameters = inspect.signature(model.forward).parameters
+    return next((a for a in ("cache", "past_key_values") if a in parameters), None)
+
+
+def prompt_pass(model, context: List[int]):
+    """The prompt's ids run once: (log-probs of the token after it, its key/value cache, its length)."""
     device = next(model.parameters()).device
-    last_only = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}  # the prompt's last logits only
+    last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     out = model(input_ids=torch.tensor([context], device=device), use_cache=True, **last_only)
-    first = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
-    cache = out[argument]
-    cache.batch_repeat_interleave(len(encoded))
-    ids, mask = pad([([], c) for _, c in encoded])
-    mask = torch.cat([torch.ones(len(encoded), len(context), dtype=mask.dtype), mask], dim=1)
-    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), **{argument: cache}).logits
+    return torch.log_softmax(out.logits[0, -1].float(), dim=-1), out[cache_argument(model)], len(context)
+
+
+def options_pass(model, first: torch.Tensor, cache, prompted: int, options: Sequence[List[int]]) -> torch.Tensor:
+    """Each option's summed log-prob after a prompt of ``prompted`` tokens whose ``prompt_pass`` gave
+    ``first`` and ``cache``: the options run as one batch on the cache, repeated for each (which it changes)."""
+    device = first.device
+    cache.batch_repeat_interleave(len(options))
+    ids, mask = pad([([], c) for c in options])
+    mask = torch.cat([torch.ones(len(options), prompted, dtype=mask.dtype), mask], dim=1)
+    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), **{cache_argument(model): cache}).logits
     following = torch.log_softmax(logits.float(), dim=-1)
-    totals = []
-    for row, (_, c) in enumerate(encoded):
-        later = following[row, : len(c) - 1].gather(1, torch.tensor(c[1:], device=device)[:, None]).sum()
-        totals.append(first[c[0]] + later)
-    return torch.stack(totals).cpu()
+    totals = [
+        first[c[0]] + following[row, : len(c) - 1].gather(1, torch.tensor(c[1:], device=device)[:, None]).sum()
+        for row, c in enumerate(options)
+    ]
+    return torch.stack(totals)
