@@ -12,6 +12,7 @@ MLP 5632, vocabulary 32000), stored in bf16 (or --dtype float32), against readin
 --threads sets torch's intra-op threads (default: torch's own, one per core). On cores other
 jobs share, one thread is faster: every parallel region waits for the thread that was preempted.
 
+It writes the whole precheck's config as DIR/llama-*/precheck.yml (``cost_line.py --config`` reads it).
 Experts are the base plus seeded noise on every matrix (a full fine-tune, the weight pass's
 worst case). Building the four models writes ~8.8 GB (bf16) to --work; keep it to rerun.
 """
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import torch
 import transformers
+import yaml
 from safetensors.torch import save_file
 
 from _models import workdir
@@ -98,16 +100,19 @@ def probes(root: Path) -> Path:
     return path
 
 
+def document(paths: dict, probe: Path) -> dict:
+    """The config of the whole precheck: the experts' task_arithmetic merge, each with the probe."""
+    models = [
+        {"model": str(p), "probe": str(probe), "parameters": {"weight": 1.0}} for n, p in paths.items() if n != "base"
+    ]
+    return {"merge_method": "task_arithmetic", "base_model": str(paths["base"]), "models": models}
+
+
 def whole_precheck(paths: dict, probe: Path, out: Path, skip=()) -> None:
     from mergekit_mergeability import api, merge_config
     from mergekit_mergeability.settings import PrecheckSettings
 
-    models = [
-        {"model": str(p), "probe": str(probe), "parameters": {"weight": 1.0}} for n, p in paths.items() if n != "base"
-    ]
-    spec = merge_config.from_document(
-        {"merge_method": "task_arithmetic", "base_model": str(paths["base"]), "models": models}, out.parent
-    )
+    spec = merge_config.from_document(document(paths, probe), out.parent)
     api.precheck(spec, settings=PrecheckSettings(device="cpu", quiet=True, limit=LINES, skip=tuple(skip)), out=out)
 
 
@@ -182,6 +187,7 @@ def main():
         started = time.perf_counter()
         paths = build(root, args.layers, getattr(torch, args.dtype))
         size = sum(f.stat().st_size for f in paths["base"].glob("*.safetensors")) / 2**30
+        (root / "precheck.yml").write_text(yaml.safe_dump(document(paths, probes(root))))  # for cost_line.py --config
         print(
             f"base + 3 experts, {args.layers} layers, {args.dtype}: {size:.2f} GiB each ({time.perf_counter() - started:.0f} s to build);"
             f" {torch.get_num_threads()} torch thread(s)"

@@ -142,7 +142,7 @@ def estimate(inputs, diagnostics, menu_passes: int = 0, notes: Sequence[str] = (
 def _building(plans, inputs, dtype: str) -> float:
     """Seconds to build each of ``plans``' merges (tensor name -> mergekit's plan) on the tensors the
     updates touch: each merge timed on random inputs for one touched tensor of middling size (its
-    shape from the base's headers), scaled to the values of them all. Reading the models' tensors is
+    shape from the base's headers; its first TIMED_MERGE values' rows), scaled to the values of them all. Reading the models' tensors is
     not counted."""
     import torch
 
@@ -155,17 +155,19 @@ def _building(plans, inputs, dtype: str) -> float:
     if not names:
         return 0.0
     middle = names[len(names) // 2]
+    shape = list(index[middle].shape)
+    shape[0] = min(shape[0], max(1, TIMED_MERGE // math.prod(shape[1:])))  # its first rows, at a 7B shape
     drawn = {}  # one random tensor a model
 
     def read(model: str, name: str):
-        return drawn.setdefault(model, torch.randn(index[middle].shape, dtype=getattr(torch, dtype or "float32")))
+        return drawn.setdefault(model, torch.randn(shape, dtype=getattr(torch, dtype or "float32")))
 
     def timed(plan) -> float:
         started = time.perf_counter()
         merged(plan[middle], read)
         return time.perf_counter() - started
 
-    return sum(min(timed(plan), timed(plan)) for plan in plans.values()) * sum(map(size, names)) / size(middle)
+    return sum(min(timed(plan), timed(plan)) for plan in plans.values()) * sum(map(size, names)) / math.prod(shape)
 
 
 TIMED = (1, 8, 16, 32, 64, 128, 512, 2048)  # tokens in one forward call, where the pace is timed
@@ -173,6 +175,8 @@ TIMED = (1, 8, 16, 32, 64, 128, 512, 2048)  # tokens in one forward call, where 
 # keys and values; its options, one row each, on that cache; a whole sequence, every position's logits
 PROMPT, OPTIONS, FULL = "prompt", "options", "full"
 KINDS = (PROMPT, OPTIONS, FULL)
+TIMED_MERGE = 1 << 22  # values of a touched tensor each merge is timed on (a 1.1B shape's whole middling one)
+PACE_VERSION = "calls-2"  # in the cache's keys: a version that timed other calls keeps its own entries
 TIMED_OPTIONS, TIMED_PROMPT = 4, 32  # an options call is timed as this many rows after a prompt this long
 
 
@@ -208,7 +212,7 @@ def pace(config: dict, device: str, dtype: str) -> Pace:
         "num_key_value_heads",
         "vocab_size",
     )
-    key = f"{device}/{dtype}/" + "/".join(f"{config.get(k)}" for k in shape)
+    key = f"{PACE_VERSION}/{device}/{dtype}/" + "/".join(f"{config.get(k)}" for k in shape)
     kept = default_cache_dir() / "pace.json"
     known = _read(kept)
     if not _usable(known.get(key)):
