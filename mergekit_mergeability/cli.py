@@ -7,6 +7,8 @@ API, and prints the result (``output.terminal``); exit statuses and one-line err
 from __future__ import annotations
 
 import functools
+import shutil
+import textwrap
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -483,8 +485,13 @@ def precheck(
         raise UserError("precheck: name a CONFIG_FILE or a --pool folder of adapters (one of the two)")
     if dry_run:
         cost = api.precheck_cost(config_file or pool, probes=_probe_pairs(probes), settings=settings)
-        click.echo("\n".join([cost.line(), *cost.by_phase()]))
-        click.echo("dry run: nothing written and no weights read; without --dry-run the precheck runs these passes")
+        said = [
+            *cost.line().splitlines(),
+            *cost.by_phase(),
+            "dry run: nothing written and no weights read; without --dry-run the precheck runs these passes",
+        ]
+        width = shutil.get_terminal_size().columns  # $COLUMNS where set
+        click.echo("\n".join(textwrap.fill(line, width, subsequent_indent="    ") for line in said))
         return
     result = api.precheck(config_file or pool, probes=_probe_pairs(probes), settings=settings, out=out)
     print_precheck(result, out, verbose)

@@ -654,6 +654,14 @@ def test_a_dry_run_says_the_passes_and_roughly_how_long_and_writes_nothing(tmp_p
     assert line.startswith("precheck: about ") and " forward passes (knowledge " in line, line
     assert "dilution" in line and "menu" in line and (" s on cpu" in line or " min on cpu" in line), line
     assert not (tmp_path / "out").exists()
+    narrow = CliRunner().invoke(  # on a narrow terminal: wrapped, nothing lost
+        main,
+        ["precheck", str(config), "--dry-run"],
+        env={"COLUMNS": "60", "XDG_CACHE_HOME": str(tmp_path / "cache")},
+    )
+    assert max(map(len, narrow.output.splitlines())) <= 60
+    joined = " ".join(narrow.output.split())
+    assert "forward passes (knowledge" in joined and "dry run: nothing written and no weights read" in joined, joined
 
 
 def test_the_cost_line_counts_the_passes_the_progress_bars_then_count(tmp_path, pool, monkeypatch):
