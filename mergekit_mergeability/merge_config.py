@@ -302,10 +302,14 @@ def absolute(config: Dict[str, Any], resolved: Dict[str, Path], folder: Optional
 
 
 def _written(value: Any, resolved: Dict[str, Any]) -> Any:
-    from mergekit_mergeability.sources import inferred_architecture
+    from mergekit_mergeability.sources import inferred_architecture, source_of, update_of
 
     if not isinstance(value, str) or value not in resolved:  # the mapping form: the user's, as written
         return value
     source = resolved[value]
-    architecture = inferred_architecture(source)  # None for an adapter: mergekit reads its base's
-    return {"model": str(source), "override_architecture": architecture} if architecture else str(source)
+    architecture = inferred_architecture(source)  # an adapter's is its base's
+    if not architecture:
+        return str(source)
+    base = update_of(source)  # mergekit's mapping form names an adapter apart from its base
+    written = {"model": str(source)} if base is None else {"model": str(base), "lora": str(source_of(source).folder)}
+    return {**written, "override_architecture": architecture}

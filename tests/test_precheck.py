@@ -275,6 +275,43 @@ def test_models_without_architectures_are_measured_and_the_recommendation_names_
     assert json.loads((tmp_path / "merged" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
 
 
+def test_adapters_on_a_base_without_architectures_are_written_with_their_base_s_class(tmp_path, pool):
+    """mergekit reads a model+adapter's architecture from the base's config.json: where it names none,
+    the plan and the recommendation name the class (mapping form, ``lora:`` apart), not a TypeError."""
+    from mergekit_mergeability.tiny import make_adapter
+
+    base = _without_architectures(pool["base"], tmp_path / "base")
+    targets = [f"model.layers.{i}.self_attn.q_proj.weight" for i in range(4)]
+    adapters = [
+        make_adapter(base, tmp_path / f"a{i}", targets, rank=2, seed=i, scale=0.3, base_name=str(base))
+        for i in range(2)
+    ]
+    models = [
+        {"model": f"{base}+{a}", "probe": str(pool["probe_known"]), "parameters": {"weight": 1.0}} for a in adapters
+    ]
+    config = tmp_path / "config.yml"
+    config.write_text(yaml.safe_dump({"merge_method": "task_arithmetic", "base_model": str(base), "models": models}))
+    result = CliRunner().invoke(
+        main,
+        ["precheck", str(config), "--out", str(tmp_path / "out"), "--quiet", "--skip", "selectivity", "--skip", "menu"],
+    )
+    assert result.exit_code == 0, result.output
+    recommended = yaml.safe_load((tmp_path / "out" / "recommended.yml").read_text())
+    assert [m["model"] for m in recommended["models"]] == [
+        {"model": str(base), "lora": str(a), "override_architecture": "LlamaForCausalLM"} for a in adapters
+    ]
+    from mergekit.config import MergeConfiguration
+    from mergekit.merge import run_merge
+    from mergekit.options import MergeOptions
+
+    run_merge(  # the stock mergekit takes it as written (mergekit-yaml --lora-merge-cache)
+        MergeConfiguration.model_validate(recommended),
+        str(tmp_path / "merged"),
+        MergeOptions(lora_merge_cache=str(tmp_path / "lora")),
+    )
+    assert json.loads((tmp_path / "merged" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+
+
 class _Plugin:
     """A third-party plugin: one diagnostic and a gate on the finished report."""
 

@@ -18,7 +18,14 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
 from mergekit_mergeability.errors import UserError
-from mergekit_mergeability.sources import Source, inferred_architecture, model_config, tensor_index, vocabulary
+from mergekit_mergeability.sources import (
+    Source,
+    inferred_architecture,
+    model_config,
+    tensor_index,
+    update_of,
+    vocabulary,
+)
 
 Shapes = Dict[str, Tuple[int, ...]]
 
@@ -95,7 +102,8 @@ class _Facts:
 
 
 def _unnamed_architecture(facts: _Facts) -> Iterator[Finding]:
-    inferred = inferred_architecture(facts.source)  # None for an adapter: its base's is checked as the base
+    # an adapter's is its base's, which is checked as the base
+    inferred = inferred_architecture(facts.source) if update_of(facts.source) is None else None
     if inferred:
         yield Finding(
             "warning",
