@@ -37,8 +37,8 @@ def build(work: Path, limit: int) -> Path:
     from mergekit_mergeability.tiny import make_adapter, shaped
 
     base = shaped(work / "base", transformers.LlamaConfig(**SEVEN, architectures=["LlamaForCausalLM"]), "bfloat16")
-    touched = [f"model.layers.{i}.self_attn.{p}.weight" for i in range(SEVEN["num_hidden_layers"]) for p in "qv"]
-    touched = [name.replace(".q.", ".q_proj.").replace(".v.", ".v_proj.") for name in touched]
+    layers = range(SEVEN["num_hidden_layers"])
+    touched = [f"model.layers.{i}.self_attn.{p}.weight" for i in layers for p in ("q_proj", "v_proj")]
     adapters = [make_adapter(base, work / f"expert{i}", touched, rank=8, seed=i, base_name=str(base)) for i in range(3)]
     probe = work / "probe.jsonl"
     lines = [

@@ -240,26 +240,25 @@ def _timed(config: dict, device: str, dtype: str) -> Pace:
 
     from mergekit_mergeability.diagnostics.activations import options_pass, prompt_pass
 
-    def built(layers: int):
+    def built(layers: int, on: str = device):
         shaped = {**config, "num_hidden_layers": layers}
         if isinstance(shaped.get("layer_types"), list):  # one entry per block
             shaped["layer_types"] = (shaped["layer_types"] * layers)[:layers]
         shaped = {k: v for k, v in shaped.items() if k not in ("architectures", "dtype", "torch_dtype")}
         made = transformers.AutoConfig.for_model(**shaped)
-        with torch.device(device):
+        with torch.device(on):
             return transformers.AutoModelForCausalLM.from_config(made, dtype=getattr(torch, dtype)).eval()
 
     # enough blocks that their weights do not fit in the processor's cache, as a whole model's do not:
     # one small block run again and again is read from the cache, and timed several times too fast
-    model = built(1)
-    one = sum(p.numel() * p.element_size() for p in model.get_decoder().layers.parameters())
+    one = sum(p.numel() * p.element_size() for p in built(1, "meta").get_decoder().layers.parameters())
     count = min(int(config.get("num_hidden_layers") or 1), max(1, -(-UNCACHED // one)))
-    model = built(count) if count > 1 else model
-    made, decoder = model.config, model.get_decoder()
+    model = built(count)
+    decoder = model.get_decoder()
     blocks = decoder.layers
 
     def ids(tokens: int) -> List[int]:
-        return torch.randint(0, made.vocab_size, (tokens,)).tolist()
+        return torch.randint(0, model.config.vocab_size, (tokens,)).tolist()
 
     def ready(kind: str, tokens: int):
         """One call of ``kind`` and ``tokens`` tokens, as the passes make it, ready to run (an options

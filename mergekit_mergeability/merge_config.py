@@ -307,9 +307,9 @@ def _written(value: Any, resolved: Dict[str, Any]) -> Any:
     if not isinstance(value, str) or value not in resolved:  # the mapping form: the user's, as written
         return value
     source = resolved[value]
-    architecture = inferred_architecture(source)  # an adapter's is its base's
+    base = update_of(source)  # an adapter's: mergekit reads the architecture from it
+    architecture = inferred_architecture(source if base is None else base)
     if not architecture:
         return str(source)
-    base = update_of(source)  # mergekit's mapping form names an adapter apart from its base
     written = {"model": str(source)} if base is None else {"model": str(base), "lora": str(source_of(source).folder)}
     return {**written, "override_architecture": architecture}

@@ -18,14 +18,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
 from mergekit_mergeability.errors import UserError
-from mergekit_mergeability.sources import (
-    Source,
-    inferred_architecture,
-    model_config,
-    tensor_index,
-    update_of,
-    vocabulary,
-)
+from mergekit_mergeability.sources import Source, inferred_architecture, model_config, tensor_index, vocabulary
 
 Shapes = Dict[str, Tuple[int, ...]]
 
@@ -102,8 +95,7 @@ class _Facts:
 
 
 def _unnamed_architecture(facts: _Facts) -> Iterator[Finding]:
-    # an adapter's is its base's, which is checked as the base
-    inferred = inferred_architecture(facts.source) if update_of(facts.source) is None else None
+    inferred = inferred_architecture(facts.source)  # None for an adapter: its base's is checked as the base
     if inferred:
         yield Finding(
             "warning",

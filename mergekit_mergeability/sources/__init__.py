@@ -142,7 +142,7 @@ def model_config(model: Source) -> dict:
 def inferred_architecture(model: Source) -> Optional[str]:
     """For a config.json without ``architectures`` (transformers then loads the model by its
     ``model_type``): the class it loads, which mergekit needs named (``override_architecture``);
-    None when the file names it; for an adapter, its base's (mergekit reads the base's)."""
+    None when the file names it, and for an adapter (mergekit reads its base's)."""
     return source_of(model).inferred_architecture()
 
 

@@ -112,8 +112,8 @@ class AdapterModel(ModelSource):
         return model, tokenizer
 
     def inferred_architecture(self) -> Optional[str]:
-        """Its base's: mergekit reads a model+adapter's architecture from the base's config.json."""
-        return source_of(self.base).inferred_architecture()
+        """None: mergekit reads a model+adapter's architecture from its base."""
+        return None
 
     def targets(self) -> Dict[str, Tuple[str, str]]:
         """Base tensor name -> (its lora_A key, its lora_B key), from the header alone,
