@@ -41,6 +41,13 @@ class World(dict):
         return path
 
 
+def _broken_config(source: Path, folder: Path) -> Path:
+    """A copy whose config.json was cut off (a failed download, an editor's slip)."""
+    shutil.copytree(source, folder)
+    (folder / "config.json").write_text("{not json")
+    return folder
+
+
 @pytest.fixture(scope="module")
 def world(llama, tmp_path_factory):
     root = tmp_path_factory.mktemp("bad_input")
@@ -51,6 +58,7 @@ def world(llama, tmp_path_factory):
         wide=widened(llama["base"], root / "wide"),
         relabelled=relabelled(llama["expert0"], root / "relabelled"),
         no_config=shutil.copytree(llama["expert0"], root / "no_config", ignore=shutil.ignore_patterns("config.json")),
+        broken_config=_broken_config(llama["expert0"], root / "broken_config"),
         no_weights=shutil.copytree(
             llama["expert0"], root / "no_weights", ignore=shutil.ignore_patterns("*.safetensors")
         ),
@@ -93,6 +101,7 @@ def world(llama, tmp_path_factory):
         field=w.config("field", ["e0", "e1"], merge_method=42),
         pool_absent=w.config("pool_absent", ["e0", "absent"]),
         pool_no_config=w.config("pool_no_config", ["e0", "no_config"]),
+        pool_broken_config=w.config("pool_broken_config", ["e0", "broken_config"]),
         pool_no_weights=w.config("pool_no_weights", ["e0", "no_weights"]),
         pool_truncated=w.config("pool_truncated", ["e0", "truncated"]),
         pool_garbled=w.config("pool_garbled", ["e0", "garbled"]),
@@ -163,6 +172,11 @@ CASES = {
         "precheck",
         ["{pool_no_config}"],
         ["model {no_config}: no config.json"],
+    ),
+    "precheck: model folder whose config.json is not JSON": (
+        "precheck",
+        ["{pool_broken_config}"],
+        ["config.json: not JSON (line 1, column 2); a model's config.json must be a JSON object"],
     ),
     "precheck: model folder without weights": ("precheck", ["{pool_no_weights}"], ["{no_weights}: no weights"]),
     "precheck: truncated safetensors": (

@@ -64,8 +64,11 @@ class ModelSource(abc.ABC):
             raise UserError(f"model {self}: no config.json; every model folder needs one (is it a model folder?)")
         try:
             config = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise UserError(f"{path}: not JSON; a model's config.json must be") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            where = f" (line {error.lineno}, column {error.colno})" if isinstance(error, json.JSONDecodeError) else ""
+            raise UserError(
+                f"{path}: not JSON{where}; a model's config.json must be a JSON object (save or download the model again)"
+            ) from None
         if not isinstance(config, dict):
             raise UserError(f"{path}: not a JSON object; a model's config.json must be one")
         return path, config
