@@ -94,8 +94,8 @@ def main() -> None:
         f"{'passes in all':16s} {cost.total:7,} {cost.estimate:9.1f}s {counted:8.1f}s {counted / cost.estimate:18.2f}x"
     )
     print(
-        f"whole precheck {duration(whole)} against the line's {duration(cost.estimate)}: {whole / cost.estimate:.2f}x "
-        "(target: within ±30% on a quiet machine)"
+        f"whole precheck {duration(whole)} ({whole:.0f} s) against the line's {duration(cost.estimate)} "
+        f"({cost.estimate:.0f} s): {whole / cost.estimate:.2f}x (target: within ±30% on a quiet machine)"
     )
 
 

@@ -1,8 +1,12 @@
 """The menu's forward passes, each speed-up measured against a baseline run in the same process.
 
 The precheck of a config of three SmolLM2-135M LoRA experts spends most of its time rehearsing
-merges: every candidate asks every member's probe. Two speed-ups, each switched on in turn:
+merges: every candidate asks every member's probe. Four speed-ups, each switched on in turn:
   - the prompt pass keeps the last position's logits only (``logits_to_keep=1``);
+  - the options' common first tokens run with the prompt, and each option's last token is not run
+    (what it predicts is not read; one-token options need no call at all);
+  - the prompts of up to 16 items run together, left-padded, and so do their options
+    (``activations.together``: at most ``CALL_TOKENS`` tokens a call);
   - the layers below the first one the updates touch run once for every candidate
     (``diagnostics.shared_layers``): the first candidate records, the others replay.
 Each variant's scores must equal the baseline's (printed: the largest difference over every item of
@@ -27,11 +31,12 @@ from pathlib import Path
 import transformers
 
 from mergekit_mergeability import api, menu
+from mergekit_mergeability.diagnostics import activations
 from mergekit_mergeability.diagnostics.shared_layers import Shared
 from mergekit_mergeability.settings import PrecheckSettings
 
 DEFAULT = Path("pools-out/tuning/configs/n3_0_task_arithmetic.yml")
-VARIANTS = ("baseline", "+ last-position logits", "+ shared lower layers")
+VARIANTS = ("baseline", "+ last-position logits", "+ options trimmed", "+ prompts together", "+ shared lower layers")
 BFLOAT16 = "shipped, in bfloat16"
 
 
@@ -40,7 +45,12 @@ def variant(name: str):
     """The code as shipped, with the speed-ups after ``name`` in VARIANTS switched off."""
     keep = VARIANTS.index(name) if name in VARIANTS else len(VARIANTS)
     forward = transformers.LlamaForCausalLM.forward
-    shared_below = menu.shared_below
+    shared_below, split, options_pass, together = (
+        menu.shared_below,
+        activations.split,
+        activations.options_pass,
+        activations.together,
+    )
     if keep < 1:
 
         @functools.wraps(forward)
@@ -49,11 +59,36 @@ def variant(name: str):
 
         transformers.LlamaForCausalLM.forward = every_logit
     if keep < 2:
+        activations.split = lambda options: ([], [list(o) for o in options])
+        activations.options_pass = every_option_token
+    if keep < 3:
+        activations.together = lambda items, tokens=0: ([item] for item in items)
+    if keep < 4:
         menu.shared_below = lambda module, names: contextlib.nullcontext(Shared())
     try:
         yield
     finally:
         transformers.LlamaForCausalLM.forward, menu.shared_below = forward, shared_below
+        activations.split, activations.options_pass, activations.together = split, options_pass, together
+
+
+def every_option_token(model, first, said, cache, mask, group):
+    """The options' call before it was trimmed: every token of every option, on the cache of its one
+    prompt (prompts then ran one at a time) repeated for each."""
+    import torch
+
+    (item,) = group
+    options = item.rest
+    cache.batch_repeat_interleave(len(options))
+    ids, added = activations.pad([([], o) for o in options])
+    attention = torch.cat([mask.expand(len(options), -1), added], dim=1)
+    logits = model(input_ids=ids, attention_mask=attention, **{activations.cache_argument(model): cache}).logits
+    following = torch.log_softmax(logits.float(), dim=-1)
+    found = [
+        first[0, o[0]] + following[r, : len(o) - 1].gather(1, torch.tensor(o[1:])[:, None]).sum()
+        for r, o in enumerate(options)
+    ]
+    return [torch.stack(found)]
 
 
 def timed_rehearsal(config: Path, settings: PrecheckSettings):

@@ -45,7 +45,8 @@ GPU the cluster does not have, so Ray never schedules it and no evaluation runs 
 ``ray.remote(num_cpus=1, num_gpus=1.0)`` was still unscheduled after 15 s).
 
     python benchmarks/vs_merge_then_evaluate.py --tiny                 # tiny local models, under a minute
-    python benchmarks/vs_merge_then_evaluate.py [--config CONFIG.yml] [--work DIR] [--limit N]
+    python benchmarks/vs_merge_then_evaluate.py [--config CONFIG.yml] [--work DIR] [--limit N] [--tune-budget N]
+    python benchmarks/vs_merge_then_evaluate.py --shape 1.1B [--work DIR] [--tune-budget N] [--dtype auto]   # random weights
 
 The default config is the `tuning` family's first three-expert draw as task_arithmetic
 (``python research/run.py tuning measure`` writes it); its probes are JSONL "options" probes.
@@ -62,7 +63,8 @@ import re
 import statistics
 import time
 from pathlib import Path
-from typing import Dict, List
+from dataclasses import replace
+from typing import Dict, List, Optional
 from unittest import mock
 
 import yaml
@@ -77,6 +79,7 @@ DEFAULT = Path("pools-out/tuning/configs/n3_0_task_arithmetic.yml")
 DETERMINISTIC = ("task_arithmetic", "ties", "knowledge_weighted")
 DRAWN = ("dare_ties", "dare_linear", "della", "della_linear")  # mergekit draws their masks anew
 TOLERANCE = 1e-9
+DTYPE = {"both": "float32"}  # both sides' dtype; --dtype auto: each side's own default
 console = Console(width=160)
 
 
@@ -126,14 +129,16 @@ def asked_as_tasks(config: Path, work: Path):
 # (1) the precheck ----------------------------------------------------------------------------------
 
 
-def precheck(config: Path, limit: int, out: Path):
-    """The precheck's report (precheck.json) and its seconds."""
+def precheck(config: Path, limit: int, budget: Optional[int], out: Path):
+    """The precheck's report (precheck.json) and its seconds; ``budget``: its ``--tune-budget``
+    (None: the default)."""
     from mergekit_mergeability import api
     from mergekit_mergeability.settings import PrecheckSettings
 
     settings = PrecheckSettings(
-        device="cpu", dtype="float32", quiet=True, skip=("representations", "selectivity"), limit=limit
+        device="cpu", dtype=DTYPE["both"], quiet=True, skip=("representations", "selectivity"), limit=limit
     )
+    settings = settings if budget is None else replace(settings, tune_budget=budget)
     started = time.perf_counter()
     api.precheck(config, settings=settings, out=out)
     seconds = time.perf_counter() - started
@@ -179,7 +184,7 @@ def merge(text: str, out: Path, cache: Path) -> None:
 
 
 def lm_eval(model_args: dict, names: List[str], manager, limit: int, out: Path) -> Dict[str, float]:
-    """lm-eval's acc of each task on one model (``simple_evaluate``, model hf, cpu, batch 16)."""
+    """lm-eval's acc of each task on one model (``simple_evaluate``, model hf, cpu, batch 16, ``DTYPE``)."""
     from lm_eval import evaluator, simple_evaluate
 
     from mergekit_mergeability.settings import BATCH_SIZE
@@ -188,7 +193,7 @@ def lm_eval(model_args: dict, names: List[str], manager, limit: int, out: Path) 
     with quiet_harness(), mock.patch.object(evaluator, "add_env_info", lambda storage: None):
         result = simple_evaluate(
             model="hf",
-            model_args={**model_args, "dtype": "float32"},
+            model_args={**model_args, "dtype": DTYPE["both"]},
             tasks=names,
             task_manager=manager,
             device="cpu",
@@ -298,6 +303,17 @@ def ranked_probe(path: Path, model_dir: Path, questions: List[str]) -> Path:
     return path
 
 
+def shaped(size: str, work: Path) -> Path:
+    """``gpu_check.build``'s config at ``size`` (a bf16 base, three LoRA adapters, their probes), written
+    under ``work`` once and reused by a rerun with the same ``--work``."""
+    import gpu_check
+
+    folder = work / f"shape-{size}"
+    if not (folder / "config.yml").is_file():
+        gpu_check.build(size, folder, time.time())
+    return folder / "config.yml"
+
+
 # The comparison --------------------------------------------------------------------------------------
 
 
@@ -395,7 +411,26 @@ def main() -> None:
     parser.add_argument(
         "--limit", type=int, default=None, help="probe items per member, both sides (default: the precheck's 64)"
     )
+    parser.add_argument(
+        "--tune-budget",
+        type=int,
+        default=None,
+        help="the precheck's --tune-budget (default: its default); 0 rehearses the config as written and the menu",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "auto"),
+        default="float32",
+        help="float32 on both sides (default), or auto: each side's default, the checkpoints' own dtype "
+        "(the precheck's --dtype auto, lm-eval's dtype=auto; mergekit writes the config's dtype: or its inputs')",
+    )
     parser.add_argument("--tiny", action="store_true", help="build tiny local models and probes and compare on them")
+    parser.add_argument(
+        "--shape",
+        choices=("1.1B", "7B"),
+        help="build a random-weight Llama of this shape (bf16) with three rank-8 LoRA adapters and a 16-item "
+        "probe each (gpu_check.py's models; kept in --work) and compare on it: the times count, not the scores",
+    )
     args = parser.parse_args()
     from mergekit_mergeability.settings import PRECHECK_LIMIT
 
@@ -403,15 +438,16 @@ def main() -> None:
 
     os.environ.pop(ENVIRONMENT, None)  # the opt-in gate would precheck every merge of side (2)
     limit = args.limit or PRECHECK_LIMIT
-    if not args.tiny and not args.config.is_file():
+    DTYPE["both"] = args.dtype
+    if not (args.tiny or args.shape) and not args.config.is_file():
         raise SystemExit(f"{args.config}: no such config (python research/run.py tuning measure writes it)")
     with workdir(args.work, "vs-merge-then-evaluate-") as work:
         work = work.resolve()
-        source = tiny_config(work / "tiny") if args.tiny else args.config
+        source = tiny_config(work / "tiny") if args.tiny else shaped(args.shape, work) if args.shape else args.config
         config, names, include = asked_as_tasks(source, work)
         warm_imports()
         console.print(f"{config}: {len(names)} members; (1) the precheck ...")
-        report, precheck_seconds = precheck(config, limit, work / "precheck")
+        report, precheck_seconds = precheck(config, limit, args.tune_budget, work / "precheck")
         merges = rehearsed(config, report)
         console.print(f"(2) {len(merges)} candidates merged with mergekit and scored with lm-eval ...")
         scores, references, seconds = without_precheck(config, merges, names, include, limit, work)

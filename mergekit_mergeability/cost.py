@@ -176,7 +176,7 @@ TIMED = (1, 8, 16, 32, 64, 128, 512, 2048)  # tokens in one forward call, where 
 PROMPT, OPTIONS, FULL = "prompt", "options", "full"
 KINDS = (PROMPT, OPTIONS, FULL)
 TIMED_MERGE = 1 << 22  # values of a touched tensor each merge is timed on (a 1.1B shape's whole middling one)
-PACE_VERSION = "calls-2"  # in the cache's keys: a version that timed other calls keeps its own entries
+PACE_VERSION = "calls-4"  # in the cache's keys: a version that timed other calls keeps its own entries
 TIMED_OPTIONS, TIMED_PROMPT = 4, 32  # an options call is timed as this many rows after a prompt this long
 
 
@@ -238,7 +238,7 @@ def _timed(config: dict, device: str, dtype: str) -> Pace:
     import torch
     import transformers
 
-    from mergekit_mergeability.diagnostics.activations import options_pass, prompt_pass
+    from mergekit_mergeability.diagnostics.activations import Asked, options_pass, prompt_pass
 
     def built(layers: int, on: str = device):
         shaped = {**config, "num_hidden_layers": layers}
@@ -264,12 +264,14 @@ def _timed(config: dict, device: str, dtype: str) -> Pace:
         """One call of ``kind`` and ``tokens`` tokens, as the passes make it, ready to run (an options
         call's prompt already run)."""
         if kind == PROMPT:
-            context = ids(tokens)
-            return lambda: prompt_pass(model, context)
+            prompt = [Asked(ids(tokens), [], [])]
+            return lambda: prompt_pass(model, prompt)
         if kind == OPTIONS:
             rows = min(TIMED_OPTIONS, tokens)
-            prompted, options = prompt_pass(model, ids(TIMED_PROMPT)), [ids(tokens // rows) for _ in range(rows)]
-            return lambda: options_pass(model, *prompted, options)
+            # each option one token longer: its last token is not run
+            item = [Asked(ids(TIMED_PROMPT), [], [ids(tokens // rows + 1) for _ in range(rows)])]
+            prompted = prompt_pass(model, item)
+            return lambda: options_pass(model, *prompted, item)
         rows = max(1, tokens // 256)
         batch = torch.tensor([ids(tokens // rows) for _ in range(rows)], device=device)
         return lambda: model(input_ids=batch)
@@ -298,14 +300,15 @@ def _seconds(inputs, diagnostics, passes, tokenizer, at: Pace) -> Dict[str, Tupl
     """Per diagnostic, one counted pass's seconds (in the blocks, outside them). A probe line is
     one option of an item whose prompt runs once for all its options (a PROMPT call of the prompt,
     an OPTIONS call of all its options), among the requests the diagnostic says it asks (``asked``) or
-    else the models' probes; a row is a prompt and its answer whole, in batches; a window is the
-    shipped text's."""
+    else the models' probes, with the items lm-eval's own requests score whole besides (``whole``)
+    spread over them; a row is a prompt and its answer whole, in batches; a window is the shipped text's."""
     from mergekit_mergeability.diagnostics.fluency import WINDOW as WINDOW_TOKENS
 
     batch = max(1, inputs.settings.batch_size)
     probed = [i for m in inputs.models for i in (m.probes or ())]
     count = lambda text, **kw: len(tokenizer(text, **kw)["input_ids"])  # noqa: E731
     asked = {d.name: d.asked(inputs) for d in diagnostics if hasattr(d, "asked")}
+    whole = {d.name: d.whole(inputs) for d in diagnostics if hasattr(d, "whole")}
     found = {}
     for name, unit in ({d.name: getattr(d, "unit", LINE) for d in diagnostics} | {"menu": LINE}).items():
         items = asked.get(name) or probed
@@ -317,15 +320,34 @@ def _seconds(inputs, diagnostics, passes, tokenizer, at: Pace) -> Dict[str, Tupl
             row = sum(count(i.prompt) + count(i.gold, add_special_tokens=False) for i in items) / len(items)
             found[name] = tuple(part / batch for part in at.call(FULL, batch * row))
         elif items:
-            options = [[count(c, add_special_tokens=False) for c in (*i.continuations, *i.letters)] for i in items]
-            spent = [  # the options run padded to the longest
-                tuple(a + b for a, b in zip(at.call(PROMPT, count(i.prompt)), at.call(OPTIONS, len(o) * max(o))))
-                for i, o in zip(items, options)
-            ]
             # a diagnostic that says what it asks counts every option and letter; a probe line, its options
-            counted = sum(len(o) if name in asked else len(i.continuations) for i, o in zip(items, options))
-            found[name] = tuple(sum(part) / counted for part in zip(*spent))
+            counted = sum(len(i.continuations) + (len(i.letters) if name in asked else 0) for i in items)
+            found[name] = tuple(part / counted for part in _asked(items, tokenizer, at))
+            if whole.get(name):  # and once, lm-eval's own requests: each option whole with its prompt, in batches
+                rows = [
+                    count(i.prompt) + count(c, add_special_tokens=False) for i in whole[name] for c in i.continuations
+                ]
+                called = at.call(FULL, batch * sum(rows) / len(rows))
+                found[name] = tuple(a + b * len(rows) / batch / passes[name] for a, b in zip(found[name], called))
     return found
+
+
+def _asked(items, tokenizer, at: Pace) -> Tuple[float, float]:
+    """The calls ``activations.choice_logprobs`` makes for ``items``: per group it runs together
+    (``ITEMS_AT_ONCE`` at a time, then ``together``), one PROMPT call of the padded prompts, each with
+    its options' common first tokens, and where an option has two tokens or more, one OPTIONS call of
+    those options without their last token, padded to the longest."""
+    from mergekit_mergeability.diagnostics import activations
+
+    spent = []
+    for start in range(0, len(items), activations.ITEMS_AT_ONCE):
+        window = items[start : start + activations.ITEMS_AT_ONCE]
+        asked = [activations.asked(tokenizer, i.prompt, (*i.continuations, *i.letters)) for i in window]
+        for group in activations.together(asked):
+            spent.append(at.call(PROMPT, len(group) * max(len(a.run) for a in group)))
+            run = [len(o) - 1 for a in group for o in a.rest if len(o) > 1]
+            spent += [at.call(OPTIONS, len(run) * max(run))] if run else []
+    return tuple(sum(part) for part in zip(*spent)) if spent else (0.0, 0.0)
 
 
 def _shares(inputs, config: dict, passes: Dict[str, int]) -> Dict[str, float]:

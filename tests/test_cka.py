@@ -41,6 +41,15 @@ def test_not_invariant_to_an_arbitrary_invertible_map(cka):
     assert abs(cka(x @ stretch, y) - cka(x, y)) > 1e-3
 
 
+def test_biased_cka_with_fewer_rows_than_features_matches_the_feature_form():
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(12, 200, generator=generator, dtype=torch.float64)
+    y = x @ torch.randn(200, 200, generator=generator, dtype=torch.float64) + torch.randn(12, 200, dtype=torch.float64)
+    x0, y0 = x - x.mean(0), y - y.mean(0)
+    feature_form = (y0.T @ x0).square().sum() / ((x0.T @ x0).norm() * (y0.T @ y0).norm())
+    assert linear_cka(x, y) == pytest.approx(float(feature_form), abs=1e-12)
+
+
 def test_biased_cka_matches_the_gram_matrix_form():
     x, y = _data()
     h = torch.eye(24, dtype=torch.float64) - 1 / 24

@@ -69,3 +69,33 @@ def test_the_timed_pace_of_a_tiny_shape_has_every_kind_at_every_size():
     at = cost._timed(config, "cpu", "float32")
     assert cost._usable({"block": at.block, "outside": at.outside})
     assert all(t > 0 for kind in cost.KINDS for t in at.outside[kind])
+
+
+def _characters(text, **_):
+    """A tokenizer of one token a character, with no special tokens."""
+    return {"input_ids": [ord(c) for c in text]}
+
+
+def test_a_probes_items_are_timed_as_run_together_and_lm_evals_whole_requests_are_added_to_its_lines():
+    from types import SimpleNamespace as Item
+
+    from mergekit_mergeability.cost import OPTIONS, _seconds
+
+    items = [
+        Item(prompt="Q1:", continuations=(" ab", " ac"), letters=()),  # " a" runs with the prompt: no options call
+        Item(prompt="Q22:", continuations=(" xyz", " q"), letters=()),  # " " with the prompt; "xy" of " xyz" runs
+    ]
+    rising = [float(n) for n in TIMED]  # a second a token, in the one block
+    pace = Pace(
+        block={k: rising for k in (PROMPT, OPTIONS, FULL)},
+        outside={k: [0.0] * len(TIMED) for k in (PROMPT, OPTIONS, FULL)},
+        layers=1,
+    )
+    inputs = Item(settings=Item(batch_size=2), models=[Item(probes=items)])
+    lines = Item(name="knowledge")
+    scored = Item(name="dilution", whole=lambda inputs: items)
+    found = _seconds(inputs, [lines, scored], {"knowledge": 4, "dilution": 8}, _characters, pace)
+    # one group: prompts padded to 5 tokens (3 + " a", 4 + " "), 2 x 5 = 10; options: one row of 2 tokens
+    assert found["knowledge"] == pytest.approx((12 / 4, 0.0))
+    # and once, lm-eval's 4 rows of 6, 6, 8 and 6 tokens, 2 at a time: 2 calls of 13 tokens, over its 8 passes
+    assert found["dilution"] == pytest.approx((12 / 4 + 26 / 8, 0.0))

@@ -154,12 +154,53 @@ def test_batched_scoring_with_padding_equals_one_at_a_time(llama):
         assert torch.allclose(a.prompt_pool, b.prompt_pool, atol=1e-5)
 
 
+OPTION_SETS = {
+    "unlike": [" Paris", " water fox dog", " B", " the quick brown"],
+    # a common start (run with the prompt), one option all of it, another a prefix of a third
+    "sharing a start": [" the quick brown", " the quick fox", " the", " the quick"],
+    "one token each": [" A", " B", " C"],  # after the prompt, no options call runs
+}
+
+
+@pytest.mark.parametrize("options", OPTION_SETS.values(), ids=OPTION_SETS.keys())
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
-def test_the_prompt_run_once_scores_every_option_as_a_whole_pass_would(families, arch):
+def test_the_prompt_run_once_scores_every_option_as_a_whole_pass_would(families, arch, options):
     from mergekit_mergeability.diagnostics.activations import shared_prompt_logprobs
 
     model, tok = load_causal_lm(families[arch]["base"])
     prompt = "Question: The capital of France?\nA. Paris\nB. water\nAnswer:"
-    options = [" Paris", " water fox dog", " B", " the quick brown"]
     whole = torch.stack([s.continuation_logprobs.sum() for s in score(model, tok, [(prompt, o) for o in options])])
     assert torch.allclose(shared_prompt_logprobs(model, tok, prompt, options), whole, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
+def test_prompts_run_together_left_padded_score_as_each_alone_would(families, arch):
+    """Prompts of different lengths in one call (left-padded), their options in one call on their own
+    prompts' keys and values: every option as scoring it whole gives."""
+    from mergekit_mergeability.diagnostics.activations import prompts_logprobs
+
+    model, tok = load_causal_lm(families[arch]["base"])
+    pairs = [
+        ("Question: The capital of France?\nA. Paris\nB. water\nAnswer:", OPTION_SETS["unlike"]),
+        ("2 + 2 =", OPTION_SETS["sharing a start"]),
+        (
+            "A much longer prompt, so that the others are padded: which letter comes first?",
+            OPTION_SETS["one token each"],
+        ),
+    ]
+    together = prompts_logprobs(model, tok, pairs)
+    for (prompt, options), found in zip(pairs, together):
+        whole = torch.stack([s.continuation_logprobs.sum() for s in score(model, tok, [(prompt, o) for o in options])])
+        assert torch.allclose(found, whole, atol=1e-4), (prompt, found, whole)
+
+
+def test_prompts_run_together_as_far_as_the_calls_tokens_allow():
+    from mergekit_mergeability.diagnostics.activations import Asked, padded, together
+
+    short = Asked([1] * 10, [], [[5, 6, 7], [8]])  # one option runs: 1 row of 10 + 2 tokens
+    long = Asked([1] * 30, [2], [[5], [6]])  # no option runs
+    assert padded([short]) == 12 and padded([long]) == 31
+    assert padded([short, long]) == max(2 * 31, 1 * (31 + 2))  # padded to the longest prompt
+    assert [len(g) for g in together([short, long, short, short], tokens=62)] == [2, 2]
+    assert [len(g) for g in together([short, long, short, short], tokens=40)] == [1, 1, 2]
+    assert [len(g) for g in together([long], tokens=1)] == [1]  # one at least

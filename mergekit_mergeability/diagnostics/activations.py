@@ -82,38 +82,107 @@ def score(
             progress(len(batch))
 
 
-def choice_logprobs(model, tokenizer, instances: Sequence[Instance], batch_size: int = 16, progress=None):
+ITEMS_AT_ONCE = 16  # choice_logprobs reads this many instances at a time
+
+
+def choice_logprobs(model, tokenizer, instances: Sequence[Instance], batch_size: int = ITEMS_AT_ONCE, progress=None):
     """Per instance: for multiple choice, the summed log-prob of each choice and of each
-    letter (None without letters); for generation, the answer's per-token distribution."""
-    for instance in instances:
-        if instance.kind == "multiple_choice":
-            scores = shared_prompt_logprobs(
-                model, tokenizer, instance.prompt, instance.continuations + instance.letters
-            )
-            options, letters = scores[: len(instance.continuations)], scores[len(instance.continuations) :]
-            found = options, (letters if instance.letters else None)
-        else:
-            (scored,) = score(model, tokenizer, [(instance.prompt, instance.gold)], distribution=True)
-            found = scored.distribution, scored.continuation_ids
-        if progress is not None:  # before the yield: a caller that stops at the last one still counts it
-            progress(len(instance.continuations) + len(instance.letters))
-        yield found
+    letter (None without letters); for generation, the answer's per-token distribution.
+    ``batch_size`` instances are read at a time (``prompts_logprobs`` runs their prompts together)."""
+    for start in range(0, len(instances), batch_size):
+        window = instances[start : start + batch_size]
+        chosen = [i for i in window if i.kind == "multiple_choice"]
+        asked = iter(prompts_logprobs(model, tokenizer, [(i.prompt, i.continuations + i.letters) for i in chosen]))
+        for instance in window:
+            if instance.kind == "multiple_choice":
+                scores = next(asked)
+                options, letters = scores[: len(instance.continuations)], scores[len(instance.continuations) :]
+                found = options, (letters if instance.letters else None)
+            else:
+                (scored,) = score(model, tokenizer, [(instance.prompt, instance.gold)], distribution=True)
+                found = scored.distribution, scored.continuation_ids
+            if progress is not None:  # before the yield: a caller that stops at the last one still counts it
+                progress(len(instance.continuations) + len(instance.letters))
+            yield found
+
+
+def shared_prompt_logprobs(model, tokenizer, prompt: str, continuations: Sequence[str]) -> torch.Tensor:
+    """The summed log-prob of each continuation after one prompt (``prompts_logprobs`` of one)."""
+    return prompts_logprobs(model, tokenizer, [(prompt, continuations)])[0]
+
+
+CALL_TOKENS = 2048  # one batched call's tokens at most, its padding and its options' prompts included
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One prompt and its options as they run: the prompt's ids, the options' common first tokens
+    (``shared``, run with the prompt), and each option's tokens after them (``rest``)."""
+
+    context: List[int]
+    shared: List[int]
+    rest: List[List[int]]
+
+    @property
+    def run(self) -> List[int]:
+        return [*self.context, *self.shared]
+
+    @property
+    def rows(self) -> int:
+        """Its options that run after the prompt: those of two tokens or more."""
+        return sum(len(o) > 1 for o in self.rest)
+
+
+def asked(tokenizer, prompt: str, continuations: Sequence[str]) -> Asked:
+    encoded = [encode(tokenizer, prompt, c) for c in continuations]
+    shared, rest = split([c for _, c in encoded])
+    return Asked(encoded[0][0], shared, rest)
+
+
+def split(options: Sequence[List[int]]) -> Tuple[List[int], List[List[int]]]:
+    """The options' common first tokens, and each option's tokens after them."""
+    shared = 0
+    while all(len(o) > shared for o in options) and len({o[shared] for o in options}) == 1:
+        shared += 1
+    return list(options[0][:shared]), [list(o[shared:]) for o in options]
+
+
+def together(items: Sequence[Asked], tokens: int = CALL_TOKENS) -> Iterator[List[Asked]]:
+    """``items`` in order, in groups that run as one prompts' call and one options' call each: as
+    many as keep both within ``tokens`` padded tokens (an option's row counts its prompt), one at least."""
+    group: List[Asked] = []
+    for item in items:
+        if group and padded([*group, item]) > tokens:
+            yield group
+            group = []
+        group.append(item)
+    if group:
+        yield group
+
+
+def padded(group: Sequence[Asked]) -> int:
+    """The padded tokens of ``group``'s larger call: its prompts', or its options' rows with their prompts."""
+    length = max(len(a.run) for a in group)
+    longest = max((len(o) - 1 for a in group for o in a.rest), default=0)
+    return max(len(group) * length, sum(a.rows for a in group) * (length + longest))
 
 
 @torch.inference_mode()
-def shared_prompt_logprobs(model, tokenizer, prompt: str, continuations: Sequence[str]) -> torch.Tensor:
-    """The summed log-prob of each continuation after one prompt, the prompt run once.
-
-    A few-shot prompt is long and the options are short: the prompt's keys and values
-    are computed once and repeated for every option (equal to scoring each
-    prompt + option alone; tests check it).
-    """
+def prompts_logprobs(model, tokenizer, pairs: Sequence[Tuple[str, Sequence[str]]]) -> List[torch.Tensor]:
+    """Per (prompt, continuations): the summed log-prob of each continuation, as scoring each prompt
+    + continuation whole gives (tests check it), with far fewer tokens run. Each prompt runs once with
+    its options' common first tokens, keeping its keys and values; its options of two tokens or more
+    then run on them, each without its last token (what that predicts is not read). Prompts run
+    together, left-padded, as many at once as ``together`` allows, and so do their options."""
     if cache_argument(model) is None:  # a model without a key/value cache: score each option whole
-        return torch.stack(
-            [s.continuation_logprobs.sum() for s in score(model, tokenizer, [(prompt, c) for c in continuations])]
-        )
-    encoded = [encode(tokenizer, prompt, c) for c in continuations]
-    return options_pass(model, *prompt_pass(model, encoded[0][0]), [c for _, c in encoded]).cpu()
+        return [
+            torch.stack([s.continuation_logprobs.sum() for s in score(model, tokenizer, [(p, c) for c in options])])
+            for p, options in pairs
+        ]
+    found: List[torch.Tensor] = []
+    for group in together([asked(tokenizer, p, options) for p, options in pairs]):
+        found += options_pass(model, *prompt_pass(model, group), group)
+    return [f.cpu() for f in found]
 
 
 def cache_argument(model) -> Optional[str]:
@@ -122,25 +191,67 @@ def cache_argument(model) -> Optional[str]:
     return next((a for a in ("cache", "past_key_values") if a in parameters), None)
 
 
-def prompt_pass(model, context: List[int]):
-    """The prompt's ids run once: (log-probs of the token after it, its key/value cache, its length)."""
+def _given(model, name: str, value) -> dict:
+    """``{name: value}`` where ``model.forward`` takes ``name``."""
+    return {name: value} if name in inspect.signature(model.forward).parameters else {}
+
+
+def prompt_pass(model, group: Sequence[Asked]):
+    """``group``'s prompts, each with its options' common first tokens, run once as one left-padded
+    batch (every prompt ends at the last position): (per prompt, log-probs of the token after it,
+    the summed log-prob of its ``shared``; the batch's key/value cache and attention mask)."""
     device = next(model.parameters()).device
-    last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    out = model(input_ids=torch.tensor([context], device=device), use_cache=True, **last_only)
-    return torch.log_softmax(out.logits[0, -1].float(), dim=-1), out[cache_argument(model)], len(context)
-
-
-def options_pass(model, first: torch.Tensor, cache, prompted: int, options: Sequence[List[int]]) -> torch.Tensor:
-    """Each option's summed log-prob after a prompt of ``prompted`` tokens whose ``prompt_pass`` gave
-    ``first`` and ``cache``: the options run as one batch on the cache, repeated for each (which it changes)."""
-    device = first.device
-    cache.batch_repeat_interleave(len(options))
-    ids, mask = pad([([], c) for c in options])
-    mask = torch.cat([torch.ones(len(options), prompted, dtype=mask.dtype), mask], dim=1)
-    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), **{cache_argument(model): cache}).logits
-    following = torch.log_softmax(logits.float(), dim=-1)
-    totals = [
-        first[c[0]] + following[row, : len(c) - 1].gather(1, torch.tensor(c[1:], device=device)[:, None]).sum()
-        for row, c in enumerate(options)
+    length, keep = max(len(a.run) for a in group), max(len(a.shared) for a in group) + 1
+    ids = torch.zeros(len(group), length, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, item in enumerate(group):
+        ids[row, length - len(item.run) :] = torch.tensor(item.run)
+        mask[row, length - len(item.run) :] = 1
+    out = model(
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        use_cache=True,
+        **_given(model, "position_ids", (mask.cumsum(1) - 1).clamp(min=0).to(device)),
+        **_given(model, "logits_to_keep", keep),
+    )
+    logprobs = torch.log_softmax(out.logits[:, -keep:].float(), dim=-1)
+    said = [
+        logprobs[row, keep - 1 - len(item.shared) : keep - 1]
+        .gather(1, torch.tensor(item.shared, dtype=torch.long, device=device)[:, None])
+        .sum()
+        for row, item in enumerate(group)
     ]
-    return torch.stack(totals)
+    return logprobs[:, -1], torch.stack(said), out[cache_argument(model)], mask
+
+
+def options_pass(
+    model, first: torch.Tensor, said: torch.Tensor, cache, mask: torch.Tensor, group
+) -> List[torch.Tensor]:
+    """Per item of ``group``, each option's summed log-prob, after ``prompt_pass`` gave ``first``,
+    ``said``, ``cache`` and ``mask``. Only options of two tokens or more run, as one batch, each a row
+    on its own prompt's keys and values (``cache`` is changed) without its last token: what that
+    predicts is not read. Where none has two, nothing runs."""
+    device = first.device
+    totals = [
+        torch.stack([first[row, o[0]] if o else first.new_zeros(()) for o in item.rest]) + said[row]
+        for row, item in enumerate(group)
+    ]
+    rows = [(row, j) for row, item in enumerate(group) for j, o in enumerate(item.rest) if len(o) > 1]
+    if not rows:
+        return totals
+    owners = torch.tensor([row for row, _ in rows])
+    cache.batch_select_indices(owners.to(device))
+    ids, added = pad([([], group[row].rest[j][:-1]) for row, j in rows])
+    prompts = mask[owners]
+    positions = prompts.sum(1, keepdim=True) + torch.arange(ids.shape[1])
+    logits = model(
+        input_ids=ids.to(device),
+        attention_mask=torch.cat([prompts, added], dim=1).to(device),
+        **_given(model, "position_ids", positions.to(device)),
+        **{cache_argument(model): cache},
+    ).logits
+    for batched, (row, j) in enumerate(rows):  # row by row: no float copy of every row's logits at once
+        after = torch.tensor(group[row].rest[j][1:], device=device)
+        following = torch.log_softmax(logits[batched, : len(after)].float(), dim=-1)
+        totals[row][j] += following.gather(1, after[:, None]).sum()
+    return totals

@@ -326,6 +326,14 @@ class Dilution:
         lines = sum(len(i.continuations) for m in inputs.models if m.probes for i in m.probes)
         return lines and lines * self.schedule(inputs, TensorReader(inputs.base.path))[-1]
 
+    def whole(self, inputs: DiagnosticInputs) -> list:
+        """The items lm-eval's own requests score besides its counted passes (the cost line): a model
+        whose probe is an lm-eval task has it scored by the task's metric on its rehearsed merge
+        (``partnered``)."""
+        merge, in_sum, *_ = self.schedule(inputs, TensorReader(inputs.base.path))
+        rehearsed = bool(in_sum) or merge == "written"
+        return [i for m in inputs.models if rehearsed and m.probes and m.task is not None for i in m.probes]
+
     def run(self, inputs: DiagnosticInputs) -> DiagnosticResult:
         result = DiagnosticResult()
         models = [m for m in inputs.models if m.probes]

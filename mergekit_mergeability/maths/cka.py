@@ -19,7 +19,13 @@ import torch
 
 
 def linear_cka(x: torch.Tensor, y: torch.Tensor) -> float:
+    """‖YᵀX‖²_F / (‖XᵀX‖_F ‖YᵀY‖_F) of the centred rows; with fewer rows than features, the same
+    sums from the rows' Gram matrices (‖YᵀX‖²_F = Σ (XXᵀ ∘ YYᵀ), ‖XᵀX‖_F = ‖XXᵀ‖_F): n² features
+    products instead of features² rows."""
     x, y = _centred(x), _centred(y)
+    if x.shape[0] < x.shape[1]:
+        k, l = x @ x.T, y @ y.T
+        return float((k * l).sum() / (k.norm() * l.norm()))
     cross = (y.T @ x).square().sum()
     return float(cross / ((x.T @ x).norm() * (y.T @ y).norm()))
 
