@@ -79,7 +79,6 @@ DEFAULT = Path("pools-out/tuning/configs/n3_0_task_arithmetic.yml")
 DETERMINISTIC = ("task_arithmetic", "ties", "knowledge_weighted")
 DRAWN = ("dare_ties", "dare_linear", "della", "della_linear")  # mergekit draws their masks anew
 TOLERANCE = 1e-9
-DTYPE = {"both": "float32"}  # both sides' dtype; --dtype auto: each side's own default
 console = Console(width=160)
 
 
@@ -129,14 +128,14 @@ def asked_as_tasks(config: Path, work: Path):
 # (1) the precheck ----------------------------------------------------------------------------------
 
 
-def precheck(config: Path, limit: int, budget: Optional[int], out: Path):
+def precheck(config: Path, limit: int, budget: Optional[int], dtype: str, out: Path):
     """The precheck's report (precheck.json) and its seconds; ``budget``: its ``--tune-budget``
     (None: the default)."""
     from mergekit_mergeability import api
     from mergekit_mergeability.settings import PrecheckSettings
 
     settings = PrecheckSettings(
-        device="cpu", dtype=DTYPE["both"], quiet=True, skip=("representations", "selectivity"), limit=limit
+        device="cpu", dtype=dtype, quiet=True, skip=("representations", "selectivity"), limit=limit
     )
     settings = settings if budget is None else replace(settings, tune_budget=budget)
     started = time.perf_counter()
@@ -183,8 +182,8 @@ def merge(text: str, out: Path, cache: Path) -> None:
     run_merge(MergeConfiguration.model_validate(yaml.safe_load(text)), str(out), options)
 
 
-def lm_eval(model_args: dict, names: List[str], manager, limit: int, out: Path) -> Dict[str, float]:
-    """lm-eval's acc of each task on one model (``simple_evaluate``, model hf, cpu, batch 16, ``DTYPE``)."""
+def lm_eval(model_args: dict, names: List[str], manager, limit: int, dtype: str, out: Path) -> Dict[str, float]:
+    """lm-eval's acc of each task on one model (``simple_evaluate``, model hf, cpu, batch 16, ``dtype``)."""
     from lm_eval import evaluator, simple_evaluate
 
     from mergekit_mergeability.settings import BATCH_SIZE
@@ -193,7 +192,7 @@ def lm_eval(model_args: dict, names: List[str], manager, limit: int, out: Path) 
     with quiet_harness(), mock.patch.object(evaluator, "add_env_info", lambda storage: None):
         result = simple_evaluate(
             model="hf",
-            model_args={**model_args, "dtype": DTYPE["both"]},
+            model_args={**model_args, "dtype": dtype},
             tasks=names,
             task_manager=manager,
             device="cpu",
@@ -214,7 +213,9 @@ def model_args(source) -> dict:
     return {"pretrained": str(source)}
 
 
-def without_precheck(config: Path, merges: Dict[str, dict], names: Dict[str, str], include, limit: int, work: Path):
+def without_precheck(
+    config: Path, merges: Dict[str, dict], names: Dict[str, str], include, limit: int, dtype: str, work: Path
+):
     """Side (2): every candidate written, merged and scored, and the base and each expert alone
     scored; returns (candidate -> task -> acc, reference -> task -> acc, seconds by step)."""
     from lm_eval.tasks import TaskManager
@@ -239,18 +240,18 @@ def without_precheck(config: Path, merges: Dict[str, dict], names: Dict[str, str
         merge(path.read_text(), work / "merges" / slug, work / "lora-merged")
         merged = time.perf_counter()
         scores[name] = lm_eval(
-            {"pretrained": str(work / "merges" / slug)}, tasks, manager, limit, work / "lmeval" / f"{slug}.json"
+            {"pretrained": str(work / "merges" / slug)}, tasks, manager, limit, dtype, work / "lmeval" / f"{slug}.json"
         )
         seconds["write and merge"] += merged - started
         seconds["lm-eval, merges"] += time.perf_counter() - merged
         console.print(f"  merged and scored {name} ({time.perf_counter() - started:.1f} s)")
     started = time.perf_counter()
     references["base"] = lm_eval(
-        model_args(sources[spec.base_model]), tasks, manager, limit, work / "lmeval" / "base.json"
+        model_args(sources[spec.base_model]), tasks, manager, limit, dtype, work / "lmeval" / "base.json"
     )
     for member, task in names.items():
         references[member] = lm_eval(
-            model_args(sources[member]), [task], manager, limit, work / "lmeval" / f"{task}_expert.json"
+            model_args(sources[member]), [task], manager, limit, dtype, work / "lmeval" / f"{task}_expert.json"
         )
     seconds["lm-eval, base and experts"] = time.perf_counter() - started
     return scores, references, seconds
@@ -438,7 +439,6 @@ def main() -> None:
 
     os.environ.pop(ENVIRONMENT, None)  # the opt-in gate would precheck every merge of side (2)
     limit = args.limit or PRECHECK_LIMIT
-    DTYPE["both"] = args.dtype
     if not (args.tiny or args.shape) and not args.config.is_file():
         raise SystemExit(f"{args.config}: no such config (python research/run.py tuning measure writes it)")
     with workdir(args.work, "vs-merge-then-evaluate-") as work:
@@ -447,10 +447,10 @@ def main() -> None:
         config, names, include = asked_as_tasks(source, work)
         warm_imports()
         console.print(f"{config}: {len(names)} members; (1) the precheck ...")
-        report, precheck_seconds = precheck(config, limit, args.tune_budget, work / "precheck")
+        report, precheck_seconds = precheck(config, limit, args.tune_budget, args.dtype, work / "precheck")
         merges = rehearsed(config, report)
         console.print(f"(2) {len(merges)} candidates merged with mergekit and scored with lm-eval ...")
-        scores, references, seconds = without_precheck(config, merges, names, include, limit, work)
+        scores, references, seconds = without_precheck(config, merges, names, include, limit, args.dtype, work)
         comparison = compare(report, scores, names, merges)
         (work / "comparison.json").write_text(
             json.dumps(

@@ -344,9 +344,8 @@ def _asked(items, tokenizer, at: Pace) -> Tuple[float, float]:
         window = items[start : start + activations.ITEMS_AT_ONCE]
         asked = [activations.asked(tokenizer, i.prompt, (*i.continuations, *i.letters)) for i in window]
         for group in activations.together(asked):
-            spent.append(at.call(PROMPT, len(group) * max(len(a.run) for a in group)))
-            run = [len(o) - 1 for a in group for o in a.rest if len(o) > 1]
-            spent += [at.call(OPTIONS, len(run) * max(run))] if run else []
+            prompts, options = activations.calls(group)
+            spent += [at.call(PROMPT, prompts)] + ([at.call(OPTIONS, options)] if options else [])
     return tuple(sum(part) for part in zip(*spent)) if spent else (0.0, 0.0)
 
 

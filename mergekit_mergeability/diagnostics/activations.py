@@ -160,6 +160,12 @@ def together(items: Sequence[Asked], tokens: int = CALL_TOKENS) -> Iterator[List
         yield group
 
 
+def calls(group: Sequence[Asked]) -> Tuple[int, int]:
+    """The tokens ``prompt_pass`` and ``options_pass`` run for ``group``, padding included (0: no call)."""
+    run = [len(o) - 1 for a in group for o in a.rest if len(o) > 1]
+    return len(group) * max(len(a.run) for a in group), len(run) * max(run, default=0)
+
+
 def padded(group: Sequence[Asked]) -> int:
     """The padded tokens of ``group``'s larger call: its prompts', or its options' rows with their prompts."""
     length = max(len(a.run) for a in group)

@@ -308,7 +308,7 @@ class Dilution:
         others = (1 - mine) / (count - 1)
         return "mean", {m.name: others for m in everyone}, {m.name: mine - others for m in everyone}
 
-    def schedule(self, inputs: DiagnosticInputs, base: TensorReader):
+    def schedule(self, inputs: DiagnosticInputs):
         """(which merge, c, e as ``rehearsed`` says, whether knowledge_weighted and TIES are compared,
         passes over every probe line)."""
         probed = [m for m in inputs.models if m.probes]
@@ -324,13 +324,13 @@ class Dilution:
     def passes(self, inputs: DiagnosticInputs, tokenizer=None) -> int:
         """The sequences it scores (``measure``'s cost line)."""
         lines = sum(len(i.continuations) for m in inputs.models if m.probes for i in m.probes)
-        return lines and lines * self.schedule(inputs, TensorReader(inputs.base.path))[-1]
+        return lines and lines * self.schedule(inputs)[-1]
 
     def whole(self, inputs: DiagnosticInputs) -> list:
         """The items lm-eval's own requests score besides its counted passes (the cost line): a model
         whose probe is an lm-eval task has it scored by the task's metric on its rehearsed merge
         (``partnered``)."""
-        merge, in_sum, *_ = self.schedule(inputs, TensorReader(inputs.base.path))
+        merge, in_sum, *_ = self.schedule(inputs)
         rehearsed = bool(in_sum) or merge == "written"
         return [i for m in inputs.models if rehearsed and m.probes and m.task is not None for i in m.probes]
 
@@ -345,7 +345,7 @@ class Dilution:
         base = TensorReader(inputs.base.path)
         touched = inputs.touched
         names = set().union(*touched.values())
-        merge, in_sum, extra, compare, passes = self.schedule(inputs, base)
+        merge, in_sum, extra, compare, passes = self.schedule(inputs)
         lines = sum(len(i.continuations) for m in models for i in m.probes)
         loaded = sum(p.numel() * p.element_size() for p in module.parameters())
         limit = min(SUM_BUDGET, SUM_SHARE * loaded)
