@@ -358,9 +358,16 @@ def plan(
 
     def measure():
         """The precheck's report on the pool (nothing written), its weights and knowledge diagnostics
-        at least; its verdict on the config is not the plan's business, its errors are."""
-        skip = set(settings.skip) | (set() if representations else set(planning.SKIPPED))
-        report = _precheck(spec, probes=probes, settings=replace(settings, skip=tuple(sorted(skip)))).to_json()
+        at least; its verdict on the config is not the plan's business, its errors are. Where the
+        calibration reads the probe as scored (the shipped one does), the lettered view is asked
+        without shots: the plan does not read it, and its shots cost most of the base's passes."""
+        from mergekit_mergeability.planner import conditional_fit
+        from mergekit_mergeability.planner.deciding import knowledge_feature
+
+        skip = set(settings.skip) | set(planning.SKIPPED) | (set() if representations else {planning.CUT_OFF})
+        scored = knowledge_feature(conditional_fit.load(calibration and Path(calibration))).startswith("scored_")
+        asked = replace(settings, skip=tuple(sorted(skip)), fewshot=0 if scored else settings.fewshot)
+        report = _precheck(spec, probes=probes, settings=asked).to_json()
         errors = [f["message"] for f in report["findings"] if f["severity"] == "error"]
         if errors:
             raise UserError(f"{spec.source}: the precheck found a problem with the pool: {errors[0]}")

@@ -574,7 +574,12 @@ def precheck(
 @click.option(
     "--probe", "probes", multiple=True, metavar="MODEL=SPEC", help="Probe data for a model, as in precheck. Repeatable."
 )
-@setting("--fewshot", settings="PrecheckSettings", type=click.IntRange(min=0), help="As in precheck.")
+@setting(
+    "--fewshot",
+    settings="PrecheckSettings",
+    type=click.IntRange(min=0),
+    help="As in precheck, where --calibration reads the lettered view; the shipped calibration reads the probe as scored, so plan asks the lettered view without shots.",
+)
 @cache_option
 @model_options("PrecheckSettings")
 @user_errors

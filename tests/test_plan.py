@@ -16,7 +16,7 @@ import yaml
 from click.testing import CliRunner
 
 from mergekit_mergeability.cli import main as cli
-from mergekit_mergeability.planner import conditional, deciding, search
+from mergekit_mergeability.planner import conditional, deciding, planning, search
 from mergekit_mergeability.planner.conditional_fit import load
 from mergekit_mergeability.planner.reports import SCHEMA
 from mergekit_mergeability.tiny import derive, make_adapter, state_dict
@@ -523,7 +523,6 @@ def test_the_rehearsal_keeps_cancelling_experts_apart_where_the_conditional_mode
     measures that a and b cancel there and that leaving either out gets its task back, and the plan
     kept is not the blind one."""
     from mergekit_mergeability import merge_config
-    from mergekit_mergeability.planner import planning
     from mergekit_mergeability.settings import PrecheckSettings
     from mergekit_mergeability.sources.cache import Cache
 
@@ -638,3 +637,29 @@ def test_the_check_measures_merging_everything_beside_the_finalists_and_never_ke
     assert found["spent"] <= 1
     chosen = next(c for c in found["candidates"] if c["label"] == found["chosen"])
     assert all(chosen["measured"] >= c["measured"] for c in found["candidates"] if c["label"].startswith("reference"))
+
+
+def test_two_plans_that_build_the_same_models_are_measured_once():
+    """The config's equal weights and the mean merge build one model: one key, one measurement;
+    another weighting, another method or another subset is another key."""
+    pool = pool_of(np.eye(3))
+    names = pool.names
+    mean = [((0, 1, 2), conditional.Merge(conditional.TASK_ARITHMETIC))]
+    written = [((2, 1, 0), conditional.Merge(conditional.TASK_ARITHMETIC, weights=tuple((n, 1 / 3) for n in names)))]
+    assert planning.built(pool, mean) == planning.built(pool, written)
+    others = [
+        [
+            (
+                (0, 1, 2),
+                conditional.Merge(
+                    conditional.TASK_ARITHMETIC, weights=((names[0], 0.5), (names[1], 0.25), (names[2], 0.25))
+                ),
+            )
+        ],
+        [((0, 1, 2), conditional.Merge(conditional.TIES, density=0.5))],
+        [
+            ((0, 1), conditional.Merge(conditional.TASK_ARITHMETIC)),
+            ((2,), conditional.Merge(conditional.TASK_ARITHMETIC)),
+        ],
+    ]
+    assert len({planning.built(pool, a) for a in [mean, *others]}) == 4

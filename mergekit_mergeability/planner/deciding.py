@@ -241,7 +241,7 @@ def decide(
     ``progress(n)`` is called as the search advances (``steps`` says how often in all)."""
     if models < 1:
         raise UserError(f"--models {models}: plan at least one merged model")
-    pool = conditional.from_report(report, names, _knowledge_feature(calibration), expert_scores, base_scores)
+    pool = conditional.from_report(report, names, knowledge_feature(calibration), expert_scores, base_scores)
     outside = np.nan_to_num(pool.base_score, nan=0.0)
 
     def score(members, merge):
@@ -309,7 +309,7 @@ def _reference(label, pool, calibration, members, merge) -> Reference:
     return Reference(label, prediction.values, merge, prediction.rule, prediction.fallback)
 
 
-def _knowledge_feature(calibration: conditional.ConditionalCalibration) -> str:
+def knowledge_feature(calibration: conditional.ConditionalCalibration) -> str:
     return str(calibration.document.get("knowledge_feature", conditional.KNOWLEDGE_FEATURE))
 
 

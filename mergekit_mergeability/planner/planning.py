@@ -9,6 +9,8 @@ it) → decide (``decide``) → optionally check the best candidates with real e
 
 from __future__ import annotations
 
+import json
+
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -26,11 +28,8 @@ from mergekit_mergeability.records import WeightStats
 from mergekit_mergeability.settings import PrecheckSettings, RunSettings
 
 PRECHECK_FIELDS = ("path", "role", "knowledge", "weights")
-SKIPPED = (
-    "dilution",
-    "representations",
-    "selectivity",
-)  # the plan reads weights and knowledge; CKA only sets a cut-off
+SKIPPED = ("dilution", "fluency", "menu", "selectivity")  # the plan reads weights and knowledge
+CUT_OFF = "representations"  # layer-wise CKA: only layer_selective's cut-off (``--representations``)
 PROBE_SUFFIXES = (".jsonl", ".yaml", ".yml")
 
 
@@ -186,6 +185,17 @@ def finalists(decision: Decision) -> List[Tuple[str, Assignment]]:
     return found
 
 
+def built(pool: conditional.Pool, assignment: Assignment) -> Tuple[str, ...]:
+    """What mergekit builds for ``assignment``, model by model, as text: two plans that build the same
+    models (the config's equal weights and the mean merge, say) are measured once."""
+    return tuple(
+        sorted(
+            json.dumps([sorted(map(int, m)), *mergekit_parameters(pool, m, merge)], sort_keys=True)
+            for m, merge in assignment
+        )
+    )
+
+
 def verify(decision: Decision, measurer: Measurer, budget: int) -> Dict[str, Any]:
     """Spend up to ``budget`` real evaluations (one = one merged model scored on its members'
     tasks) on the ``finalists``, best predicted first, and measure the references (``references``:
@@ -195,7 +205,7 @@ def verify(decision: Decision, measurer: Measurer, budget: int) -> Dict[str, Any
     seen, ranked = set(), []
     fixed = references(decision)
     for label, assignment in fixed + sorted(finalists(decision), key=lambda c: -decision.objective_of(c[1])):
-        key = tuple(sorted((tuple(m), merge) for m, merge in assignment))
+        key = built(decision.pool, assignment)
         if key not in seen:
             seen.add(key)
             ranked.append((label, assignment))

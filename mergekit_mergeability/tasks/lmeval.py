@@ -313,17 +313,74 @@ def instances(task: Task, limit: Optional[int]) -> List[Instance]:
 
 
 def _build_lm_eval(task, limit: Optional[int]) -> List[Instance]:
+    tasks = list(_loaded(task)["tasks"].values())
+    if len(tasks) != 1:
+        raise UserError(f"lm-eval task {task.name!r} is a group of {len(tasks)} tasks; name one of them")
+    return _first(tasks[0], limit)
+
+
+def _loaded(task: Task) -> Dict[str, Any]:
+    """lm-eval's load of ``task`` (its "tasks" and "groups"), each task's few-shot seed set as lm-eval sets it."""
     manager, entry = task.load()
     with quiet_harness():
-        loaded = list(manager.load(entry)["tasks"].values())
-    if len(loaded) != 1:
-        raise UserError(f"lm-eval task {task.name!r} is a group of {len(loaded)} tasks; name one of them")
-    task = loaded[0]
-    task.set_fewshot_seed(seed=1234)  # lm-eval's default fewshot seed
-    docs = task.eval_docs
-    count = len(docs) if limit is None else min(limit, len(docs))
+        loaded = manager.load(entry)
+    for built in loaded["tasks"].values():
+        built.set_fewshot_seed(seed=1234)  # lm-eval's default fewshot seed
+    return loaded
+
+
+def _first(built, limit: Optional[int]) -> List[Instance]:
     with compiled_templates():
-        return [_task_instance(task, docs[i]) for i in range(count)]
+        return [_task_instance(built, doc) for doc in _documents(built, limit)]
+
+
+def _documents(built, limit: Optional[int]) -> list:
+    """The documents lm-eval scores with ``limit`` (the first ``limit``)."""
+    docs = built.eval_docs
+    return [docs[i] for i in range(len(docs) if limit is None else min(limit, len(docs)))]
+
+
+PLAIN_METRICS = ("acc", "acc_norm")  # in the order lm-eval reports them
+
+
+@dataclass(frozen=True)
+class Plain:
+    """A multiple-choice task whose every metric is a mean of acc or acc_norm, which this package
+    reads as lm-eval does from the choices' summed log-probs alone (``evaluation.scorer.score_all``): its
+    first ``limit`` items, its metrics, each item's choices' lengths in characters (acc_norm's divisor)."""
+
+    instances: Tuple[Instance, ...]
+    metrics: Tuple[str, ...]
+    lengths: Tuple[Tuple[int, ...], ...]
+
+
+_plain: Dict[Tuple[str, str, Optional[int]], Optional[Plain]] = {}
+
+
+def plain(task: Task, limit: Optional[int]) -> Optional[Plain]:
+    """``task`` as a ``Plain`` read, or None where only lm-eval's own run scores it as lm-eval does
+    (a group, generation, chat, a filter, several targets, or any metric but a mean of acc, acc_norm)."""
+    key = (task.name, task.fingerprint, limit)
+    if key not in _plain:
+        loaded = None if task.chat else _loaded(task)
+        single = loaded is not None and not loaded["groups"] and len(loaded["tasks"]) == 1
+        _plain[key] = _as_plain(next(iter(loaded["tasks"].values())), limit) if single else None
+    return _plain[key]
+
+
+def _as_plain(built, limit: Optional[int]) -> Optional[Plain]:
+    from lm_eval.api.metrics import mean
+
+    if built.OUTPUT_TYPE != "multiple_choice" or built.multiple_input or built.multiple_target:
+        return None
+    metrics = tuple(built._metric_fn_list)
+    if not metrics or not set(metrics) <= set(PLAIN_METRICS) or built.config.filter_list:
+        return None
+    if any(built._aggregation_list[m] is not mean for m in metrics):
+        return None
+    with compiled_templates():
+        lengths = tuple(tuple(len(c) for c in built.doc_to_choice(doc)) for doc in _documents(built, limit))
+    return Plain(tuple(_first(built, limit)), tuple(m for m in PLAIN_METRICS if m in metrics), lengths)
 
 
 def _task_instance(task, doc) -> Instance:
