@@ -271,8 +271,8 @@ def print_plan(document: Mapping[str, Any], out: Optional[Path] = None) -> None:
     references = document["objective"]["references"]
     table = Table(
         "expert",
-        "planned model",
-        "predicted there",
+        "model",
+        "predicted",
         "alone",
         "everything, "
         + (_short(references["configured"]["method"]) if "configured" in references else "as configured"),
