@@ -10,7 +10,6 @@ it) → decide (``decide``) → optionally check the best candidates with real e
 from __future__ import annotations
 
 import json
-
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple

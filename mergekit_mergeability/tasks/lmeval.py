@@ -380,7 +380,11 @@ def _as_plain(built, limit: Optional[int]) -> Optional[Plain]:
         return None
     with compiled_templates():
         lengths = tuple(tuple(len(c) for c in built.doc_to_choice(doc)) for doc in _documents(built, limit))
-    return Plain(tuple(_first(built, limit)), tuple(m for m in PLAIN_METRICS if m in metrics), lengths)
+    try:
+        instances = tuple(_first(built, limit))
+    except ValueError:  # a gold answer not among its choices: lm-eval's run scores it 0, with a warning
+        return None
+    return Plain(instances, tuple(m for m in PLAIN_METRICS if m in metrics), lengths)
 
 
 def _task_instance(task, doc) -> Instance:
