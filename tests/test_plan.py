@@ -663,3 +663,25 @@ def test_two_plans_that_build_the_same_models_are_measured_once():
         ],
     ]
     assert len({planning.built(pool, a) for a in [mean, *others]}) == 4
+
+
+def test_the_plans_precheck_asks_only_what_the_plan_reads(cancelling, tmp_path):
+    """No fluency, dilution or menu; the lettered view without shots, whatever --fewshot says,
+    since the shipped calibration reads the probe as scored."""
+    _, config, _, _ = cancelling
+    out = tmp_path / "lean"
+    result = CliRunner().invoke(
+        cli, ["plan", str(config), "--out", str(out), "--quiet", "--fewshot", "3", "--dtype", "float32", *PREDICTED]
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "precheck.json").read_text())
+    assert load().document["knowledge_feature"].startswith("scored_")
+    assert {m["knowledge"]["fewshot"] for m in report["models"] if m["role"] == "expert"} == {0}
+    ran = set(report.get("diagnostics") or {})
+    assert {"knowledge", "weights"} <= ran and not ran & {
+        "fluency",
+        "dilution",
+        "menu",
+        "representations",
+        "selectivity",
+    }
