@@ -356,17 +356,14 @@ def plan(
         spec = _spec(pool)
     settings = _resolved(settings or PrecheckSettings())
 
-    def measure():
+    def measure(feature: str):
         """The precheck's report on the pool (nothing written), its weights and knowledge diagnostics
         at least; its verdict on the config is not the plan's business, its errors are. Where the
-        calibration reads the probe as scored (the shipped one does), the lettered view is asked
-        without shots: the plan does not read it, and its shots cost most of the base's passes."""
-        from mergekit_mergeability.planner import conditional_fit
-        from mergekit_mergeability.planner.deciding import knowledge_feature
-
+        calibration reads the probe as scored (``feature``; the shipped one does), the lettered view is
+        asked without shots: the plan does not read it, and its shots cost most of the base's passes."""
         skip = set(settings.skip) | set(planning.SKIPPED) | (set() if representations else {planning.CUT_OFF})
-        scored = knowledge_feature(conditional_fit.load(calibration and Path(calibration))).startswith("scored_")
-        asked = replace(settings, skip=tuple(sorted(skip)), fewshot=0 if scored else settings.fewshot)
+        shots = 0 if feature.startswith("scored_") else settings.fewshot
+        asked = replace(settings, skip=tuple(sorted(skip)), fewshot=shots)
         report = _precheck(spec, probes=probes, settings=asked).to_json()
         errors = [f["message"] for f in report["findings"] if f["severity"] == "error"]
         if errors:

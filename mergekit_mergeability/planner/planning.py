@@ -256,7 +256,7 @@ def choose(decision: Decision, assignment: Sequence[Tuple[Sequence[int], conditi
 def run(
     spec: merge_config.MergeSpec,
     out: Path,
-    measure: Callable[[], Dict[str, Any]],
+    measure: Callable[[str], Dict[str, Any]],
     *,
     settings: PrecheckSettings = PrecheckSettings(),
     precheck: Optional[Path] = None,
@@ -268,15 +268,16 @@ def run(
     measured: Optional[Path] = None,
     cache=None,
 ) -> Tuple[Dict[str, Any], Decision]:
-    """The whole plan: the precheck's report on the pool (``precheck``'s, else ``measure()``'s, a
-    precheck.json document), decide, check with real evaluations if asked, write ``out``."""
+    """The whole plan: the precheck's report on the pool (``precheck``'s, else ``measure(feature)``'s, a
+    precheck.json document; ``feature``: the knowledge view the calibration reads), decide, check
+    with real evaluations if asked, write ``out``."""
     from mergekit_mergeability.planner import conditional_fit, reports
-    from mergekit_mergeability.planner.deciding import candidate_merges, steps
+    from mergekit_mergeability.planner.deciding import candidate_merges, knowledge_feature, steps
 
     reports.check_out(out)
     fitted = conditional_fit.load(calibration)
     experts, bases = expert_scores(measured)
-    report = read_precheck(precheck, spec) if precheck else measure()
+    report = read_precheck(precheck, spec) if precheck else measure(knowledge_feature(fitted))
     merges, notes = candidate_merges(report, methods, knobs)
     with task("plan: searching", steps(len(spec.models), merges), settings.quiet) as advance:
         decision = decide(
