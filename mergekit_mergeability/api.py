@@ -346,6 +346,7 @@ def plan(
     """
     from dataclasses import replace
 
+    from mergekit_mergeability.diagnostics.knowledge import LETTERED
     from mergekit_mergeability.errors import UserError
     from mergekit_mergeability.planner import planning
     from mergekit_mergeability.settings import PrecheckSettings
@@ -359,12 +360,11 @@ def plan(
     def measure(feature: str):
         """The precheck's report on the pool (nothing written), its weights and knowledge diagnostics
         at least; its verdict on the config is not the plan's business, its errors are. Where the
-        calibration reads the probe as scored (``feature``; the shipped one does), the lettered view is
-        asked without shots: the plan does not read it, and its shots cost most of the base's passes."""
+        calibration reads the probe as scored (``feature``; the shipped one does), the paper's lettered
+        view is not asked: the plan does not read it, and it costs most of the base's passes."""
         skip = set(settings.skip) | set(planning.SKIPPED) | (set() if representations else {planning.CUT_OFF})
-        shots = 0 if feature.startswith("scored_") else settings.fewshot
-        asked = replace(settings, skip=tuple(sorted(skip)), fewshot=shots)
-        report = _precheck(spec, probes=probes, settings=asked).to_json()
+        skip |= {LETTERED} if feature.startswith("scored_") else set()
+        report = _precheck(spec, probes=probes, settings=replace(settings, skip=tuple(sorted(skip)))).to_json()
         errors = [f["message"] for f in report["findings"] if f["severity"] == "error"]
         if errors:
             raise UserError(f"{spec.source}: the precheck found a problem with the pool: {errors[0]}")

@@ -374,7 +374,7 @@ def ray_option(command):
     "--skip",
     multiple=True,
     metavar="DIAGNOSTIC",
-    help="Do not run this diagnostic (e.g. representations or selectivity on a large pool). Repeatable.",
+    help="Do not run this diagnostic (e.g. representations or selectivity on a large pool), or this part: menu (the method menu's rehearsal), lettered (the base asked only as each task scores its probe, not also the paper's lettered way). Repeatable.",
 )
 @click.option(
     "--cache-dir",
@@ -578,7 +578,7 @@ def precheck(
     "--fewshot",
     settings="PrecheckSettings",
     type=click.IntRange(min=0),
-    help="As in precheck, where --calibration reads the lettered view; the shipped calibration reads the probe as scored, so plan asks the lettered view without shots.",
+    help="As in precheck, where --calibration reads the lettered view; the shipped calibration reads the probe as scored, so plan does not ask the lettered view.",
 )
 @cache_option
 @model_options("PrecheckSettings")

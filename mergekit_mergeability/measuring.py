@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, 
 
 from mergekit_mergeability import tasks
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
+from mergekit_mergeability.diagnostics.knowledge import LETTERED
 from mergekit_mergeability.errors import MeasurementError, UserError
 from mergekit_mergeability.merge_config import MergeSpec
 from mergekit_mergeability.cost import Cost, estimate
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 BUILTIN = "builtin"  # the package's own plugin: if its signals cannot be measured, nothing is judged
 REPORT_HOOK = "mergeability_precheck_report"
 COMPATIBILITY = "compatibility"  # the header-only diagnostic that runs before mergekit plans the config
+PARTS = ("menu", LETTERED)  # what --skip names beside the diagnostics: the method menu, the base's lettered view
 
 
 @dataclass
@@ -167,10 +169,11 @@ def measure(
     inputs = DiagnosticInputs(base, models, settings, tokenizer_source(spec.document), update_size(spec.document))
     skip = set(settings.skip)
     diagnostics = plugin_diagnostics(strict=(BUILTIN,))
-    unknown = skip - {d.name for _, d in diagnostics} - {"menu"}
+    unknown = skip - {d.name for _, d in diagnostics} - set(PARTS)
     if unknown:
         raise UserError(
             f"--skip {', '.join(sorted(unknown))}: no such diagnostic; the diagnostics are {', '.join(d.name for _, d in diagnostics)}"
+            f" (and the parts {', '.join(PARTS)})"
         )
     planned = False
     for plugin, diagnostic in diagnostics:

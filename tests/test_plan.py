@@ -666,8 +666,8 @@ def test_two_plans_that_build_the_same_models_are_measured_once():
 
 
 def test_the_plans_precheck_asks_only_what_the_plan_reads(cancelling, tmp_path):
-    """No fluency, dilution or menu; the lettered view without shots, whatever --fewshot says,
-    since the shipped calibration reads the probe as scored."""
+    """No fluency, dilution or menu; not the lettered view, whatever --fewshot says, since the
+    shipped calibration reads the probe as scored."""
     _, config, _, _ = cancelling
     out = tmp_path / "lean"
     result = CliRunner().invoke(
@@ -676,7 +676,9 @@ def test_the_plans_precheck_asks_only_what_the_plan_reads(cancelling, tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads((out / "precheck.json").read_text())
     assert load().document["knowledge_feature"].startswith("scored_")
-    assert {m["knowledge"]["fewshot"] for m in report["models"] if m["role"] == "expert"} == {0}
+    knowledge = [m["knowledge"] for m in report["models"] if m["role"] == "expert"]
+    assert all(k["scored_mean_p_gold"] is not None for k in knowledge)
+    assert {(k.get("fewshot"), k.get("mean_p_gold"), k.get("letter_accuracy")) for k in knowledge} == {(None,) * 3}
     ran = set(report.get("diagnostics") or {})
     assert {"knowledge", "weights"} <= ran and not ran & {
         "fluency",

@@ -756,6 +756,48 @@ def test_the_knowledge_bar_ends_at_its_total_for_probes_asked_with_their_options
     assert len(bars) == 1 and bars[0][0] == bars[0][1] > 0, bars
 
 
+def test_skipping_the_lettered_view_leaves_the_scored_view_and_asks_less(tmp_path, pool, monkeypatch):
+    """``--skip lettered`` (what plan asks when its calibration reads the scored view): the base's
+    scores as each task scores its probe are those of a full pass, the paper's view is absent, and
+    the cost line and the bar count only what is asked."""
+    from mergekit_mergeability import api, measuring
+    from mergekit_mergeability.diagnostics import knowledge
+    from mergekit_mergeability.settings import PrecheckSettings
+
+    bars = []
+    real = knowledge.task
+
+    @contextlib.contextmanager
+    def recording(description, total, quiet=False):
+        done = [0]
+        with real(description, total, True) as advance:
+            yield lambda n=1: (done.__setitem__(0, done[0] + n), advance(n))
+        bars.append((total, done[0]))
+
+    monkeypatch.setattr(knowledge, "task", recording)
+    config = _config(tmp_path, pool, ["known", "unknown"], ["probe_known", "probe_unknown"])
+    skip = ("dilution", "fluency", "representations", "selectivity", "menu")
+    runs = {
+        extra: measuring.measure(api._spec(config), {}, PrecheckSettings(quiet=True, skip=skip + extra))
+        for extra in ((), ("lettered",))
+    }
+    full, lean = (runs[extra].results["knowledge"] for extra in runs)
+    for name, stats in lean.per_model.items():
+        assert {k: v for k, v in stats.items() if k.startswith("scored_")} == {
+            k: v for k, v in full.per_model[name].items() if k.startswith("scored_")
+        }
+        assert (
+            stats.get("mean_p_gold") is stats.get("fewshot") is None and full.per_model[name]["mean_p_gold"] is not None
+        )
+        assert [set(row) for row in lean.per_instance[name]] == [{"scored_p_gold", "scored_correct"}] * len(
+            full.per_instance[name]
+        )
+    passes = [runs[extra].cost.passes["knowledge"] for extra in runs]
+    assert 0 < passes[1] < passes[0] and bars == [(passes[0], passes[0]), (passes[1], passes[1])]
+    with pytest.raises(Exception, match="the parts menu, lettered"):
+        measuring.measure(api._spec(config), {}, PrecheckSettings(quiet=True, skip=("letters",)))
+
+
 @pytest.fixture
 def reads(monkeypatch):
     """The tensors read through safetensors while it is in use (names); loading a model fails."""

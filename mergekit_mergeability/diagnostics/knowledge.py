@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 from mergekit_mergeability import distributed
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, Need
@@ -29,6 +29,9 @@ from mergekit_mergeability.progress import task
 from mergekit_mergeability.records import MIXED, KnowledgeStats
 from mergekit_mergeability.sources import load_causal_lm
 from mergekit_mergeability.tasks import probes
+
+
+LETTERED = "lettered"  # --skip lettered: the base asked only as each task scores its probe
 
 
 class Knowledge:
@@ -48,20 +51,21 @@ class Knowledge:
     def asked(self, inputs: DiagnosticInputs) -> List[probes.Instance]:
         """The requests it asks (the cost line times their prompts and options): every probe
         lettered with its shots, and as its task scores it where that is another request."""
-        scored, lettered = requests(inputs)
         return [
             i
-            for name in lettered
-            for s, a in zip(scored[name], lettered[name])
-            for i in ((a,) if _same_request(s, a) else (a, s))
+            for pairs in paired(*requests(inputs)).values()
+            for s, a in pairs
+            for i in ((a,) if _same_request(s, a) else tuple(r for r in (a, s) if r is not None))
         ]
 
 
 def requests(inputs: DiagnosticInputs):
     """Each probed model's probe as its task scores it, and as the paper asks it (lettered, few-shot:
     the model's ``fewshot:`` file's first ``--fewshot`` lines where it has one, else drawn from its
-    probe's other lines and the shipped neutral set)."""
+    probe's other lines and the shipped neutral set; none with ``--skip lettered``)."""
     scored = {m.name: list(m.probes) for m in inputs.models if m.probes}
+    if LETTERED in inputs.settings.skip:
+        return scored, {}
     neutral = probes.shots_from(None)
     lettered = {
         m.name: probes.with_shots(m.probes, inputs.settings.fewshot, neutral, fixed=m.shots)
@@ -71,13 +75,19 @@ def requests(inputs: DiagnosticInputs):
     return scored, lettered
 
 
+def paired(scored, lettered):
+    """Per model, each probe item as its task scores it beside its lettered request (None where
+    the lettered view is not asked)."""
+    return {name: list(zip(items, lettered.get(name) or [None] * len(items))) for name, items in scored.items()}
+
+
 def sequences(scored, lettered) -> int:
     """Sequences scored: every lettered option and letter, and the task's own request where it differs."""
     asked = sum(len(i.continuations) + len(i.letters) for instances in lettered.values() for i in instances)
     return asked + sum(
         len(i.continuations) + len(i.letters)
-        for name in scored
-        for i, a in zip(scored[name], lettered[name])
+        for pairs in paired(scored, lettered).values()
+        for i, a in pairs
         if not _same_request(i, a)
     )
 
@@ -92,20 +102,21 @@ def base_knowledge(inputs: DiagnosticInputs) -> DiagnosticResult:
         return result
     model, tokenizer = load_causal_lm(inputs.base.path, settings.device, inputs.base.load_dtype(settings))
     with task("knowledge: base model on probes", sequences(scored, lettered), settings.quiet) as advance:
-        for name, asked in lettered.items():
-            paper = scores(model, tokenizer, asked, advance)
+        for name, pairs in paired(scored, lettered).items():
+            asked = lettered.get(name, [])
+            paper = scores(model, tokenizer, asked, advance) or [None] * len(pairs)
             # the probe as its task scores it, where that is another request than the one just asked
-            recast = [i for i, a in zip(scored[name], asked) if not _same_request(i, a)]
-            again = iter(scores(model, tokenizer, recast, advance))
-            as_task = [s if _same_request(i, a) else next(again) for i, a, s in zip(scored[name], asked, paper)]
+            again = iter(scores(model, tokenizer, [i for i, a in pairs if not _same_request(i, a)], advance))
+            as_task = [s if _same_request(i, a) else next(again) for (i, a), s in zip(pairs, paper)]
             result.per_model[name] = KnowledgeStats.asked(
-                asdict(choice_scores.aggregate(paper)),
+                asdict(choice_scores.aggregate(paper)) if asked else {},
                 asdict(choice_scores.aggregate(as_task)),
-                fewshot=shots,
+                fewshot=shots if asked else None,
                 **scored_format(scored[name]),
             ).json()
             result.per_instance[name] = [
-                {**asdict(s), "scored_p_gold": t.p_gold, "scored_correct": t.correct} for s, t in zip(paper, as_task)
+                {**(asdict(s) if s else {}), "scored_p_gold": t.p_gold, "scored_correct": t.correct}
+                for s, t in zip(paper, as_task)
             ]
         undeclared = [m for m, instances in scored.items() if not all(i.declared for i in instances)]
         if undeclared:
@@ -135,8 +146,8 @@ def _assumed(models) -> str:
     )
 
 
-def _same_request(a: probes.Instance, b: probes.Instance) -> bool:
-    return a.prompt == b.prompt and a.continuations == b.continuations and a.kind == b.kind
+def _same_request(a: probes.Instance, b: Optional[probes.Instance]) -> bool:
+    return b is not None and a.prompt == b.prompt and a.continuations == b.continuations and a.kind == b.kind
 
 
 def scores(model, tokenizer, instances, advance):
