@@ -18,8 +18,9 @@ whether a plan keeps what it predicts.
         pools-out/<pool>/mergeability/<label>/ holds that method's trials (or --measured
         LABEL=VALUE gives the overall number). The check of the fallback predictions until
         each method's own trials are fitted.
-    python research/plan.py check POOL.yml --precheck PRECHECK_JSON [--models 1] [--random 20]
-        The issue's done-when on a measured pool: the planned merge measured in memory
+    python research/plan.py check POOL.yml --precheck PRECHECK_JSON [--models 1] [--random 20] [--budget-evals 4]
+        The issue's done-when on a measured pool: the planned merge (with --budget-evals, the
+        one plan's rehearsal chooses) measured in memory
         (every expert scored on its own task inside its planned model, as `mergeability`
         scores a trial) against merging everything with task_arithmetic and with TIES, and
         against --random subsets of the planned size with the planned method; bootstrap
@@ -276,8 +277,15 @@ def check(args) -> None:
                 scores[i] = score
         return scores
 
+    if args.budget_evals:  # as `plan` rehearses its finalists; the merges it builds are measured once
+        checked = planning.verify(decided, measure, args.budget_evals)
+        if checked["chosen"] is not None:
+            planning.choose(decided, checked["chosen"]["assignment"])
+        for c in checked["candidates"]:
+            mark = " ◀ chosen" if c is checked["chosen"] else ""
+            console.print(f"rehearsed {c['label']}: {c['measured']:.2f} (predicted {c['predicted']:.2f}){mark}")
     everyone = tuple(range(len(pool)))
-    arms = {"planned": [(s.members, s.merge) for s in decided.search.slots if s.members]}
+    arms = {"planned": [(p.members, p.merge) for p in decided.planned if p.members]}
     arms["everything, task_arithmetic"] = [(everyone, conditional.Merge(conditional.TASK_ARITHMETIC))]
     arms["everything, ties"] = [(everyone, conditional.Merge(conditional.TIES, density=0.5))]
     sizes = [len(m) for m, _ in arms["planned"]]
@@ -314,6 +322,13 @@ def check(args) -> None:
             f"{planned.sum() / max(measured[label].sum(), 1e-9):.2f}×",
         )
     console.print(table)
+    if randoms:
+        totals = np.array([measured[k].sum() for k in randoms])
+        tenth = np.percentile(totals, 90)
+        console.print(
+            f"random subsets: 90th percentile {tenth:.2f} of {len(randoms)} (median {np.median(totals):.2f});"
+            f" planned {planned.sum():.2f} {'above' if planned.sum() > tenth else 'not above'} it"
+        )
     if args.out:
         from mergekit_mergeability.files import write_atomic
 
@@ -441,6 +456,12 @@ def main():
     checking.add_argument("--methods")
     checking.add_argument("--models", type=int, default=1)
     checking.add_argument("--random", type=int, default=20)
+    checking.add_argument(
+        "--budget-evals",
+        type=int,
+        default=0,
+        help="rehearse the finalists first, as plan does (0: the prediction alone)",
+    )
     checking.add_argument("--seed", type=int, default=0)
     checking.add_argument("--out", type=Path, help="also write every arm's per-expert scores here (JSON)")
     checking.add_argument("--quiet", "-q", action="store_true")
