@@ -320,8 +320,7 @@ def _seconds(inputs, diagnostics, passes, tokenizer, at: Pace) -> Dict[str, Tupl
             row = sum(count(i.prompt) + count(i.gold, add_special_tokens=False) for i in items) / len(items)
             found[name] = tuple(part / batch for part in at.call(FULL, batch * row))
         elif items:
-            # a diagnostic that says what it asks counts every option and letter; a probe line, its options
-            counted = sum(len(i.continuations) + (len(i.letters) if name in asked else 0) for i in items)
+            counted = sum(i.sequences for i in items)  # every option and letter, as its passes count them
             found[name] = tuple(part / counted for part in _asked(items, tokenizer, at))
             if whole.get(name):  # and once, lm-eval's own requests: each option whole with its prompt, in batches
                 rows = [
@@ -354,7 +353,7 @@ def _shares(inputs, config: dict, passes: Dict[str, int]) -> Dict[str, float]:
     each probe line ``passes / lines`` times."""
     from mergekit_mergeability.diagnostics.shared_layers import first_touched, share
 
-    lines = sum(len(i.continuations) for m in inputs.models for i in (m.probes or ()))
+    lines = sum(i.sequences for m in inputs.models for i in (m.probes or ()))
     if not passes or not lines:
         return {}
     layers = int(config.get("num_hidden_layers") or 1)

@@ -105,8 +105,8 @@ def _rehearsed(inputs: DiagnosticInputs) -> bool:
 
 
 def _lines(inputs: DiagnosticInputs) -> int:
-    """Probe sequences of one candidate: every member's probe, each continuation."""
-    return sum(len(i.continuations) for m in inputs.models for i in m.probes)
+    """Probe sequences of one candidate: every member's probe, each option and letter."""
+    return sum(i.sequences for m in inputs.models for i in m.probes)
 
 
 def _budget(inputs: DiagnosticInputs, lines: int) -> int:

@@ -80,10 +80,11 @@ def test_a_probes_items_are_timed_as_run_together_and_lm_evals_whole_requests_ar
     from types import SimpleNamespace as Item
 
     from mergekit_mergeability.cost import OPTIONS, _seconds
+    from mergekit_mergeability.tasks.probes import Instance
 
     items = [
-        Item(prompt="Q1:", continuations=(" ab", " ac"), letters=()),  # " a" runs with the prompt: no options call
-        Item(prompt="Q22:", continuations=(" xyz", " q"), letters=()),  # " " with the prompt; "xy" of " xyz" runs
+        Instance(prompt="Q1:", continuations=(" ab", " ac"), label=0),  # " a" runs with the prompt: no options call
+        Instance(prompt="Q22:", continuations=(" xyz", " q"), label=0),  # " " with the prompt; "xy" of " xyz" runs
     ]
     rising = [float(n) for n in TIMED]  # a second a token, in the one block
     pace = Pace(

@@ -729,11 +729,12 @@ def test_the_cost_line_counts_the_passes_the_progress_bars_then_count(tmp_path, 
     assert "selectivity" not in counted and "weights" in counted and counted["weights"] == 0
 
 
-def test_the_knowledge_bar_ends_at_its_total_for_probes_asked_with_their_options_listed(tmp_path, pool, monkeypatch):
-    """The bar's total is what the pass then advances: for a probe scored with its options listed,
-    the recast request's letters count too (a 10-expert pool once showed 2,396 of 1,917)."""
-    from mergekit_mergeability import api, measuring
-    from mergekit_mergeability.diagnostics import knowledge
+def test_the_bars_end_at_their_totals_for_probes_asked_with_their_options_listed(tmp_path, pool, monkeypatch):
+    """Each bar's total is what the pass then advances: for a probe scored with its options listed,
+    its letters count too (a 10-expert pool once showed 2,396 of 1,917 for the knowledge, a 24-expert
+    one 2,688 of 1,344 for the dilution)."""
+    from mergekit_mergeability import api, measuring, progress
+    from mergekit_mergeability.diagnostics import dilution, knowledge
     from mergekit_mergeability.settings import PrecheckSettings
 
     lines = [json.loads(line) for line in Path(pool["probe_known"]).read_text().splitlines()]
@@ -749,11 +750,13 @@ def test_the_knowledge_bar_ends_at_its_total_for_probes_asked_with_their_options
             yield lambda n=1: (done.__setitem__(0, done[0] + n), advance(n))
         bars.append((total, done[0]))
 
-    monkeypatch.setattr(knowledge, "task", recording)
+    for module in (knowledge, dilution):
+        monkeypatch.setattr(module, "task", recording)
+    monkeypatch.setattr(progress, "task", recording)  # menu imports it when it runs
     config = _config(tmp_path, {**pool, "options": probe}, ["known", "unknown"], ["options", "options"])
-    skip = ("dilution", "fluency", "representations", "selectivity", "menu")
-    measuring.measure(api._spec(config), {}, PrecheckSettings(quiet=True, skip=skip))
-    assert len(bars) == 1 and bars[0][0] == bars[0][1] > 0, bars
+    skip = ("fluency", "representations", "selectivity")
+    measuring.measure(api._spec(config), {}, PrecheckSettings(quiet=True, skip=skip, tune_budget=0))
+    assert len(bars) == 3 and all(total == done > 0 for total, done in bars), bars
 
 
 def test_skipping_the_lettered_view_leaves_the_scored_view_and_asks_less(tmp_path, pool, monkeypatch):

@@ -102,7 +102,7 @@ def choice_logprobs(model, tokenizer, instances: Sequence[Instance], batch_size:
                 (scored,) = score(model, tokenizer, [(instance.prompt, instance.gold)], distribution=True)
                 found = scored.distribution, scored.continuation_ids
             if progress is not None:  # before the yield: a caller that stops at the last one still counts it
-                progress(len(instance.continuations) + len(instance.letters))
+                progress(instance.sequences)
             yield found
 
 

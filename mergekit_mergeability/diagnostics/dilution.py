@@ -323,7 +323,7 @@ class Dilution:
 
     def passes(self, inputs: DiagnosticInputs, tokenizer=None) -> int:
         """The sequences it scores (``measure``'s cost line)."""
-        lines = sum(len(i.continuations) for m in inputs.models if m.probes for i in m.probes)
+        lines = sum(i.sequences for m in inputs.models if m.probes for i in m.probes)
         return lines and lines * self.schedule(inputs)[-1]
 
     def whole(self, inputs: DiagnosticInputs) -> list:
@@ -346,7 +346,7 @@ class Dilution:
         touched = inputs.touched
         names = set().union(*touched.values())
         merge, in_sum, extra, compare, passes = self.schedule(inputs)
-        lines = sum(len(i.continuations) for m in models for i in m.probes)
+        lines = sum(i.sequences for m in models for i in m.probes)
         loaded = sum(p.numel() * p.element_size() for p in module.parameters())
         limit = min(SUM_BUDGET, SUM_SHARE * loaded)
         mixture_of = lambda ms: [(m.path, in_sum[m.name], touched[m.name]) for m in ms]  # noqa: E731

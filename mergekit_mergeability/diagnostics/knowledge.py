@@ -83,12 +83,9 @@ def paired(scored, lettered):
 
 def sequences(scored, lettered) -> int:
     """Sequences scored: every lettered option and letter, and the task's own request where it differs."""
-    asked = sum(len(i.continuations) + len(i.letters) for instances in lettered.values() for i in instances)
+    asked = sum(i.sequences for instances in lettered.values() for i in instances)
     return asked + sum(
-        len(i.continuations) + len(i.letters)
-        for pairs in paired(scored, lettered).values()
-        for i, a in pairs
-        if not _same_request(i, a)
+        i.sequences for pairs in paired(scored, lettered).values() for i, a in pairs if not _same_request(i, a)
     )
 
 

@@ -74,6 +74,11 @@ class Instance:
     def gold(self) -> str:
         return self.continuations[self.label]
 
+    @property
+    def sequences(self) -> int:
+        """What scoring it counts (the cost line's unit, a progress bar's step): each option and letter."""
+        return len(self.continuations) + len(self.letters)
+
 
 def lettered(question: str, options: Sequence[str]) -> str:
     """Question: …\nA. …\nB. …\nAnswer:"""
