@@ -139,10 +139,10 @@ class Scorer:
     is scored (the options listed), on a model folder: mean p(gold), or each item's with ``per_item``;
     cached by folder and task in ``out/name``."""
 
-    def __init__(self, out: Path, name: str = "scores.json", per_item: bool = False):
+    def __init__(self, out: Path, name: str = "scores.json", per_item: bool = False, rows_file: Path = ROWS):
         from mergekit_mergeability.demo.training import fact_instances
 
-        rows = {r["id"]: r for r in map(json.loads, ROWS.read_text().splitlines())}
+        rows = {r["id"]: r for r in map(json.loads, rows_file.read_text().splitlines())}
         self.instances = {}
         for task, r in rows.items():
             self.instances[task] = fact_instances({"id": task, "items": r["scored"], "train": 0}, "options")
@@ -631,24 +631,25 @@ def agreement(title: str, rows) -> Table:
     return table
 
 
-def plan_check(args) -> None:
+def plan_check(args, settings: Settings = SETTINGS, names=TASKS, rows: Path = ROWS, write=write_rows) -> None:
     """issue 41 on items the plan never saw: the family's ten experts as one pool (task_arithmetic,
     weights 1/10, each with its 16-item probe), planned with ``mergekit-mergeability plan`` twice, by
     the rehearsal (``--budget-evals 4``, the default) and by the prediction alone (``0``); each plan's
     configs, and everything merged with TIES and with the mean merge, merged by mergekit and every
-    expert scored on its 48 unseen items (left out: the base's score; alone: its own)."""
+    expert scored on its 48 unseen items (left out: the base's score; alone: its own). Another
+    family's experts with ``settings``, task ``names`` and their ``rows`` (``write`` writes them)."""
     import subprocess
 
     import numpy as np
 
-    from mergekit_mergeability.maths.stats import mean_interval
+    from mergekit_mergeability.maths.stats import mean_interval, ratio_interval
 
-    if not ROWS.is_file():
-        write_rows()
-    demo = Demo(SETTINGS, args.cache_dir, args.out, console, quiet=False)
+    if not rows.is_file():
+        write()
+    demo = Demo(settings, args.cache_dir, args.out, console, quiet=False)
     experts = demo.fact_experts()
-    tasks = [f"task_{t}" for t in TASKS]
-    score = Scorer(args.out)
+    tasks = [f"task_{t}" for t in names]
+    score = Scorer(args.out, rows_file=rows)
     base = score(demo.base(), tasks)
     own = {t: score(experts[t]["folder"], [t])[t] for t in tasks}
     task_of = {model(demo, experts, t[5:]): t for t in tasks}
@@ -698,15 +699,18 @@ def plan_check(args) -> None:
             f"{label}: {kept[label].sum():.2f} of {len(tasks)} ({', '.join(f'{len(m)}' for m, _ in models)} experts per model)"
         )
     best = max(everything, key=lambda label: kept[label].sum())
-    table = Table("plan", "kept (of 10, unseen items)", f"− {best} [95%]", "÷")
-    for label in arms:
+    kept["each alone (the ceiling)"] = np.array([own[t] for t in tasks])
+    kept["the base"] = np.array([base[t] for t in tasks])
+    table = Table("plan", f"kept (of {len(tasks)}, unseen items)", f"− {best} [95%]", "÷ [95%]")
+    for label in kept:
         _, (low, high) = mean_interval(kept[label] - kept[best])  # over experts, paired; × 10: in tasks
         low, high = low * len(tasks), high * len(tasks)
+        ratio, (below, above) = ratio_interval(kept[label], kept[best])
         table.add_row(
             label,
             f"{kept[label].sum():.2f}",
             f"{kept[label].sum() - kept[best].sum():+.2f} [{low:+.2f}, {high:+.2f}]",
-            f"{kept[label].sum() / kept[best].sum():.2f}×",
+            f"{ratio:.2f}× [{below:.2f}, {above:.2f}]",
         )
     show(table, args.markdown)
     write_atomic(args.out / "plan_check.json", json.dumps({k: v.tolist() for k, v in kept.items()}, indent=1))

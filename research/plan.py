@@ -255,6 +255,7 @@ def check(args) -> None:
     from mergekit_mergeability.sources.cache import Cache
     from mergekit_mergeability.planner import conditional, deciding, conditional_fit, planning
     from mergekit_mergeability import merge_config
+    from mergekit_mergeability.maths.stats import ratio_interval
 
     spec = merge_config.read(args.pool)
     report = planning.read_precheck(args.precheck, spec)
@@ -309,7 +310,7 @@ def check(args) -> None:
     randoms = [k for k in measured if k.startswith("random")]
     best_random = max(randoms, key=lambda k: measured[k].sum()) if randoms else None
     table = Table(
-        "against", "tasks kept", "planned − it [95% over experts]", "planned / it", title=f"K = {args.models}"
+        "against", "tasks kept", "planned − it [95% over experts]", "planned / it [95%]", title=f"K = {args.models}"
     )
     for label in (best_everything, best_random):
         if label is None:
@@ -319,7 +320,7 @@ def check(args) -> None:
             label,
             f"{measured[label].sum():.2f}",
             f"{planned.sum() - measured[label].sum():+.2f} [{low:+.2f}, {high:+.2f}]",
-            f"{planned.sum() / max(measured[label].sum(), 1e-9):.2f}×",
+            "{:.2f}× [{:.2f}, {:.2f}]".format(*flat(ratio_interval(planned, measured[label], args.seed))),
         )
     console.print(table)
     if randoms:
@@ -410,6 +411,12 @@ def methods(args) -> None:
             *(f"{value:.3f}{shown}" for value, shown in zip(predicted, measured)),
         )
     console.print(table)
+
+
+def flat(estimate):
+    """(value, (low, high)) -> (value, low, high)."""
+    value, (low, high) = estimate
+    return value, low, high
 
 
 def _paired_interval(a: np.ndarray, b: np.ndarray, seed: int, resamples: int = 2000):

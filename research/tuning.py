@@ -4,6 +4,7 @@
     python research/run.py tuning regression [--markdown]   # the chooser on `configs`' archived reads (menu only)
     python research/run.py tuning measure [--archive]       # the fresh family: train, precheck, read the truth
     python research/run.py tuning report [--markdown]       # its tables (a fresh clone reads the archive)
+    python research/run.py tuning plan-check [--models 1]   # issue 53: plan on its ten experts, scored unseen
 
 The `tuning` family: ten task-level experts of SmolLM2-135M-Instruct on tasks the `configs` family
 does not use, LoRA rank 4 on the attention projections of layers 15-29, trained on 16 items with the
@@ -328,7 +329,15 @@ def regression(args) -> None:
     show(table, args.markdown)
 
 
-COMMANDS = {"measure": measure, "report": report, "regression": regression}
+def plan_check(args) -> None:
+    """issue 53 on this family: its ten experts as one pool, planned and scored on their unseen items
+    as ``configs plan-check`` does for the `configs` family's (its docstring says how)."""
+    from configs import plan_check as check_family
+
+    check_family(args, SETTINGS, TASKS, ROWS, write_rows)
+
+
+COMMANDS = {"measure": measure, "report": report, "regression": regression, "plan-check": plan_check}
 
 
 def main() -> None:
@@ -338,6 +347,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("pools-out") / "tuning")
     parser.add_argument("--archive", action="store_true", help="measure: keep the records in research/pools/measured")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--models", type=int, nargs="+", default=[1], help="plan-check: K, the merged models planned")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     COMMANDS[args.command](args)

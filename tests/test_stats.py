@@ -2,7 +2,14 @@
 
 import pytest
 
-from mergekit_mergeability.maths.stats import correlate, mean_score_interval, spearman, standard_error, wilson_interval
+from mergekit_mergeability.maths.stats import (
+    correlate,
+    mean_score_interval,
+    ratio_interval,
+    spearman,
+    standard_error,
+    wilson_interval,
+)
 
 
 def test_spearman_known_values():
@@ -63,3 +70,11 @@ def test_a_mean_score_interval_is_never_zero_width_and_is_wilsons_for_right_or_w
     low, high = mean_score_interval([0.9] * 16)
     assert low < 0.9 < high
     assert mean_score_interval([]) is None
+
+
+def test_a_ratio_of_totals_and_its_interval_over_paired_items():
+    assert ratio_interval([2, 4, 6], [1, 2, 3]) == (2.0, (2.0, 2.0))  # every resample keeps the ratio
+    ratio, (low, high) = ratio_interval([1, 1, 1, 1, 0, 0], [1, 1, 0, 0, 1, 1])
+    assert ratio == 1.0 and low < 1.0 < high  # as many won as lost: not above 1
+    ratio, (low, high) = ratio_interval([1] * 10 + [0] * 2, [0] * 8 + [1] * 4)
+    assert ratio == 2.5 and 1.0 < low < ratio < high

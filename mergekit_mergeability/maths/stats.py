@@ -33,6 +33,18 @@ def mean_interval(values: Sequence[float], seed: int = 0, resamples: int = 2_000
     return float(values.mean()), (float(low), float(high))
 
 
+def ratio_interval(
+    a: Sequence[float], b: Sequence[float], seed: int = 0, resamples: int = 2_000
+) -> Tuple[float, Tuple[float, float]]:
+    """Σa / Σb over paired items (the tasks one plan keeps against another's), with a percentile
+    bootstrap 95% interval: the pairs resampled with replacement."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    picks = np.random.default_rng(seed).integers(0, len(a), size=(resamples, len(a)))
+    boot = a[picks].sum(axis=1) / np.maximum(b[picks].sum(axis=1), 1e-12)
+    low, high = np.percentile(boot, [2.5, 97.5])
+    return float(a.sum() / b.sum()), (float(low), float(high))
+
+
 def standard_error(values: Sequence[float]) -> Optional[float]:
     """The mean's standard error over ``values`` (sample standard deviation / √n, as lm-eval reports
     ``*_stderr``); None under two values."""
