@@ -307,6 +307,11 @@ def check(args) -> None:
         )
     planned = measured["planned"]
     best_everything = max(("everything, task_arithmetic", "everything, ties"), key=lambda k: measured[k].sum())
+    alone = np.array([measure.trials.ends(name)[1] for name in pool.names])
+    console.print(
+        f"each alone (the ceiling): {alone.sum():.2f} of {len(pool)}; the base {kept([]).sum():.2f};"
+        f" {best_everything} keeps {measured[best_everything].sum() / alone.sum():.0%} of what the experts keep alone"
+    )
     randoms = [k for k in measured if k.startswith("random")]
     best_random = max(randoms, key=lambda k: measured[k].sum()) if randoms else None
     table = Table(
@@ -333,9 +338,9 @@ def check(args) -> None:
     if args.out:
         from mergekit_mergeability.files import write_atomic
 
+        arms = {**measured, "each alone": alone}
         write_atomic(
-            Path(args.out),
-            json.dumps({label: values.tolist() for label, values in measured.items()}, indent=2) + "\n",
+            Path(args.out), json.dumps({label: values.tolist() for label, values in arms.items()}, indent=2) + "\n"
         )
 
 
