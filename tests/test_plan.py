@@ -687,3 +687,11 @@ def test_the_plans_precheck_asks_only_what_the_plan_reads(cancelling, tmp_path):
         "representations",
         "selectivity",
     }
+
+
+def test_the_conditional_model_reads_only_what_plans_precheck_measures():
+    """Its features are the shipped fit's, and none is the dilution's: plan's precheck skips that
+    pass, so a refit on archives that hold diluted_* values must not read them."""
+    shipped = json.loads(Path(conditional.__file__).with_name("conditional.json").read_text())
+    assert shipped["features"] == conditional.FEATURES
+    assert "dilution" in planning.SKIPPED and not any(name.startswith("diluted_") for name in conditional.FEATURES)

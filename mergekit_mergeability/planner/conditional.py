@@ -51,8 +51,11 @@ from mergekit_mergeability.decide.features import CALIBRATED, POOL_LEVEL, featur
 from mergekit_mergeability.records import KnowledgeStats, PairWeights, WeightStats
 from mergekit_mergeability.decide.verdict import KEPT_CAP
 
-# The expert's own features: the calibration's, less those that depend on who it is merged with
-EXPERT: Dict[str, int] = {name: d for name, d in CALIBRATED.items() if name not in POOL_LEVEL}
+# The expert's own features: the calibration's, less those that depend on who it is merged with and
+# the dilution's, which plan's precheck does not run (planning.SKIPPED): a refit must not read them
+EXPERT: Dict[str, int] = {
+    name: d for name, d in CALIBRATED.items() if name not in POOL_LEVEL and not name.startswith("diluted_")
+}
 CONDITIONAL: Dict[str, int] = {
     "own_coefficient": +1,
     "partner_cosine": +1,
