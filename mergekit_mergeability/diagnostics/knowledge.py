@@ -13,6 +13,7 @@ well; updates on what it struggles with are lost. Asked two ways, both kept:
 A small model can know a fact in one format and not in another (SmolLM2-135M: README);
 what predicts a fine-tune's mergeability is the base's knowledge in the format the
 fine-tune is scored in, so the calibration reads ``scored_*`` whatever that format is.
+``--skip lettered`` asks only that view (plan does, where its calibration reads it).
 """
 
 from __future__ import annotations
