@@ -287,6 +287,7 @@ def check(args) -> None:
             console.print(f"rehearsed {c['label']}: {c['measured']:.2f} (predicted {c['predicted']:.2f}){mark}")
     everyone = tuple(range(len(pool)))
     arms = {"planned": [(p.members, p.merge) for p in decided.planned if p.members]}
+    console.print("planned: " + "; ".join(f"{merge.label()} on {len(members)}" for members, merge in arms["planned"]))
     arms["everything, task_arithmetic"] = [(everyone, conditional.Merge(conditional.TASK_ARITHMETIC))]
     arms["everything, ties"] = [(everyone, conditional.Merge(conditional.TIES, density=0.5))]
     sizes = [len(m) for m, _ in arms["planned"]]
