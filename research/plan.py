@@ -42,6 +42,7 @@ from rich.table import Column, Table
 
 HERE = Path(__file__).resolve().parent
 OUT = Path("pools-out")
+SHIPPED_FAMILIES = ("fit", "options")  # the shipped conditional fit's (planner/conditional.json)
 console = Console()
 
 
@@ -206,6 +207,48 @@ def _report(result, experts, base: str) -> dict:
         models.append({"path": name, "role": "expert", "knowledge": None, "weights": weights})
     pairs = [{"a": a, "b": b, **values} for (a, b), values in result.per_pair.items()]
     return {"models": models, "pairs": pairs, "layers": {"cutoff": None}}
+
+
+def transfer(args) -> None:
+    """Does fitting on more families predict a family never fitted on better? Each family beyond
+    the shipped fit's (fit, options), its trials of each rule predicted by a fit on the shipped
+    families and by a fit on every other family given; Spearman over its experts (their mean
+    score against their mean prediction), the paired difference with a bootstrap interval."""
+    from mergekit_mergeability.maths import fitting
+    from mergekit_mergeability.maths.stats import spearman
+    from mergekit_mergeability.planner import conditional, conditional_fit
+
+    rows = conditional_fit.measured_rows(_pairs([], args.out, args.families.split(",")))
+    family = np.array([pool.split("/")[0] for pool in rows.pool])
+    rng = np.random.default_rng(args.seed)
+    table = Table("rule", "family", "experts", "fit on fit, options", "fit on every other family", "difference [95%]")
+    for rule in sorted(set(rows.rule)):
+        at = np.array([r == rule for r in rows.rule])
+        names = conditional_fit.features_for(rows.size[at].tolist())
+        x = rows.x[at][:, [list(conditional.FEATURES).index(n) for n in names]]
+        y, kin, experts = rows.y[at], family[at], np.array(rows.expert)[at]
+        directions = [conditional.FEATURES[n] for n in names]
+        shipped = np.isin(kin, SHIPPED_FAMILIES)
+        for held_family in sorted(set(kin) - set(SHIPPED_FAMILIES)):
+            held = kin == held_family
+            if not shipped.any() or held.all():
+                continue
+            fits = [fitting.fit(x[train], y[train], names, directions) for train in (shipped, ~held)]
+            order = list(dict.fromkeys(experts[held].tolist()))
+            mean = lambda v: np.array([v[experts[held] == e].mean() for e in order])  # noqa: E731
+            truth, (a, b) = mean(y[held]), [mean(f.predict(x[held])) for f in fits]
+            picks = [rng.integers(0, len(order), len(order)) for _ in range(1000)]
+            boot = [spearman(b[i], truth[i]) - spearman(a[i], truth[i]) for i in picks if np.std(truth[i]) > 0]
+            low, high = np.nanpercentile(boot, [2.5, 97.5])
+            table.add_row(
+                rule,
+                held_family,
+                str(len(order)),
+                f"{spearman(a, truth):+.2f}",
+                f"{spearman(b, truth):+.2f}",
+                f"{spearman(b, truth) - spearman(a, truth):+.2f} [{low:+.2f}, {high:+.2f}]",
+            )
+    console.print(table)
 
 
 def speed(args) -> None:
@@ -457,6 +500,10 @@ def main():
     timing.add_argument("--rank", type=int, default=16)
     timing.add_argument("--models", type=int, default=1)
     timing.add_argument("--work", type=Path)
+    moving = commands.add_parser("transfer")
+    moving.add_argument("--out", type=Path, default=OUT, help="where measured pools are found (default pools-out)")
+    moving.add_argument("--families", default="fit,options,tasks,attention,deep,down,low,middle,vq,wide")
+    moving.add_argument("--seed", type=int, default=0)
     comparing = commands.add_parser("methods")
     comparing.add_argument("pool", type=Path, help="a measured pool's folder (pools-out/<pool>)")
     comparing.add_argument("--calibration", type=Path)
@@ -479,7 +526,7 @@ def main():
     checking.add_argument("--out", type=Path, help="also write every arm's per-expert scores here (JSON)")
     checking.add_argument("--quiet", "-q", action="store_true")
     args = parser.parse_args()
-    {"fit": fit, "speed": speed, "methods": methods, "check": check}[args.command](args)
+    {"fit": fit, "speed": speed, "methods": methods, "check": check, "transfer": transfer}[args.command](args)
 
 
 if __name__ == "__main__":
