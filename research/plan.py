@@ -365,19 +365,20 @@ def check(args) -> None:
         if label is None:
             continue
         low, high = _paired_interval(planned, measured[label], args.seed)
+        ratio, (below, above) = ratio_interval(planned, measured[label], args.seed)
         table.add_row(
             label,
             f"{measured[label].sum():.2f}",
             f"{planned.sum() - measured[label].sum():+.2f} [{low:+.2f}, {high:+.2f}]",
-            "{:.2f}× [{:.2f}, {:.2f}]".format(*flat(ratio_interval(planned, measured[label], args.seed))),
+            f"{ratio:.2f}× [{below:.2f}, {above:.2f}]",
         )
     console.print(table)
     if randoms:
         totals = np.array([measured[k].sum() for k in randoms])
-        tenth = np.percentile(totals, 90)
+        ninetieth = np.percentile(totals, 90)
         console.print(
-            f"random subsets: 90th percentile {tenth:.2f} of {len(randoms)} (median {np.median(totals):.2f});"
-            f" planned {planned.sum():.2f} {'above' if planned.sum() > tenth else 'not above'} it"
+            f"random subsets: 90th percentile {ninetieth:.2f} of {len(randoms)} (median {np.median(totals):.2f});"
+            f" planned {planned.sum():.2f} {'above' if planned.sum() > ninetieth else 'not above'} it"
         )
     if args.out:
         from mergekit_mergeability.files import write_atomic
@@ -460,12 +461,6 @@ def methods(args) -> None:
             *(f"{value:.3f}{shown}" for value, shown in zip(predicted, measured)),
         )
     console.print(table)
-
-
-def flat(estimate):
-    """(value, (low, high)) -> (value, low, high)."""
-    value, (low, high) = estimate
-    return value, low, high
 
 
 def _paired_interval(a: np.ndarray, b: np.ndarray, seed: int, resamples: int = 2000):
