@@ -39,6 +39,7 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
 from rich.console import Console
 from rich.progress import track
 from rich.table import Table
@@ -689,6 +690,15 @@ def plan_check(args, settings: Settings = SETTINGS, names=TASKS, rows: Path = RO
             arms[f"K = {k}, {'rehearsed' if budget else 'predicted'}"] = [
                 ([task_of[m] for m in model_["members"]], out / model_["file"]) for model_ in planned
             ]
+    rehearsed = arms.get(f"K = {args.models[0]}, rehearsed", [])
+    draw = random.Random(41)
+    for r in range(args.random if len(rehearsed) == 1 else 0):  # subsets of the rehearsed plan's size and method
+        members, path = rehearsed[0]
+        written = yaml.safe_load(Path(path).read_text())
+        picked = sorted(draw.sample(tasks, len(members)))
+        shared = written["models"][0].get("parameters", {})  # planned merges weigh their members alike
+        document = {**written, "models": [entry(t, dict(shared)) for t in picked]}
+        arms[f"random #{r + 1}"] = [(picked, demo.write_config(f"plan_random_{r + 1}", document))]
     kept = {}
     for label, models in arms.items():
         values = dict(base)
@@ -699,6 +709,13 @@ def plan_check(args, settings: Settings = SETTINGS, names=TASKS, rows: Path = RO
             f"{label}: {kept[label].sum():.2f} of {len(tasks)} ({', '.join(f'{len(m)}' for m, _ in models)} experts per model)"
         )
     best = max(everything, key=lambda label: kept[label].sum())
+    randoms = [kept.pop(label) for label in list(kept) if label.startswith("random")]
+    if randoms:
+        totals = [r.sum() for r in randoms]
+        console.print(
+            f"random subsets: 90th percentile {np.percentile(totals, 90):.2f} of {len(totals)} "
+            f"(median {np.median(totals):.2f}); K = {args.models[0]}, rehearsed: {kept[f'K = {args.models[0]}, rehearsed'].sum():.2f}"
+        )
     kept["each alone (the ceiling)"] = np.array([own[t] for t in tasks])
     kept["the base"] = np.array([base[t] for t in tasks])
     table = Table("plan", f"kept (of {len(tasks)}, unseen items)", f"− {best} [95%]", "÷ [95%]")
@@ -713,6 +730,7 @@ def plan_check(args, settings: Settings = SETTINGS, names=TASKS, rows: Path = RO
             f"{ratio:.2f}× [{below:.2f}, {above:.2f}]",
         )
     show(table, args.markdown)
+    kept.update({f"random #{r + 1}": values for r, values in enumerate(randoms)})
     write_atomic(args.out / "plan_check.json", json.dumps({k: v.tolist() for k, v in kept.items()}, indent=1))
 
 
@@ -732,6 +750,9 @@ def main() -> None:
     parser.add_argument("command", choices=("rows", *COMMANDS))
     parser.add_argument(
         "--models", type=int, nargs="+", default=[1, 2], help="plan-check: K, the merged models planned"
+    )
+    parser.add_argument(
+        "--random", type=int, default=0, help="plan-check: random subsets of the rehearsed plan's size and method"
     )
     parser.add_argument("--cache-dir", type=Path, default=default_cache_dir() / "demo")
     parser.add_argument("--out", type=Path, default=Path("pools-out") / "configs")

@@ -348,6 +348,9 @@ def main() -> None:
     parser.add_argument("--archive", action="store_true", help="measure: keep the records in research/pools/measured")
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--models", type=int, nargs="+", default=[1], help="plan-check: K, the merged models planned")
+    parser.add_argument(
+        "--random", type=int, default=0, help="plan-check: random subsets of the rehearsed plan's size and method"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     COMMANDS[args.command](args)
