@@ -637,8 +637,9 @@ def plan_check(args, settings: Settings = SETTINGS, names=TASKS, rows: Path = RO
     weights 1/10, each with its 16-item probe), planned with ``mergekit-mergeability plan`` twice, by
     the rehearsal (``--budget-evals 4``, the default) and by the prediction alone (``0``); each plan's
     configs, and everything merged with TIES and with the mean merge, merged by mergekit and every
-    expert scored on its 48 unseen items (left out: the base's score; alone: its own). Another
-    family's experts with ``settings``, task ``names`` and their ``rows`` (``write`` writes them)."""
+    expert scored on its 48 unseen items (left out: the base's score; alone: its own); ``--random
+    N``: N random subsets of the rehearsed K = 1 plan's size, merged as it is. Another family's
+    experts with ``settings``, task ``names`` and their ``rows`` (``write`` writes them)."""
     import subprocess
 
     import numpy as np
@@ -693,9 +694,8 @@ def plan_check(args, settings: Settings = SETTINGS, names=TASKS, rows: Path = RO
     rehearsed = arms.get(f"K = {args.models[0]}, rehearsed", [])
     draw = random.Random(41)
     for r in range(args.random if len(rehearsed) == 1 else 0):  # subsets of the rehearsed plan's size and method
-        members, path = rehearsed[0]
+        (members, path), picked = rehearsed[0], sorted(draw.sample(tasks, len(rehearsed[0][0])))
         written = yaml.safe_load(Path(path).read_text())
-        picked = sorted(draw.sample(tasks, len(members)))
         shared = written["models"][0].get("parameters", {})  # planned merges weigh their members alike
         document = {**written, "models": [entry(t, dict(shared)) for t in picked]}
         arms[f"random #{r + 1}"] = [(picked, demo.write_config(f"plan_random_{r + 1}", document))]
