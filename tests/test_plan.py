@@ -16,7 +16,7 @@ import yaml
 from click.testing import CliRunner
 
 from mergekit_mergeability.cli import main as cli
-from mergekit_mergeability.planner import conditional, deciding, planning, search
+from mergekit_mergeability.planner import conditional, deciding, planning, reports, search
 from mergekit_mergeability.planner.conditional_fit import load
 from mergekit_mergeability.planner.reports import SCHEMA
 from mergekit_mergeability.tiny import derive, make_adapter, state_dict
@@ -695,3 +695,16 @@ def test_the_conditional_model_reads_only_what_plans_precheck_measures():
     shipped = json.loads(Path(conditional.__file__).with_name("conditional.json").read_text())
     assert shipped["features"] == conditional.FEATURES
     assert "dilution" in planning.SKIPPED and not any(name.startswith("diluted_") for name in conditional.FEATURES)
+
+
+def test_the_pool_graphs_colour_bar_spans_the_pairs_predicted_and_none_when_they_are_alike(monkeypatch):
+    """Matplotlib widens a constant's range to ±0.1: a bar up to 1.10 for scores that end at 1."""
+    from matplotlib.figure import Figure
+
+    bars = []
+    monkeypatch.setattr(Figure, "colorbar", lambda self, mappable, **kw: bars.append(mappable.norm))
+    experts = [{"path": f"e{i}", "name": f"e{i}", "model": 1} for i in range(3)]
+    for scores in ([0.6, 0.7, 0.9], [1.0, 1.0, 1.0]):
+        pairs = [{"a": f"e{a}", "b": f"e{b}", "predicted": v} for (a, b), v in zip([(0, 1), (0, 2), (1, 2)], scores)]
+        assert reports._graph({"experts": experts, "compatibility": pairs}) is not None
+    assert [(n.vmin, n.vmax) for n in bars] == [(0.6, 0.9)]

@@ -447,6 +447,7 @@ def _graph(document: Mapping[str, Any]):
 
     def draw(fig, ax):
         import matplotlib.cm as cm
+        from matplotlib.colors import Normalize
 
         shown = np.isfinite(table)
         low, high = (np.nanmin(table), np.nanmax(table)) if shown.any() else (0, 1)
@@ -480,9 +481,11 @@ def _graph(document: Mapping[str, Any]):
         ax.set_ylim(-2.0, 2.0)
         ax.set_aspect("equal")
         ax.axis("off")
-        mappable = cm.ScalarMappable(cmap="viridis")
-        mappable.set_array([low, high])
-        fig.colorbar(mappable, ax=ax, label="predicted mean score of the pair merged", shrink=0.6)
+        if high > low:
+            mappable = cm.ScalarMappable(norm=Normalize(low, high), cmap="viridis")
+            fig.colorbar(mappable, ax=ax, label="predicted mean score of the pair merged", shrink=0.6)
+        elif shown.any():  # one value: a colour bar would draw a range of scores around it that no pair has
+            ax.text(0, -1.9, f"every pair shown is predicted {low:.2f} merged", ha="center", fontsize=9)
 
     title = "the pool: each expert's strongest pairs, grouped by planned model"
     return title, png(draw, title, 10, 8)
