@@ -729,6 +729,24 @@ def test_the_cost_line_counts_the_passes_the_progress_bars_then_count(tmp_path, 
     assert "selectivity" not in counted and "weights" in counted and counted["weights"] == 0
 
 
+def _bars(monkeypatch, *modules) -> list:
+    """Each progress bar these modules open, as (its total, what the pass then advanced)."""
+    from mergekit_mergeability import progress
+
+    bars, real = [], progress.task
+
+    @contextlib.contextmanager
+    def recording(description, total, quiet=False):
+        done = [0]
+        with real(description, total, True) as advance:
+            yield lambda n=1: (done.__setitem__(0, done[0] + n), advance(n))
+        bars.append((total, done[0]))
+
+    for module in modules:
+        monkeypatch.setattr(module, "task", recording)
+    return bars
+
+
 def test_the_bars_end_at_their_totals_for_probes_asked_with_their_options_listed(tmp_path, pool, monkeypatch):
     """Each bar's total is what the pass then advances: for a probe scored with its options listed,
     its letters count too (a 10-expert pool once showed 2,396 of 1,917 for the knowledge, a 24-expert
@@ -740,19 +758,7 @@ def test_the_bars_end_at_their_totals_for_probes_asked_with_their_options_listed
     lines = [json.loads(line) for line in Path(pool["probe_known"]).read_text().splitlines()]
     probe = tmp_path / "options.jsonl"
     probe.write_text("".join(json.dumps({**r, "format": "options", "shots": 1}) + "\n" for r in lines))
-    bars = []
-    real = knowledge.task
-
-    @contextlib.contextmanager
-    def recording(description, total, quiet=False):
-        done = [0]
-        with real(description, total, True) as advance:
-            yield lambda n=1: (done.__setitem__(0, done[0] + n), advance(n))
-        bars.append((total, done[0]))
-
-    for module in (knowledge, dilution):
-        monkeypatch.setattr(module, "task", recording)
-    monkeypatch.setattr(progress, "task", recording)  # menu imports it when it runs
+    bars = _bars(monkeypatch, knowledge, dilution, progress)  # progress: menu imports it when it runs
     config = _config(tmp_path, {**pool, "options": probe}, ["known", "unknown"], ["options", "options"])
     skip = ("fluency", "representations", "selectivity")
     measuring.measure(api._spec(config), {}, PrecheckSettings(quiet=True, skip=skip, tune_budget=0))
@@ -767,17 +773,7 @@ def test_skipping_the_lettered_view_leaves_the_scored_view_and_asks_less(tmp_pat
     from mergekit_mergeability.diagnostics import knowledge
     from mergekit_mergeability.settings import PrecheckSettings
 
-    bars = []
-    real = knowledge.task
-
-    @contextlib.contextmanager
-    def recording(description, total, quiet=False):
-        done = [0]
-        with real(description, total, True) as advance:
-            yield lambda n=1: (done.__setitem__(0, done[0] + n), advance(n))
-        bars.append((total, done[0]))
-
-    monkeypatch.setattr(knowledge, "task", recording)
+    bars = _bars(monkeypatch, knowledge)
     config = _config(tmp_path, pool, ["known", "unknown"], ["probe_known", "probe_unknown"])
     skip = ("dilution", "fluency", "representations", "selectivity", "menu")
     runs = {

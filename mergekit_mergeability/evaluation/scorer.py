@@ -11,6 +11,7 @@ import torch
 
 from mergekit_mergeability.diagnostics.activations import choice_logprobs
 from mergekit_mergeability.diagnostics.shared_layers import Shared, shared_below
+from mergekit_mergeability.maths.stats import standard_error
 from mergekit_mergeability.sources.heap import release_freed_memory
 from mergekit_mergeability.settings import RunSettings
 from mergekit_mergeability.sources import Source, auto_device, load_causal_lm, merged, patched, same_model, update_of
@@ -118,5 +119,10 @@ def plain_score(task: lmeval.Plain, option_logprobs: Sequence) -> Dict[str, Any]
     metrics = {metric: float(np.mean(values)) for metric, values in rows.items()}
     primary = task.metrics[0]
     values = rows[primary]
-    stderr = float(np.std(values, ddof=1) / np.sqrt(len(values))) if len(values) > 1 else None
-    return {"metrics": metrics, "primary": primary, "samples": len(values), "score": metrics[primary], "stderr": stderr}
+    return {
+        "metrics": metrics,
+        "primary": primary,
+        "samples": len(values),
+        "score": metrics[primary],
+        "stderr": standard_error(values),
+    }
