@@ -20,13 +20,12 @@ from typing import Dict, List, Optional
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult
 from mergekit_mergeability.diagnostics.dilution import PARTNERS, as_written
 from mergekit_mergeability.planned import writable
-from mergekit_mergeability.diagnostics.knowledge import scores
+from mergekit_mergeability.diagnostics.knowledge import as_read
 from mergekit_mergeability.diagnostics.shared_layers import shared_below
 from mergekit_mergeability.sources import TensorReader
 from mergekit_mergeability.decide.verdict import MENU
 from mergekit_mergeability.records import KnowledgeStats
 from mergekit_mergeability.settings import TUNE_CANDIDATES
-from mergekit_mergeability.tasks.probes import GENERATION, OPTIONS
 
 NAME = "menu"  # its results sit beside the diagnostics' in precheck.json
 MENU_SIZE = len(MENU)  # advice.menu's candidates at most
@@ -60,11 +59,7 @@ def rehearse(measured, inputs: DiagnosticInputs) -> Optional[DiagnosticResult]:
         for name, candidate in plans.items():
             with as_written(module, candidate, paths, names):
                 for model in models:
-                    asked = scores(module, tokenizer, list(model.probes), advance)
-                    items[model.name][name] = [
-                        s.p_gold if i.format in (OPTIONS, GENERATION) else float(s.correct)
-                        for s, i in zip(asked, model.probes)
-                    ]
+                    items[model.name][name] = as_read(module, tokenizer, list(model.probes), advance)
     result = DiagnosticResult()
     for model, by_candidate in items.items():
         result.per_model[model] = {c: sum(v) / len(v) for c, v in by_candidate.items()}

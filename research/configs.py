@@ -78,14 +78,16 @@ SETTINGS = Settings(
 console = Console(width=120)
 
 
-def write_rows(names=TASKS, family: str = "configs", train: int = TRAIN, path: Path = ROWS) -> Path:
+def write_rows(
+    names=TASKS, family: str = "configs", train: int = TRAIN, path: Path = ROWS, scored: int = SCORED
+) -> Path:
     """A family's tasks: each task's items from make_tasks' generator (seeded by the family and its
-    name), ``items`` the ``train`` trained and 16 probed, ``scored`` the 48 after them."""
+    name), ``items`` the ``train`` trained and 16 probed, ``scored`` the ``scored`` (48) after them."""
     made = dict(make_tasks.TASKS)
     rows = []
     for name in names:
-        items = made[name](random.Random(f"{family}/{name}"), train + PROBE + SCORED)
-        assert len(items) == train + PROBE + SCORED and len({i["question"] for i in items}) == len(items), name
+        items = made[name](random.Random(f"{family}/{name}"), train + PROBE + scored)
+        assert len(items) == train + PROBE + scored and len({i["question"] for i in items}) == len(items), name
         rows.append(
             {"id": f"task_{name}", "items": items[: train + PROBE], "train": train, "scored": items[train + PROBE :]}
         )
@@ -693,12 +695,14 @@ def plan_check(args, settings: Settings = SETTINGS, names=TASKS, rows: Path = RO
             ]
     rehearsed = arms.get(f"K = {args.models[0]}, rehearsed", [])
     draw = random.Random(41)
-    for r in range(args.random if len(rehearsed) == 1 else 0):  # subsets of the rehearsed plan's size and method
-        (members, path), picked = rehearsed[0], sorted(draw.sample(tasks, len(rehearsed[0][0])))
+    if args.random and len(rehearsed) == 1:  # subsets of the rehearsed plan's size and method
+        ((members, path),) = rehearsed
         written = yaml.safe_load(Path(path).read_text())
-        shared = written["models"][0].get("parameters", {})  # planned merges weigh their members alike
-        document = {**written, "models": [entry(t, dict(shared)) for t in picked]}
-        arms[f"random #{r + 1}"] = [(picked, demo.write_config(f"plan_random_{r + 1}", document))]
+        parameters = as_planned(written, path, task_of)
+        for r in range(args.random):
+            picked = sorted(draw.sample(tasks, len(members)))
+            document = {**written, "models": [entry(t, parameters[t]) for t in picked]}
+            arms[f"random #{r + 1}"] = [(picked, demo.write_config(f"plan_random_{r + 1}", document))]
     kept = {}
     for label, models in arms.items():
         values = dict(base)
@@ -732,6 +736,21 @@ def plan_check(args, settings: Settings = SETTINGS, names=TASKS, rows: Path = RO
     show(table, args.markdown)
     kept.update({f"random #{r + 1}": values for r, values in enumerate(randoms)})
     write_atomic(args.out / "plan_check.json", json.dumps({k: v.tolist() for k, v in kept.items()}, indent=1))
+
+
+def as_planned(written, path: Path, task_of) -> dict:
+    """Each task's per-model parameters in a merge written as ``written`` (a planned model's config
+    at ``path``): planned merges weigh their members alike, but knowledge_weighted gives each its
+    own ``knowledge``, as plan computes it from the precheck beside the plan (``mergekit_parameters``)."""
+    from mergekit_mergeability.planner import conditional, conditional_fit, deciding
+
+    shared = dict(written["models"][0].get("parameters", {}))
+    report = json.loads((Path(path).parent.parent / "precheck.json").read_text())
+    pool = conditional.from_report(report, knowledge_feature=deciding.knowledge_feature(conditional_fit.load(None)))
+    known = {task_of[name]: float(k) for name, k in zip(pool.names, pool.knowledge)}
+    return {
+        t: {**shared, "knowledge": round(k, 6)} if "knowledge" in shared else dict(shared) for t, k in known.items()
+    }
 
 
 COMMANDS = {

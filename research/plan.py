@@ -328,6 +328,12 @@ def check(args) -> None:
         for c in checked["candidates"]:
             mark = " ◀ chosen" if c is checked["chosen"] else ""
             console.print(f"rehearsed {c['label']}: {c['measured']:.2f} (predicted {c['predicted']:.2f}){mark}")
+        choice, n = checked["choice"], len(pool)
+        console.print(
+            f"chooser: best {choice.best}, baseline {choice.baseline}, picks on the halves {choice.picked},"
+            f" cross-fitted gain {choice.gain * n:+.2f} tasks [{choice.gain_interval[0] * n:+.2f},"
+            f" {choice.gain_interval[1] * n:+.2f}]: {choice.chosen} chosen"
+        )
     everyone = tuple(range(len(pool)))
     arms = {"planned": [(p.members, p.merge) for p in decided.planned if p.members]}
     console.print("planned: " + "; ".join(f"{merge.label()} on {len(members)}" for members, merge in arms["planned"]))

@@ -5,6 +5,7 @@
     python research/run.py tuning measure [--archive]       # the fresh family: train, precheck, read the truth
     python research/run.py tuning report [--markdown]       # its tables (a fresh clone reads the archive)
     python research/run.py tuning plan-check [--models 1]   # issue 53: plan on its ten experts, scored unseen
+    python research/run.py tuning plan-check --fresh --random 20   # issue 53's fresh pool, ten other tasks
 
 The `tuning` family: ten task-level experts of SmolLM2-135M-Instruct on tasks the `configs` family
 does not use, LoRA rank 4 on the attention projections of layers 15-29, trained on 16 items with the
@@ -24,6 +25,7 @@ import json
 import random
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -55,6 +57,22 @@ SETTINGS = Settings(
     fact_format="options",
 )
 MENU = tuple(MENU_METHODS)  # the menu's candidates, by name
+# plan-check --fresh: issue 53's fresh pool (research/pools/prereg/plan_chooser.txt), trained as this
+# family is, on the tasks neither it nor `configs` uses whose generators give 48 distinct items
+FRESH_TASKS = (
+    "add_3",
+    "add_20",
+    "sub_25",
+    "first_letter",
+    "last_letter",
+    "second_letter",
+    "length",
+    "backwards",
+    "capitals",
+    "vowels",
+)
+FRESH_ROWS, FRESH_SCORED = HERE / "pools" / "plan53_tasks.jsonl", 16
+FRESH = replace(SETTINGS, facts=str(FRESH_ROWS), pool="plan53")
 console = Console(width=120)
 
 
@@ -334,7 +352,11 @@ def plan_check(args) -> None:
     as ``configs plan-check`` does for the `configs` family's (its docstring says how)."""
     from configs import plan_check as check_family
 
-    check_family(args, SETTINGS, TASKS, ROWS, write_rows)
+    if args.fresh:
+        fresh = lambda: task_rows(FRESH_TASKS, "plan53", TRAIN, FRESH_ROWS, FRESH_SCORED)  # noqa: E731
+        check_family(args, FRESH, FRESH_TASKS, FRESH_ROWS, fresh)
+    else:
+        check_family(args, SETTINGS, TASKS, ROWS, write_rows)
 
 
 COMMANDS = {"measure": measure, "report": report, "regression": regression, "plan-check": plan_check}
@@ -351,7 +373,12 @@ def main() -> None:
     parser.add_argument(
         "--random", type=int, default=0, help="plan-check: random subsets of the rehearsed plan's size and method"
     )
+    parser.add_argument(
+        "--fresh", action="store_true", help="plan-check: issue 53's fresh pool (pools/prereg/plan_chooser.txt)"
+    )
     args = parser.parse_args()
+    if args.fresh and args.out == parser.get_default("out"):
+        args.out = args.out.parent / "plan53"
     args.out.mkdir(parents=True, exist_ok=True)
     COMMANDS[args.command](args)
 

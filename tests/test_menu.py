@@ -61,6 +61,19 @@ def test_a_pick_is_kept_only_where_it_holds_on_the_half_it_was_not_made_on():
     assert tied.best == tied.chosen == AS_WRITTEN and tied.gain == 0
 
 
+def test_against_a_named_baseline_a_one_item_probe_counts_in_half_a_only():
+    """plan's use: the baseline is the best merge of everything, not the config as written, and a
+    pool's probes may hold one item each. With every probe at one item nothing is held out, so no
+    pick can be checked and the baseline stays; with two items a pick that holds is kept."""
+    one = {"ref": {"a": [0.0], "b": [1.0]}, "subset": {"a": [1.0], "b": [1.0]}}
+    unchecked = choose_method(one, baseline="ref")
+    assert (unchecked.best, unchecked.chosen, unchecked.baseline) == ("subset", "ref", "ref")
+    assert unchecked.halves["subset"] == (1.0, 0.0) and unchecked.gain == 0
+    two = {"ref": {"a": [0.0, 0.0], "b": [1.0, 1.0]}, "subset": {"a": [1.0, 1.0], "b": [1.0, 1.0]}}
+    held = choose_method(two, baseline="ref")
+    assert held.chosen == "subset" and held.picked == ("subset", "subset") and held.gain == pytest.approx(0.5)
+
+
 def test_where_the_top_two_cannot_be_told_apart_it_says_how_many_items_would():
     written = {"a": [0.0] * 16}
     close = choose_method({AS_WRITTEN: written, "p": {"a": [1, 0] * 8}, "q": {"a": [1, 0, 0, 1] * 4}})

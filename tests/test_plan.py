@@ -342,6 +342,7 @@ def test_plan_keeps_cancelling_experts_apart(cancelling):
                 "--precheck",
                 str(out / "precheck.json"),
                 "-q",
+                *PREDICTED,  # the search's plan: a and b cancel in their weights, not on these probes
             ],
         )
         assert result.exit_code == 0, result.output
@@ -436,9 +437,11 @@ def test_a_pool_of_adapters_plans_as_the_same_pool_materialised(llama, tmp_path)
     ours, theirs = (json.loads((tmp_path / k / "plan.json").read_text()) for k in "ab")
     assert [e["model"] for e in ours["experts"]] == [e["model"] for e in theirs["experts"]]
     assert [m["method"] for m in ours["models"]] == [m["method"] for m in theirs["models"]]
-    assert ours["objective"]["planned"] == pytest.approx(theirs["objective"]["planned"], rel=1e-4)
+    # TIES is predicted through a sampled approximation, which the two pools' statistics (equal to
+    # float rounding) move by a few 1e-4
+    assert ours["objective"]["planned"] == pytest.approx(theirs["objective"]["planned"], rel=1e-3)
     for x, y in zip(ours["experts"], theirs["experts"]):
-        assert x["planned"] == pytest.approx(y["planned"], rel=1e-4, abs=1e-6)
+        assert x["planned"] == pytest.approx(y["planned"], rel=1e-3, abs=1e-6)
 
 
 def test_a_pool_folder_without_a_probe_for_a_member_is_refused(llama, tmp_path):
@@ -485,13 +488,60 @@ def test_budget_evals_measure_the_best_candidates_and_keep_the_best_measured(can
     plan = checked_plan(cancelling, tmp_path / "checked", 4)
     found = plan["checked"]
     assert found["spent"] <= 4 and found["candidates"]
-    top = max(c["measured"] for c in found["candidates"])
-    best = max((c for c in found["candidates"] if c["measured"] == top), key=lambda c: c["predicted"])
-    assert found["chosen"] == best["label"]  # measured best; of those measured alike, the better predicted
-    # the plan written is the one measured best: its models are that candidate's
-    assert [sorted(m["members"]) for m in plan["models"]] == [sorted(m["members"]) for m in best["models"]]
+    by_label = {c["label"]: c for c in found["candidates"]}
+    choice, top = found["choice"], max(c["measured"] for c in found["candidates"])
+    # the baseline is the reference (a merge of everything) measured best; the best is measured best
+    references = [c for c in found["candidates"] if c["label"].startswith("reference: ")]
+    assert by_label[choice["baseline"]]["measured"] == max(c["measured"] for c in references)
+    assert by_label[choice["best"]]["measured"] == top
+    # the best is written only where its pick holds on the probe halves it was not made on
+    assert found["chosen"] == (choice["best"] if choice["gain"] > 0 else choice["baseline"])
+    chosen = by_label[found["chosen"]]
+    assert [sorted(m["members"]) for m in plan["models"]] == [sorted(m["members"]) for m in chosen["models"]]
     for candidate in found["candidates"]:
         assert 0 <= candidate["measured"] <= len(plan["experts"])
+
+
+class Rehearsed:
+    """A stand-in for ``planning.Measurer`` whose probe reads are set by hand (8 items per probe):
+    merging everything reads 0.5 on every item, as does the base; a member of any other merge reads
+    ``split(half A, half B)`` values on the probe's two halves."""
+
+    quiet = True
+
+    def __init__(self, pool_size: int, on_a: float, on_b: float):
+        from mergekit_mergeability.decide.verdict import halves
+
+        self.size, first = pool_size, set(halves(8)[0])
+        self.split = [on_a if i in first else on_b for i in range(8)]
+
+    def base_items(self):
+        return [[0.5] * 8 for _ in range(self.size)]
+
+    def items(self, members, merge):
+        return [[0.5] * 8 if len(members) == self.size else list(self.split) for _ in members]
+
+
+@pytest.mark.parametrize("on_a, on_b, written", [(1.0, 0.25, False), (0.75, 0.75, True)])
+def test_a_split_is_written_over_merging_everything_only_where_it_holds_on_held_out_probe_items(
+    cancelling, on_a, on_b, written
+):
+    """Known answer: a split whose members read 1.0 on half A of their probes and 0.25 on half B
+    measures best (0.625 a member against 0.5), but each half's pick read on the other half keeps
+    less than merging everything, so merging everything is written; one that reads 0.75 on both
+    halves is written."""
+    from mergekit_mergeability import merge_config
+
+    _, config, out, _ = cancelling
+    report = json.loads((out / "precheck.json").read_text())
+    spec = merge_config.read(config)
+    merges, _ = deciding.candidate_merges(report, None)
+    decision = deciding.decide(report, load(), merges, 1, names=spec.models)
+    checked = planning.verify(decision, Rehearsed(len(decision.pool), on_a, on_b), 4)
+    choice, chosen = checked["choice"], checked["chosen"]["label"]
+    assert choice.baseline.startswith(planning.REFERENCE) and not choice.best.startswith(planning.REFERENCE)
+    assert (chosen == choice.best) is written and (chosen == choice.baseline) is not written
+    assert (choice.gain > 0) is written
 
 
 @pytest.fixture(scope="module")

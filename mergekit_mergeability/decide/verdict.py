@@ -145,6 +145,7 @@ class MethodChoice:
     runner_up: Optional[str] = None  # the second highest ``kept``
     items_to_separate: Optional[int] = None  # items per probe that would part best and runner-up, where they do not
     methods: Dict[str, str] = field(default_factory=dict)  # candidate -> the merge_method it writes
+    baseline: str = AS_WRITTEN  # what the gain is measured against (plan: the best merge of everything)
 
 
 def halves(n: int) -> Tuple[List[int], List[int]]:
@@ -160,29 +161,28 @@ def choose_method(
     scores: Mapping[str, Mapping[str, Sequence[float]]],
     knowledge: Mapping[str, float] = {},
     methods: Mapping[str, str] = {},
+    baseline: str = AS_WRITTEN,
 ) -> MethodChoice:
     """``scores``: candidate -> member -> its probe's items, each read as its task is scored, the
-    config as written first and the rest in the order they were rehearsed. The candidate that keeps
-    most on average over members, chosen over the config as written only where its choice holds on
-    items it was not made on: each half of every probe picks a candidate, the pick is read on the
-    other half, and the mean of those reads minus the config as written's (the cross-fitted gain)
-    must be above 0 (research/pools/prereg/tuning.txt)."""
+    ``baseline`` (the config as written) first and the rest in the order they were rehearsed. The
+    candidate that keeps most on average over members, chosen over the baseline only where its
+    choice holds on items it was not made on: each half of every probe picks a candidate, the pick
+    is read on the other half, and the mean of those reads minus the baseline's (the cross-fitted
+    gain) must be above 0 (research/pools/prereg/tuning.txt). A one-item probe lies in half A only."""
     from mergekit_mergeability.maths.stats import grouped_difference
 
-    members = list(scores[AS_WRITTEN])
+    members = list(scores[baseline])
     order = list(scores)
-    split = {m: halves(len(scores[AS_WRITTEN][m])) for m in members}
+    split = {m: halves(len(scores[baseline][m])) for m in members}
 
     def kept(candidate: str, half: Optional[int] = None) -> float:
-        return statistics.fmean(
-            statistics.fmean(
-                scores[candidate][m] if half is None else [scores[candidate][m][i] for i in split[m][half]]
-            )
-            for m in members
-        )
+        read = [
+            scores[candidate][m] if half is None else [scores[candidate][m][i] for i in split[m][half]] for m in members
+        ]
+        return statistics.fmean(statistics.fmean(r) for r in read if r) if any(read) else 0.0
 
-    def pick(table: Mapping[str, float]) -> str:  # a tie goes to the config as written, then the earlier
-        return max(order, key=lambda c: (table[c], c == AS_WRITTEN, -order.index(c)))
+    def pick(table: Mapping[str, float]) -> str:  # a tie goes to the baseline, then the earlier
+        return max(order, key=lambda c: (table[c], c == baseline, -order.index(c)))
 
     per_model = {c: {m: statistics.fmean(items[m]) for m in members} for c, items in scores.items()}
     whole = {c: statistics.fmean(values.values()) for c, values in per_model.items()}
@@ -190,13 +190,13 @@ def choose_method(
     best = pick(whole)
     on_a, on_b = pick({c: v[0] for c, v in by_half.items()}), pick({c: v[1] for c, v in by_half.items()})
     crossed = [
-        [scores[on_b if i in split[m][0] else on_a][m][i] for i in range(len(scores[AS_WRITTEN][m]))] for m in members
+        [scores[on_b if i in split[m][0] else on_a][m][i] for i in range(len(scores[baseline][m]))] for m in members
     ]
-    written = [list(scores[AS_WRITTEN][m]) for m in members]
+    written = [list(scores[baseline][m]) for m in members]
     gain, gain_interval = grouped_difference(crossed, written)
     margin, interval = grouped_difference([scores[best][m] for m in members], written)
-    chosen = best if best != AS_WRITTEN and gain > 0 else AS_WRITTEN
-    items = sum(len(scores[AS_WRITTEN][m]) for m in members)
+    chosen = best if best != baseline and gain > 0 else baseline
+    items = sum(len(scores[baseline][m]) for m in members)
     runner_up = max((c for c in order if c != best), key=lambda c: (whole[c], -order.index(c)), default=None)
     return MethodChoice(
         whole,
@@ -214,6 +214,7 @@ def choose_method(
         runner_up,
         None if runner_up is None else _items_to_separate(scores, best, runner_up, members),
         dict(methods),
+        baseline,
     )
 
 

@@ -156,3 +156,12 @@ def scores(model, tokenizer, instances, advance):
         else choice_scores.generation(*scored)
         for instance, scored in zip(instances, choice_logprobs(model, tokenizer, instances, progress=advance))
     ]
+
+
+def as_read(model, tokenizer, instances, advance=None) -> List[float]:
+    """Per instance, one number as a rehearsal reads it (the precheck's menu, plan's finalists):
+    p(gold) where its options are listed or it is generation, right or wrong otherwise."""
+    return [
+        s.p_gold if i.format in (probes.OPTIONS, probes.GENERATION) else float(s.correct)
+        for s, i in zip(scores(model, tokenizer, instances, advance), instances)
+    ]

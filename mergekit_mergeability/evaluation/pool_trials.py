@@ -174,19 +174,22 @@ class Trials:
         """Model ``model``'s own-task score after merging it with ``drawn``."""
         members = [model, *drawn]
         recipe = (self.method, self.shared, [(self.fingerprints[m], self.per_model.get(m)) for m in members])
-        return self.scorer().patch(recipe, self.own_task[model], self._merge(members))["score"]
+        return self.scorer().patch(recipe, self.own_task[model], self.merge(members))["score"]
 
     def scores(self, members: List[str]) -> List[float]:
         """Each member's own-task score in the merge of ``members``, built once for all of them."""
-        recipe = (
+        tasks = [self.own_task[m] for m in members]
+        return [r["score"] for r in self.scorer().patch_many(self.recipe(members), tasks, self.merge(members))]
+
+    def recipe(self, members: List[str]):
+        """What identifies the merge of ``members`` (a cache key's part)."""
+        return (
             self.method,
             self.shared,
             sorted(((self.fingerprints[m], self.per_model.get(m)) for m in members), key=str),
         )
-        tasks = [self.own_task[m] for m in members]
-        return [r["score"] for r in self.scorer().patch_many(recipe, tasks, self._merge(members))]
 
-    def _merge(self, members: List[str]):
+    def merge(self, members: List[str]):
         """What builds the merge of ``members``' updates, when a score is not in the cache."""
         return lambda: merge_updates(
             self.reader(), {m: self.update(m) for m in members}, self.method, self.shared, self.per_model

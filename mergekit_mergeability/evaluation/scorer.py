@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from mergekit_mergeability.diagnostics.activations import choice_logprobs
+from mergekit_mergeability.diagnostics.knowledge import as_read
 from mergekit_mergeability.diagnostics.shared_layers import Shared, shared_below
 from mergekit_mergeability.maths.stats import standard_error
 from mergekit_mergeability.sources.heap import release_freed_memory
@@ -18,6 +19,7 @@ from mergekit_mergeability.sources import Source, auto_device, load_causal_lm, m
 from mergekit_mergeability.sources.cache import Cache, fingerprint
 from mergekit_mergeability.tasks import harness, lmeval
 from mergekit_mergeability.tasks.lmeval import Task
+from mergekit_mergeability.tasks.probes import Instance
 
 
 class Scorer:
@@ -67,15 +69,45 @@ class Scorer:
     ) -> List[Dict[str, Any]]:
         """``patch`` for several tasks on one patched model: ``make`` runs once, if any task misses."""
         keys = [self.cache.key("patch", self.base_fingerprint, recipe, *self.settings(task)) for task in tasks]
+        return self._on_misses(
+            keys, make, lambda module, tokenizer, missing: self._run_all(module, tokenizer, [tasks[i] for i in missing])
+        )
+
+    def read_many(
+        self,
+        recipe: Any,
+        probe_sets: Sequence[Sequence[Instance]],
+        make: Optional[Callable[[], Mapping[str, torch.Tensor]]],
+    ) -> List[List[float]]:
+        """Each probe set's items, one number each as a rehearsal reads them (``knowledge.as_read``),
+        on the base with ``make()``'s tensors patched in (``make`` None: the base itself); asked
+        together, each set cached by ``recipe`` and its items."""
+        keys = [
+            self.cache.key("read", self.base_fingerprint, recipe, list(map(str, found)), self.run_settings.dtype)
+            for found in probe_sets
+        ]
+
+        def read(module, tokenizer, missing):
+            values = iter(as_read(module, tokenizer, [i for k in missing for i in probe_sets[k]]))
+            return [{"items": [next(values) for _ in probe_sets[k]]} for k in missing]
+
+        return [found["items"] for found in self._on_misses(keys, make, read)]
+
+    def _on_misses(self, keys: Sequence[str], make, run) -> List[Dict[str, Any]]:
+        """The cached results of ``keys``; the missing ones from ``run(module, tokenizer, missing)``
+        on the base patched with ``make()``'s tensors (``make`` runs only on a miss; None: unpatched)."""
         found = [self.cache.get(key) for key in keys]
-        if any(result is None for result in found):
+        missing = [i for i, result in enumerate(found) if result is None]
+        if missing:
             module, tokenizer = self.base_module()
-            tensors = make()
-            # each merge asks the same tasks: the layers below those it patches run once per input
-            missing = [i for i, result in enumerate(found) if result is None]
-            with patched(module, tensors), shared_below(module, tensors, self._shared):
-                scored = self._run_all(module, tokenizer, [tasks[i] for i in missing])
-            for i, result in zip(missing, scored):
+            if make is None:
+                results = run(module, tokenizer, missing)
+            else:
+                tensors = make()
+                # each merge asks the same tasks: the layers below those it patches run once per input
+                with patched(module, tensors), shared_below(module, tensors, self._shared):
+                    results = run(module, tokenizer, missing)
+            for i, result in zip(missing, results):
                 found[i] = self.cache.put(keys[i], result)
             release_freed_memory()  # the patched-in tensors are freed now: their pages go back to the system
         return found

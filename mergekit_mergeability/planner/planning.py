@@ -19,7 +19,6 @@ import numpy as np
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.files import read_report
 from mergekit_mergeability.planner import conditional
-from mergekit_mergeability.planner.search import TOLERANCE
 from mergekit_mergeability.planner.deciding import Decision, Planned, decide, mergekit_parameters
 from mergekit_mergeability import merge_config
 from mergekit_mergeability.progress import task
@@ -30,6 +29,7 @@ PRECHECK_FIELDS = ("path", "role", "knowledge", "weights")
 SKIPPED = ("dilution", "fluency", "menu", "selectivity")  # the plan reads weights and knowledge
 CUT_OFF = "representations"  # layer-wise CKA: only layer_selective's cut-off (``--representations``)
 PROBE_SUFFIXES = (".jsonl", ".yaml", ".yml")
+REFERENCE = "reference: "  # the label's start of a plan that merges everything (``references``)
 
 
 def pool_spec(folder: Path, base: Optional[Path], probes: Optional[Path]) -> merge_config.MergeSpec:
@@ -115,12 +115,14 @@ def expert_scores(path: Optional[Path]) -> Tuple[Dict[str, float], Dict[str, flo
 class Measurer:
     """Real scores of candidate merges, in memory, exactly as ``mergeability`` scores a trial:
     the members' updates merged with mergekit's ``merge_tensors``, patched into one loaded base,
-    each member scored on its own task; scores cached by content (``--cache-dir``)."""
+    each member scored on its own task (``scores``), or its probe read item by item as the
+    precheck's rehearsal reads it (``items``); cached by content (``--cache-dir``)."""
 
     def __init__(
         self, spec: merge_config.MergeSpec, settings: RunSettings, cache, pool: Optional[conditional.Pool] = None
     ):
         from mergekit_mergeability.tasks import lmeval
+        from mergekit_mergeability.measuring import load_inputs
         from mergekit_mergeability.sources.cache import fingerprint
         from mergekit_mergeability.evaluation.pool_trials import Trials, check_pool
 
@@ -129,34 +131,51 @@ class Measurer:
         tasks = lmeval.resolve_all(dict.fromkeys(spec.probes[m] for m in spec.models), spec.folder, spec.asked())
         own_task = {m: tasks[spec.probes[m]] for m in spec.models}
         fingerprints = {name: fingerprint(folder) for name, folder in folders.items()}
+        self.probes = {
+            m.name: list(m.probes) for m in load_inputs(spec, spec.probes, settings.limit, settings.dtype)[1]
+        }
         self.spec, self.pool, self.quiet = spec, pool, settings.quiet
         self.trials = Trials(
             folders, spec.base_model, conditional.TASK_ARITHMETIC, {}, {}, fingerprints, own_task, settings, cache
         )
         self.evaluations = 0
 
-    def scores(self, members: Sequence[int], merge: conditional.Merge) -> np.ndarray:
-        """Each member's own-task score inside the merge of ``members`` (pool indices)."""
+    def _recipe(self, members: Sequence[int], merge: conditional.Merge) -> List[str]:
+        """The members' names, with the trials set to merge them as ``merge`` does."""
         method, shared, per_model = mergekit_parameters(self.pool, members, merge)
-        names = [self.pool.names[i] for i in members]
         # one Trials for every merge: its loaded base and updates are reused, the recipe changes
         self.trials.method, self.trials.shared, self.trials.per_model = method, shared, per_model
         self.evaluations += 1
-        return np.array(self.trials.scores(names))
+        return [self.pool.names[i] for i in members]
+
+    def scores(self, members: Sequence[int], merge: conditional.Merge) -> np.ndarray:
+        """Each member's own-task score inside the merge of ``members`` (pool indices)."""
+        return np.array(self.trials.scores(self._recipe(members, merge)))
+
+    def items(self, members: Sequence[int], merge: conditional.Merge) -> List[List[float]]:
+        """Each member's probe items inside the merge of ``members``, read as the precheck's rehearsal
+        reads them: p(gold) where the options are listed, right or wrong otherwise."""
+        names = self._recipe(members, merge)
+        recipe, make = self.trials.recipe(names), self.trials.merge(names)
+        return self.trials.scorer().read_many(recipe, [self.probes[n] for n in names], make)
 
     def base_scores(self) -> np.ndarray:
         return np.array([self.trials.ends(name)[0]["score"] for name in self.pool.names])
+
+    def base_items(self) -> List[List[float]]:
+        """Each expert's probe items on the base, read as ``items`` reads them."""
+        return self.trials.scorer().read_many("base", [self.probes[n] for n in self.pool.names], None)
 
 
 def references(decision: Decision) -> List[Tuple[str, List[Tuple[Tuple[int, ...], conditional.Merge]]]]:
     """What merging everything would give, as plans to measure beside the finalists: every expert
     in one model with TIES, with the mean merge, and as the config says (where the plan models it)."""
     everyone = tuple(range(len(decision.pool)))
-    found = [("reference: everything with TIES", decision.references["ties"].merge)]
-    found.append(("reference: everything, the mean merge", conditional.Merge(conditional.TASK_ARITHMETIC)))
+    found = [(f"{REFERENCE}everything with TIES", decision.references["ties"].merge)]
+    found.append((f"{REFERENCE}everything, the mean merge", conditional.Merge(conditional.TASK_ARITHMETIC)))
     configured = decision.references.get("configured")
     if configured is not None and configured.merge is not None:
-        found.append(("reference: everything as configured", configured.merge))
+        found.append((f"{REFERENCE}everything as configured", configured.merge))
     return [(label, [(everyone, merge)]) for label, merge in found]
 
 
@@ -196,11 +215,15 @@ def built(pool: conditional.Pool, assignment: Assignment) -> Tuple[str, ...]:
 
 
 def verify(decision: Decision, measurer: Measurer, budget: int) -> Dict[str, Any]:
-    """Spend up to ``budget`` real evaluations (one = one merged model scored on its members'
-    tasks) on the ``finalists``, best predicted first, and measure the references (``references``:
-    merging everything) beside them whatever the budget; keep the one that measures best (of those
-    measured alike, the better predicted), so no plan is recommended that the measurement puts below
-    merging everything."""
+    """Spend up to ``budget`` real evaluations (one = one merged model read on its members' probes)
+    on the ``finalists``, best predicted first, and read the references (``references``: merging
+    everything) beside them whatever the budget. Then choose as the precheck chooses the merge to
+    write (``verdict.choose_method``): the candidate whose experts keep most, over the reference that
+    measures best only where that choice holds on the probe items it was not made on (cross-fitted
+    over two halves of every probe); of candidates measured alike, the earlier (the references, then
+    the better predicted)."""
+    from mergekit_mergeability.decide.verdict import choose_method
+
     seen, ranked = set(), []
     fixed = references(decision)
     for label, assignment in fixed + sorted(finalists(decision), key=lambda c: -decision.objective_of(c[1])):
@@ -208,21 +231,24 @@ def verify(decision: Decision, measurer: Measurer, budget: int) -> Dict[str, Any
         if key not in seen:
             seen.add(key)
             ranked.append((label, assignment))
-    base = np.nan_to_num(decision.pool.base_score, nan=0.0)
     measured, spent, started = [], 0, time.perf_counter()
     for label, assignment in ranked:
-        reference = label.startswith("reference: ")
+        reference = label.startswith(REFERENCE)
         if reference or spent + len(assignment) <= budget:
             spent += 0 if reference else len(assignment)
             measured.append((label, assignment))
-    checked = []
+    base, names = measurer.base_items(), decision.pool.names
+    checked, read = [], {}
     merges = sum(len(assignment) for _, assignment in measured)
     with task("plan: checking by rehearsal (merged models)", merges, measurer.quiet) as advance:
         for label, assignment in measured:
-            values = base.copy()
+            items = list(base)  # an expert left out: its probe on the base
             for members, merge in assignment:
-                values[list(members)] = measurer.scores(members, merge)
+                for i, found in zip(members, measurer.items(members, merge)):
+                    items[i] = found
                 advance(1)
+            read[label] = dict(zip(names, items))
+            values = np.array([float(np.mean(found)) for found in items])
             checked.append(
                 {
                     "label": label,
@@ -233,11 +259,17 @@ def verify(decision: Decision, measurer: Measurer, budget: int) -> Dict[str, Any
                 }
             )
     seconds = time.perf_counter() - started
-    if not checked:
-        return {"budget": budget, "spent": 0, "candidates": [], "chosen": None, "seconds": seconds}
-    best = max(c["measured"] for c in checked)  # measured alike (within rounding): the better predicted
-    chosen = max((c for c in checked if c["measured"] >= best - TOLERANCE), key=lambda c: c["predicted"])
-    return {"budget": budget, "spent": spent, "candidates": checked, "chosen": chosen, "seconds": seconds}
+    baseline = max((c for c in checked if c["label"].startswith(REFERENCE)), key=lambda c: c["measured"])["label"]
+    choice = choose_method({baseline: read[baseline], **read}, baseline=baseline)
+    chosen = next(c for c in checked if c["label"] == choice.chosen)
+    return {
+        "budget": budget,
+        "spent": spent,
+        "candidates": checked,
+        "chosen": chosen,
+        "choice": choice,
+        "seconds": seconds,
+    }
 
 
 def choose(decision: Decision, assignment: Sequence[Tuple[Sequence[int], conditional.Merge]]) -> None:

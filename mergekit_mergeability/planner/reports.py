@@ -26,6 +26,7 @@ from mergekit_mergeability.files import SCHEMA_VERSION, atomic_folder, write_ato
 from mergekit_mergeability.names import short_names
 from mergekit_mergeability.planner import conditional
 from mergekit_mergeability.planner.deciding import Decision, mergekit_parameters
+from mergekit_mergeability.planner.planning import REFERENCE
 
 SCHEMA = Path(__file__).with_name("schema.json")
 MODELS = "models"
@@ -217,7 +218,22 @@ def _checked(checked: Mapping[str, Any], pool: conditional.Pool) -> Dict[str, An
         ],
         "chosen": chosen["label"] if chosen else None,
         "difference": (chosen["measured"] - chosen["predicted"]) if chosen else None,
+        "choice": _choice(checked["choice"], len(pool)),
         "seconds": round(checked["seconds"], 1),
+    }
+
+
+def _choice(choice, tasks: int) -> Dict[str, Any]:
+    """How the rehearsal chose (``verdict.choose_method``), in tasks kept (a per-task mean × ``tasks``)."""
+    return {
+        "baseline": choice.baseline,
+        "best": choice.best,
+        "picked_on_halves": list(choice.picked),
+        "gain": choice.gain * tasks,
+        "gain_interval": [v * tasks for v in choice.gain_interval],
+        "items": choice.items,
+        "runner_up": choice.runner_up,
+        "items_to_separate": choice.items_to_separate,
     }
 
 
@@ -325,6 +341,7 @@ def print_plan(document: Mapping[str, Any], out: Optional[Path] = None) -> None:
             mark = " ◀ chosen" if c["label"] == checked["chosen"] else ""
             rows.add_row(c["label"] + mark, f"{c['predicted']:.2f}", f"{c['measured']:.2f}")
         console.print(rows)
+        console.print(_choice_said(checked))
     if out is not None:
         console.print(
             f"wrote {out}/plan.json, {out}/report.html and {len(document['models'])} config(s) under {out}/{MODELS}/"
@@ -336,6 +353,31 @@ def _checked_title(checked: Mapping[str, Any]) -> str:
         f"checked by rehearsal: {checked['spent']} merged models built and scored in memory, and merging"
         f" everything beside them ({checked.get('seconds', 0):.0f} s)"
     )
+
+
+def _choice_said(checked: Mapping[str, Any]) -> str:
+    """How the rehearsal chose, in a sentence or two (terminal and report)."""
+    choice = checked.get("choice")
+    if not choice:
+        return ""
+    low, high = choice["gain_interval"]
+    baseline = choice["baseline"].removeprefix(REFERENCE)
+    crossed = (
+        f"picked on one half of every probe and read on the other, it keeps {choice['gain']:+.2f} tasks"
+        f" (95% interval {low:+.2f} to {high:+.2f}) against {baseline}"
+    )
+    if checked["chosen"] != choice["baseline"]:
+        said = f"{checked['chosen']} chosen: {crossed}."
+    elif choice["best"] != choice["baseline"]:
+        said = f"{choice['best']} measured best but is not chosen: {crossed}; {baseline} is written."
+    else:
+        said = f"{baseline} measured best and is written."
+    if choice.get("items_to_separate"):
+        said += (
+            f" The probes cannot tell {choice['best']} from {choice['runner_up']};"
+            f" about {choice['items_to_separate']} items per probe would."
+        )
+    return said
 
 
 def _short(label: Optional[str]) -> str:
@@ -390,7 +432,7 @@ def render(document: Mapping[str, Any]) -> str:
     )
     rehearsed = (
         f"<h2>{esc(_checked_title(checked))}</h2><table><thead><tr><th>plan</th><th>tasks predicted</th>"
-        f"<th>measured</th></tr></thead><tbody>{tried}</tbody></table>"
+        f"<th>measured</th></tr></thead><tbody>{tried}</tbody></table><p>{esc(_choice_said(checked))}</p>"
         if tried
         else ""
     )
