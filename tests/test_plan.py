@@ -544,6 +544,22 @@ def test_a_split_is_written_over_merging_everything_only_where_it_holds_on_held_
     assert (choice.gain > 0) is written
 
 
+def test_the_choice_is_said_with_its_interval_and_a_warning_where_it_reaches_zero():
+    def said(chosen, best, low):
+        choice = {"baseline": "reference: everything with TIES", "best": best, "gain": 0.5}
+        choice.update(gain_interval=[low, 1.0], runner_up=None, items_to_separate=None)
+        return reports._choice_said({"chosen": chosen, "choice": choice})
+
+    held = said("planned", "planned", 0.2)
+    assert held.startswith("planned chosen:") and "+0.50 tasks (95% interval +0.20 to +1.00) against everything" in held
+    assert "cannot tell" not in held
+    assert "cannot tell it from everything with TIES" in said("planned", "planned", -0.3)
+    kept = said("reference: everything with TIES", "planned", -0.3)
+    assert kept.startswith("planned measured best but is not chosen") and kept.endswith(
+        "everything with TIES is written."
+    )
+
+
 @pytest.fixture(scope="module")
 def opposed(llama, tmp_path_factory):
     """a, b = −a (large, on the head: in the tiny model only the head moves its favourite answer) and

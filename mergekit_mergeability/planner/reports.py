@@ -368,6 +368,8 @@ def _choice_said(checked: Mapping[str, Any]) -> str:
     )
     if checked["chosen"] != choice["baseline"]:
         said = f"{checked['chosen']} chosen: {crossed}."
+        if low <= 0:
+            said += f" The interval reaches zero: these probes cannot tell it from {baseline}, the safer merge."
     elif choice["best"] != choice["baseline"]:
         said = f"{choice['best']} measured best but is not chosen: {crossed}; {baseline} is written."
     else:
