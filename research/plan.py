@@ -322,7 +322,7 @@ def check(args) -> None:
         return scores
 
     if args.budget_evals:  # as `plan` rehearses its finalists; the merges it builds are measured once
-        checked = planning.verify(decided, measure, args.budget_evals)
+        checked = planning.verify(decided, measure, args.budget_evals, report)
         if checked["chosen"] is not None:
             planning.choose(decided, checked["chosen"]["assignment"])
         for c in checked["candidates"]:

@@ -515,7 +515,7 @@ class Rehearsed:
         self.size, first = pool_size, set(halves(8)[0])
         self.split = [on_a if i in first else on_b for i in range(8)]
 
-    def base_items(self):
+    def base_items(self, report=None):
         return [[0.5] * 8 for _ in range(self.size)]
 
     def items(self, members, merge):
@@ -542,6 +542,23 @@ def test_a_split_is_written_over_merging_everything_only_where_it_holds_on_held_
     assert choice.baseline.startswith(planning.REFERENCE) and not choice.best.startswith(planning.REFERENCE)
     assert (chosen == choice.best) is written and (chosen == choice.baseline) is not written
     assert (choice.gain > 0) is written
+
+
+def test_the_base_read_from_the_precheck_is_the_base_asked(cancelling):
+    """The rehearsal takes each expert's items on the base from the precheck's knowledge pass
+    (no pass of its own); they equal the base asked the same probes, item for item."""
+    from mergekit_mergeability import merge_config
+    from mergekit_mergeability.settings import PrecheckSettings
+    from mergekit_mergeability.sources.cache import Cache
+
+    _, config, out, _ = cancelling
+    report = json.loads((out / "precheck.json").read_text())
+    spec = merge_config.read(config)
+    decision = deciding.decide(report, load(), deciding.candidate_merges(report, None)[0], 1, names=spec.models)
+    measurer = planning.Measurer(spec, PrecheckSettings(dtype="float32", quiet=True), Cache(None), decision.pool)
+    stored, asked = measurer.base_items(report), measurer.base_items()
+    assert [len(items) for items in stored] == [len(measurer.probes[n]) for n in decision.pool.names]
+    assert np.allclose(np.concatenate(stored), np.concatenate(asked), atol=1e-6)
 
 
 def test_the_choice_is_said_with_its_interval_and_a_warning_where_it_reaches_zero():

@@ -159,9 +159,11 @@ def scores(model, tokenizer, instances, advance):
 
 
 def as_read(model, tokenizer, instances, advance=None) -> List[float]:
-    """Per instance, one number as a rehearsal reads it (the precheck's menu, plan's finalists):
-    p(gold) where its options are listed or it is generation, right or wrong otherwise."""
-    return [
-        s.p_gold if i.format in (probes.OPTIONS, probes.GENERATION) else float(s.correct)
-        for s, i in zip(scores(model, tokenizer, instances, advance), instances)
-    ]
+    """Per instance, one number as a rehearsal reads it (the precheck's menu, plan's finalists)."""
+    return [read(i, s.p_gold, s.correct) for s, i in zip(scores(model, tokenizer, instances, advance), instances)]
+
+
+def read(instance, p_gold: float, correct: bool) -> float:
+    """An item as a rehearsal reads it: p(gold) where its options are listed or it is generation,
+    right or wrong otherwise."""
+    return p_gold if instance.format in (probes.OPTIONS, probes.GENERATION) else float(correct)

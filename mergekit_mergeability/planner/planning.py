@@ -162,9 +162,20 @@ class Measurer:
     def base_scores(self) -> np.ndarray:
         return np.array([self.trials.ends(name)[0]["score"] for name in self.pool.names])
 
-    def base_items(self) -> List[List[float]]:
-        """Each expert's probe items on the base, read as ``items`` reads them."""
-        return self.trials.scorer().read_many("base", [self.probes[n] for n in self.pool.names], None)
+    def base_items(self, report: Optional[Dict[str, Any]] = None) -> List[List[float]]:
+        """Each expert's probe items on the base, read as ``items`` reads them: from the precheck's
+        ``report`` where it holds every item's (its knowledge pass asked the base the same probes,
+        as each is scored), else asked on the base."""
+        from mergekit_mergeability.diagnostics.knowledge import read
+
+        names = self.pool.names
+        stored = {m["path"]: (m.get("knowledge") or {}).get("per_instance") for m in (report or {}).get("models", [])}
+        if all(stored.get(n) and len(stored[n]) == len(self.probes[n]) for n in names):
+            return [
+                [read(i, r["scored_p_gold"], r["scored_correct"]) for r, i in zip(stored[n], self.probes[n])]
+                for n in names
+            ]
+        return self.trials.scorer().read_many("base", [self.probes[n] for n in names], None)
 
 
 def references(decision: Decision) -> List[Tuple[str, List[Tuple[Tuple[int, ...], conditional.Merge]]]]:
@@ -214,10 +225,13 @@ def built(pool: conditional.Pool, assignment: Assignment) -> Tuple[str, ...]:
     )
 
 
-def verify(decision: Decision, measurer: Measurer, budget: int) -> Dict[str, Any]:
+def verify(
+    decision: Decision, measurer: Measurer, budget: int, report: Optional[Dict[str, Any]] = None
+) -> Dict[str, Any]:
     """Spend up to ``budget`` real evaluations (one = one merged model read on its members' probes)
     on the ``finalists``, best predicted first, and read the references (``references``: merging
-    everything) beside them whatever the budget. Then choose as the precheck chooses the merge to
+    everything) beside them whatever the budget (an expert left out reads its probe on the base:
+    ``report``'s, where it holds it). Then choose as the precheck chooses the merge to
     write (``verdict.choose_method``): the candidate whose experts keep most, over the reference that
     measures best only where that choice holds on the probe items it was not made on (cross-fitted
     over two halves of every probe); of candidates measured alike, the earlier (the references, then
@@ -237,7 +251,7 @@ def verify(decision: Decision, measurer: Measurer, budget: int) -> Dict[str, Any
         if reference or spent + len(assignment) <= budget:
             spent += 0 if reference else len(assignment)
             measured.append((label, assignment))
-    base, names = measurer.base_items(), decision.pool.names
+    base, names = measurer.base_items(report), decision.pool.names
     checked, read = [], {}
     merges = sum(len(assignment) for _, assignment in measured)
     with task("plan: checking by rehearsal (merged models)", merges, measurer.quiet) as advance:
@@ -329,7 +343,7 @@ def run(
         from mergekit_mergeability.sources.cache import Cache
 
         measurer = Measurer(spec, settings, cache or Cache(None), decision.pool)
-        checked = verify(decision, measurer, budget_evals)
+        checked = verify(decision, measurer, budget_evals, report)
         if checked["chosen"] is not None:
             choose(decision, checked["chosen"]["assignment"])
     document = reports.document(
