@@ -383,6 +383,7 @@ def plan(
         budget_evals=budget_evals,
         measured=measured and Path(measured),
         cache=_cache(cache_dir),
+        probes=lambda: probe_items(spec, settings),
     )
     return Plan.from_json(document)
 
@@ -451,3 +452,10 @@ def _against_ties(report: Dict[str, Any]) -> Optional[Tuple[float, float]]:
     from mergekit_mergeability.planner import conditional_fit, deciding
 
     return deciding.knowledge_weighted_against_ties(report, conditional_fit.load())
+
+
+def probe_items(spec, settings) -> Dict[str, List[Any]]:
+    """Each member's probe items as the precheck loads them (plan's rehearsal reads them)."""
+    from mergekit_mergeability import measuring
+
+    return {m.name: list(m.probes) for m in measuring.load_inputs(spec, spec.probes, settings.limit, settings.dtype)[1]}

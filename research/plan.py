@@ -299,6 +299,7 @@ def check(args) -> None:
     from mergekit_mergeability.planner import conditional, deciding, conditional_fit, planning
     from mergekit_mergeability import merge_config
     from mergekit_mergeability.maths.stats import ratio_interval
+    from mergekit_mergeability.api import probe_items
 
     spec = merge_config.read(args.pool)
     report = planning.read_precheck(args.precheck, spec)
@@ -310,7 +311,8 @@ def check(args) -> None:
     )
     pool = decided.pool
     cache = Cache(default_cache_dir() / "scores")
-    measure = planning.Measurer(spec, RunSettings(device="cpu", quiet=args.quiet), cache, pool)
+    settings = RunSettings(device="cpu", quiet=args.quiet)
+    measure = planning.Measurer(spec, settings, cache, pool, probe_items(spec, settings))
     rng = np.random.default_rng(args.seed)
 
     def kept(assignment) -> np.ndarray:

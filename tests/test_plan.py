@@ -15,6 +15,7 @@ import torch
 import yaml
 from click.testing import CliRunner
 
+from mergekit_mergeability.api import probe_items
 from mergekit_mergeability.cli import main as cli
 from mergekit_mergeability.planner import conditional, deciding, planning, reports, search
 from mergekit_mergeability.planner.conditional_fit import load
@@ -555,7 +556,8 @@ def test_the_base_read_from_the_precheck_is_the_base_asked(cancelling):
     report = json.loads((out / "precheck.json").read_text())
     spec = merge_config.read(config)
     decision = deciding.decide(report, load(), deciding.candidate_merges(report, None)[0], 1, names=spec.models)
-    measurer = planning.Measurer(spec, PrecheckSettings(dtype="float32", quiet=True), Cache(None), decision.pool)
+    settings = PrecheckSettings(dtype="float32", quiet=True)
+    measurer = planning.Measurer(spec, settings, Cache(None), decision.pool, probe_items(spec, settings))
     stored, asked = measurer.base_items(report), measurer.base_items()
     assert [len(items) for items in stored] == [len(measurer.probes[n]) for n in decision.pool.names]
     assert np.allclose(np.concatenate(stored), np.concatenate(asked), atol=1e-6)
@@ -622,7 +624,8 @@ def test_the_rehearsal_keeps_cancelling_experts_apart_where_the_conditional_mode
     assert list(decision.pool.base_score) == [0, 0, 1] and list(decision.pool.expert_score) == [1, 1, 1]
     assert [set(s.members) for s in decision.search.slots] == [{0, 1}]  # the blind plan merges a and b
     settings = PrecheckSettings(fewshot=0, dtype="float32", quiet=True)
-    checked = planning.verify(decision, planning.Measurer(spec, settings, Cache(None), decision.pool), 4)
+    measurer = planning.Measurer(spec, settings, Cache(None), decision.pool, probe_items(spec, settings))
+    checked = planning.verify(decision, measurer, 4)
     measured = {c["label"]: c["measured"] for c in checked["candidates"]}
     assert measured["planned"] == 1  # a and b cancel: each at the base's 0; c's task the base's own
     repaired = [label for label in measured if label.startswith("planned, ")]

@@ -35,6 +35,7 @@ DEFAULT_METHODS = (
 )
 TIES_DENSITY = 0.5  # the density the project measured TIES at (README, knowledge_weighted's defaults)
 GRID = {"density": (0.3, 0.5, 0.7), "temperature": (0.1, 0.3, 1.0)}
+REFERENCE = "reference: "  # the label's start of a plan that merges everything (``planning.references``)
 
 
 def knowledge_defaults() -> Dict[str, Any]:

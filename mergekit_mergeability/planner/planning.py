@@ -19,7 +19,7 @@ import numpy as np
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.files import read_report
 from mergekit_mergeability.planner import conditional
-from mergekit_mergeability.planner.deciding import Decision, Planned, decide, mergekit_parameters
+from mergekit_mergeability.planner.deciding import REFERENCE, Decision, Planned, decide, mergekit_parameters
 from mergekit_mergeability import merge_config
 from mergekit_mergeability.progress import task
 from mergekit_mergeability.records import WeightStats
@@ -29,7 +29,6 @@ PRECHECK_FIELDS = ("path", "role", "knowledge", "weights")
 SKIPPED = ("dilution", "fluency", "menu", "selectivity")  # the plan reads weights and knowledge
 CUT_OFF = "representations"  # layer-wise CKA: only layer_selective's cut-off (``--representations``)
 PROBE_SUFFIXES = (".jsonl", ".yaml", ".yml")
-REFERENCE = "reference: "  # the label's start of a plan that merges everything (``references``)
 
 
 def pool_spec(folder: Path, base: Optional[Path], probes: Optional[Path]) -> merge_config.MergeSpec:
@@ -119,10 +118,15 @@ class Measurer:
     precheck's rehearsal reads it (``items``); cached by content (``--cache-dir``)."""
 
     def __init__(
-        self, spec: merge_config.MergeSpec, settings: RunSettings, cache, pool: Optional[conditional.Pool] = None
+        self,
+        spec: merge_config.MergeSpec,
+        settings: RunSettings,
+        cache,
+        pool: Optional[conditional.Pool] = None,
+        probes: Optional[Dict[str, List[Any]]] = None,
     ):
+        """``probes``: each member's probe items as the precheck loads them (``measuring.load_inputs``)."""
         from mergekit_mergeability.tasks import lmeval
-        from mergekit_mergeability.measuring import load_inputs
         from mergekit_mergeability.sources.cache import fingerprint
         from mergekit_mergeability.evaluation.pool_trials import Trials, check_pool
 
@@ -131,9 +135,7 @@ class Measurer:
         tasks = lmeval.resolve_all(dict.fromkeys(spec.probes[m] for m in spec.models), spec.folder, spec.asked())
         own_task = {m: tasks[spec.probes[m]] for m in spec.models}
         fingerprints = {name: fingerprint(folder) for name, folder in folders.items()}
-        self.probes = {
-            m.name: list(m.probes) for m in load_inputs(spec, spec.probes, settings.limit, settings.dtype)[1]
-        }
+        self.probes = probes or {}
         self.spec, self.pool, self.quiet = spec, pool, settings.quiet
         self.trials = Trials(
             folders, spec.base_model, conditional.TASK_ARITHMETIC, {}, {}, fingerprints, own_task, settings, cache
@@ -313,6 +315,7 @@ def run(
     budget_evals: int = 0,
     measured: Optional[Path] = None,
     cache=None,
+    probes: Optional[Callable[[], Dict[str, List[Any]]]] = None,
 ) -> Tuple[Dict[str, Any], Decision]:
     """The whole plan: the precheck's report on the pool (``precheck``'s, else ``measure(feature)``'s, a
     precheck.json document; ``feature``: the knowledge view the calibration reads), decide, check
@@ -342,7 +345,7 @@ def run(
     if budget_evals:
         from mergekit_mergeability.sources.cache import Cache
 
-        measurer = Measurer(spec, settings, cache or Cache(None), decision.pool)
+        measurer = Measurer(spec, settings, cache or Cache(None), decision.pool, probes() if probes else None)
         checked = verify(decision, measurer, budget_evals, report)
         if checked["chosen"] is not None:
             choose(decision, checked["chosen"]["assignment"])

@@ -25,8 +25,7 @@ from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.files import SCHEMA_VERSION, atomic_folder, write_atomic
 from mergekit_mergeability.names import short_names
 from mergekit_mergeability.planner import conditional
-from mergekit_mergeability.planner.deciding import Decision, mergekit_parameters
-from mergekit_mergeability.planner.planning import REFERENCE
+from mergekit_mergeability.planner.deciding import REFERENCE, Decision, mergekit_parameters
 
 SCHEMA = Path(__file__).with_name("schema.json")
 MODELS = "models"
