@@ -142,7 +142,7 @@ class Measurer:
         )
         self.evaluations = 0
 
-    def _recipe(self, members: Sequence[int], merge: conditional.Merge) -> List[str]:
+    def _set_merge(self, members: Sequence[int], merge: conditional.Merge) -> List[str]:
         """The members' names, with the trials set to merge them as ``merge`` does."""
         method, shared, per_model = mergekit_parameters(self.pool, members, merge)
         # one Trials for every merge: its loaded base and updates are reused, the recipe changes
@@ -152,12 +152,12 @@ class Measurer:
 
     def scores(self, members: Sequence[int], merge: conditional.Merge) -> np.ndarray:
         """Each member's own-task score inside the merge of ``members`` (pool indices)."""
-        return np.array(self.trials.scores(self._recipe(members, merge)))
+        return np.array(self.trials.scores(self._set_merge(members, merge)))
 
     def items(self, members: Sequence[int], merge: conditional.Merge) -> List[List[float]]:
         """Each member's probe items inside the merge of ``members``, read as the precheck's rehearsal
         reads them: p(gold) where the options are listed, right or wrong otherwise."""
-        names = self._recipe(members, merge)
+        names = self._set_merge(members, merge)
         recipe, make = self.trials.recipe(names), self.trials.merge(names)
         return self.trials.scorer().read_many(recipe, [self.probes[n] for n in names], make)
 
