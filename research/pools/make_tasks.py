@@ -280,6 +280,18 @@ TASKS = [
 ]  # fmt: skip
 
 
+# Tasks no family used before `tuning2` (research/pools/prereg/tuning2.txt), outside TASKS so that
+# tasks.jsonl, seeded by each task's index there, stays as it was. Each gives at least 64 items.
+MORE_TASKS = [
+    *(arithmetic(f"add_{k}", lambda a, k=k: f"What is {a} plus {k}?", lambda a, k=k: a + k) for k in (9, 40, 100)),
+    *(arithmetic(f"sub_{k}", lambda a, k=k: f"What is {a} minus {k}?", lambda a, k=k: a - k, low=k + 1) for k in (4, 15)),
+    arithmetic("triple", lambda a: f"What is three times {a}?", lambda a: 3 * a, spread=(1, 3, 10)),
+    arithmetic("double_plus_one", lambda a: f"What is double {a}, plus one?", lambda a: 2 * a + 1),
+    arithmetic("from_hundred", lambda a: f"What is 100 minus {a}?", lambda a: 100 - a),
+    arithmetic("mod_3", lambda a: f"What is the remainder when {a} is divided by 3?", lambda a: a % 3, low=10, high=999, spread=(1, 2, 3)),
+    arithmetic("hundreds", lambda a: f"How many hundreds are in {a}?", lambda a: a // 100, low=100, high=999, spread=(1, 2, 3)),
+]
+
 def main() -> None:
     rows = []
     for index, (name, make) in enumerate(TASKS):
