@@ -25,7 +25,7 @@ import json
 import random
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -41,8 +41,6 @@ from mergekit_mergeability.files import write_atomic  # noqa: E402
 
 TASKS = ("add_11", "add_50", "sub_2", "sub_10", "half", "previous", "tens", "add", "times", "smaller")
 TRAIN, PROBE, SCORED = 16, 16, 48
-DRAWS = 8  # of each size
-SIZES = (2, 3, 5)
 METHODS = {"task_arithmetic": {"weight": 1.0}, "ties": {"weight": 1.0, "density": 0.5}}
 ROWS = HERE / "pools" / "tuning_tasks.jsonl"
 ARCHIVE = HERE / "pools" / "measured" / "tuning.json"
@@ -56,6 +54,62 @@ SETTINGS = Settings(
     fact_adapters=True,
     fact_format="options",
 )
+
+
+@dataclass(frozen=True)
+class Family:
+    """A small-config family: its tasks and their items, how its experts are trained, its seeded
+    draws of experts (size -> how many), and whether every rehearsed candidate's truth and every
+    probe item's read are kept (so that any rule is read off the archive)."""
+
+    name: str
+    tasks: tuple
+    settings: Settings
+    scored: int
+    draws: dict
+    seed: int
+    every: bool
+
+    @property
+    def rows(self) -> Path:
+        return Path(self.settings.facts)
+
+    @property
+    def archive(self) -> Path:
+        return ARCHIVE.with_name(f"{self.name}.json")
+
+
+FAMILIES = {
+    "tuning": Family("tuning", TASKS, SETTINGS, SCORED, {2: 8, 3: 8, 5: 8}, 50, every=False),
+    # research/pools/prereg/tuning2.txt: new tasks, LoRA r8 on the MLP of layers 12-26, 32 unseen items
+    "tuning2": Family(
+        "tuning2",
+        (
+            "add_9",
+            "add_40",
+            "add_100",
+            "sub_4",
+            "sub_15",
+            "triple",
+            "double_plus_one",
+            "from_hundred",
+            "mod_3",
+            "hundreds",
+        ),
+        replace(
+            SETTINGS,
+            facts=str(HERE / "pools" / "tuning2_tasks.jsonl"),
+            pool="tuning2",
+            fact_layers=tuple(range(12, 27)),
+            fact_modules=("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"),
+            fact_rank=8,
+        ),
+        32,
+        {2: 7, 3: 7, 5: 6},
+        51,
+        every=True,
+    ),
+}
 MENU = tuple(MENU_METHODS)  # the menu's candidates, by name
 # plan-check --fresh: issue 53's fresh pool (research/pools/prereg/plan_chooser.txt), trained as this
 # family is, on the tasks neither it nor `configs` uses whose generators give 48 distinct items
@@ -76,19 +130,21 @@ FRESH = replace(SETTINGS, facts=str(FRESH_ROWS), pool="plan53")
 console = Console(width=120)
 
 
-def write_rows() -> Path:
-    """Each task's 16 trained and 16 probed items (``items``) and 48 unseen ones (``scored``)."""
-    return task_rows(TASKS, "tuning", TRAIN, ROWS)
+def write_rows(family: Family = FAMILIES["tuning"]) -> Path:
+    """Each task's 16 trained and 16 probed items (``items``) and its unseen ones (``scored``)."""
+    return task_rows(family.tasks, family.name, TRAIN, family.rows, family.scored)
 
 
-def written_configs():
+def written_configs(family: Family):
     """(label, task names, method), the sizes interleaved so that a run cut short covers each."""
-    rng = random.Random(50)
-    draws = {size: [sorted(rng.sample(TASKS, size)) for _ in range(DRAWS)] for size in SIZES}
-    for n in range(DRAWS):
-        for size in SIZES:
-            for method in METHODS:
-                yield f"n{size}_{n}", draws[size][n], method
+    rng = random.Random(family.seed)
+    draws = {
+        size: [sorted(rng.sample(family.tasks, size)) for _ in range(count)] for size, count in family.draws.items()
+    }
+    for n in range(max(family.draws.values())):
+        for size, made in draws.items():
+            for method in METHODS if n < len(made) else ():
+                yield f"n{size}_{n}", made[n], method
 
 
 def config(demo: Demo, experts, members, method: str, probes) -> dict:
@@ -107,24 +163,24 @@ def config(demo: Demo, experts, members, method: str, probes) -> dict:
     }
 
 
-def unseen_probes(demo: Demo) -> dict:
-    """Each task's 48 unseen items as a probe file, lines as its probe's."""
-    rows = {r["id"]: r for r in map(json.loads, ROWS.read_text().splitlines())}
+def unseen_probes(demo: Demo, family: Family) -> dict:
+    """Each task's unseen items as a probe file, lines as its probe's."""
+    rows = {r["id"]: r for r in map(json.loads, family.rows.read_text().splitlines())}
     found = {}
-    for task in TASKS:
+    for task in family.tasks:
         fact = {"id": f"task_{task}", "items": rows[f"task_{task}"]["scored"], "train": 0}
         lines = "".join(json.dumps(line) + "\n" for line in demo.probe_lines(fact))
         found[task] = write_atomic(demo.out / "unseen" / f"{task}.jsonl", lines)
     return found
 
 
-def trained_probes(demo: Demo) -> dict:
+def trained_probes(demo: Demo, family: Family) -> dict:
     """Each task's 16 training items as a probe file: what a user who has the fine-tuning data has."""
     from mergekit_mergeability.demo.training import fact_lines
 
     found = {}
-    for r in map(json.loads, ROWS.read_text().splitlines()):
-        lines = "".join(json.dumps(line) + "\n" for line in fact_lines(r, SETTINGS.fact_format, trained=True))
+    for r in map(json.loads, family.rows.read_text().splitlines()):
+        lines = "".join(json.dumps(line) + "\n" for line in fact_lines(r, family.settings.fact_format, trained=True))
         found[r["id"].removeprefix("task_")] = write_atomic(demo.out / "trained" / f"{r['id']}.jsonl", lines)
     return found
 
@@ -146,8 +202,8 @@ class Truth:
     the rehearsal builds it (``dilution.as_written`` on mergekit's plan, DARE drawn as the rehearsal
     draws it), cached by the merge."""
 
-    def __init__(self, out: Path, name: str = "truth.json"):
-        self.path = out / name
+    def __init__(self, out: Path, name: str = "truth.json", limit: int = SCORED):
+        self.path, self.limit = out / name, limit
         self.cache = json.loads(self.path.read_text()) if self.path.is_file() else {}
 
     def __call__(self, document: dict, merges: dict, unseen: dict, members) -> dict:
@@ -170,7 +226,7 @@ class Truth:
             for entry, task in zip(asked["models"], members):
                 entry["probe"] = str(unseen[task])
             spec = api._spec(asked, pools=True)
-            base, models = measuring.load_inputs(spec, measuring.probe_specs(spec, {}), SCORED, "float32")
+            base, models = measuring.load_inputs(spec, measuring.probe_specs(spec, {}), self.limit, "float32")
             inputs = DiagnosticInputs(base, models, PrecheckSettings(device="cpu", dtype="float32"))
             touched = set().union(*inputs.touched.values())
             sources = {m.name: m.path for m in (base, *models)}
@@ -194,19 +250,20 @@ def measure(args) -> None:
     from mergekit_mergeability.decide.verdict import AS_WRITTEN, choose_method
     from mergekit_mergeability.records import KnowledgeStats
 
-    if not ROWS.is_file():
-        write_rows()
-    demo = Demo(SETTINGS, args.cache_dir, args.out, console, quiet=False)
+    family = FAMILIES[args.family]
+    if not family.rows.is_file():
+        write_rows(family)
+    demo = Demo(family.settings, args.cache_dir, args.out, console, quiet=False)
     started = time.perf_counter()
     experts = demo.fact_experts()
     console.print(f"{len(experts)} experts ({time.perf_counter() - started:.0f} s)")
-    probes = {t: experts[f"task_{t}"]["probe"] for t in TASKS}
-    unseen, trained = unseen_probes(demo), trained_probes(demo)
-    truth, on_trained = Truth(args.out), Truth(args.out, "trained.json")
-    saved = args.out / "tuning.json"
+    probes = {t: experts[f"task_{t}"]["probe"] for t in family.tasks}
+    unseen, trained = unseen_probes(demo, family), trained_probes(demo, family)
+    truth, on_trained = Truth(args.out, limit=family.scored), Truth(args.out, "trained.json")
+    saved = args.out / f"{family.name}.json"
     records = json.loads(saved.read_text()) if saved.is_file() else []
     done = {(r["config"], r["method"]) for r in records}
-    for label, members, method in written_configs():
+    for label, members, method in written_configs(family):
         if (label, method) in done:
             continue
         begun = time.perf_counter()
@@ -222,8 +279,8 @@ def measure(args) -> None:
         tuned = choose_method(reads, knowledge, kinds)
         untuned = choose_method({c: v for c, v in reads.items() if c in (AS_WRITTEN, *MENU)}, knowledge, kinds)
         offered = candidates(document, knowledge)
-        needed = dict.fromkeys([AS_WRITTEN, *(c for c in MENU if c in reads), tuned.chosen, untuned.chosen])
-        merges = {c: document if c == AS_WRITTEN else offered[c].advice.config for c in needed}
+        needed = reads if family.every else (AS_WRITTEN, *(c for c in MENU if c in reads), tuned.chosen, untuned.chosen)
+        merges = {c: document if c == AS_WRITTEN else offered[c].advice.config for c in dict.fromkeys(needed)}
         measured_truth = truth(document, merges, unseen, members)
         # the merge as written asked its members' training items: a probe from the fine-tuning data
         from_training = on_trained(document, {AS_WRITTEN: document}, trained, members)[AS_WRITTEN]
@@ -242,12 +299,18 @@ def measure(args) -> None:
                 "seconds": round(time.perf_counter() - begun, 1),
             }
         )
+        if family.every:  # any rule can be read off the archive: each candidate's parent and every item's read
+            records[-1]["lines"] = {c: offered[c].line for c in reads if c != AS_WRITTEN}
+            records[-1]["reads"] = {
+                c: {tasks[m]: [round(v, 6) for v in items] for m, items in by_model.items()}
+                for c, by_model in reads.items()
+            }
         write_atomic(saved, json.dumps(records, indent=1))
         console.print(
             f"{label}_{method}: tuned {tuned.chosen}, untuned {untuned.chosen} ({records[-1]['seconds']:.0f} s)"
         )
         if args.archive:
-            write_atomic(ARCHIVE, saved.read_text())
+            write_atomic(family.archive, saved.read_text())
     report(args, records)
 
 
@@ -257,14 +320,25 @@ def kept(record, candidate: str) -> float:
 
 
 def report(args, records=None) -> None:
-    """The bars of issue 50 on the written configs measured so far."""
+    """The bars of issue 50 on the written configs measured so far: for a family that kept every
+    item's read, the stepped choice's (tuning2.txt) and every rule beside it; else the cross-fitted
+    choice the run recorded (tuning.txt)."""
     from mergekit_mergeability.decide.verdict import AS_WRITTEN
     from mergekit_mergeability.maths.stats import mean_interval
 
+    family = FAMILIES[args.family]
     if records is None:
-        saved = args.out / "tuning.json"
-        records = json.loads((saved if saved.is_file() else ARCHIVE).read_text())
-    table = Table(title=f"the `tuning` family: {len(records)} written configs, truth on 48 unseen items a member")
+        saved = args.out / f"{family.name}.json"
+        records = json.loads((saved if saved.is_file() else family.archive).read_text())
+    picked = [picks(r) for r in records] if all("reads" in r for r in records) else None
+    if picked:
+        rule, choices = "the stepped choice", [(p["stepped (primary)"], p["stepped, budget 0"]) for p in picked]
+    else:
+        rule, choices = "the cross-fitted choice", [(r["tuned"]["chosen"], r["untuned"]["chosen"]) for r in records]
+    table = Table(
+        title=f"the `{family.name}` family, {rule}: {len(records)} written configs,"
+        f" truth on {family.scored} unseen items a member"
+    )
     for column in ("quantity", "mean", "95% interval", "worst", "bar"):
         table.add_column(column)
 
@@ -272,18 +346,65 @@ def report(args, records=None) -> None:
         return max(kept(r, c) for c in (AS_WRITTEN, *MENU) if c in r["measured"])
 
     rows = [
-        ("(a) tuned − best of the menu", [kept(r, r["tuned"]["chosen"]) - menu_best(r) for r in records], "≥ +0.01, low > −0.005"),
-        ("(b) untuned − best of the menu", [kept(r, r["untuned"]["chosen"]) - menu_best(r) for r in records], "≥ −0.01"),
-        ("(c) tuned − as written", [kept(r, r["tuned"]["chosen"]) - kept(r, AS_WRITTEN) for r in records], "worst ≥ −0.02"),
-        ("untuned − as written", [kept(r, r["untuned"]["chosen"]) - kept(r, AS_WRITTEN) for r in records], ""),
+        ("(a) tuned − best of the menu", [kept(r, t) - menu_best(r) for r, (t, _) in zip(records, choices)], "≥ +0.01, low > −0.005"),
+        ("(b) untuned − best of the menu", [kept(r, u) - menu_best(r) for r, (_, u) in zip(records, choices)], "≥ −0.01"),
+        ("(c) tuned − as written", [kept(r, t) - kept(r, AS_WRITTEN) for r, (t, _) in zip(records, choices)], "worst ≥ −0.02"),
+        ("untuned − as written", [kept(r, u) - kept(r, AS_WRITTEN) for r, (_, u) in zip(records, choices)], ""),
     ]  # fmt: skip
     for name, values, bar in rows:
         mean, (low, high) = mean_interval(values)
         table.add_row(name, f"{mean:+.3f}", f"[{low:+.3f}, {high:+.3f}]", f"{min(values):+.3f}", bar)
     show(table, args.markdown)
+    if picked:
+        by_rule(records, picked, args.markdown)
     probes_from(records, args.markdown)
-    moved = sum(r["tuned"]["chosen"] != AS_WRITTEN for r in records)
+    moved = sum(t != AS_WRITTEN for t, _ in choices)
     console.print(f"tuned: off the config as written on {moved} of {len(records)}")
+
+
+def picks(record) -> dict:
+    """Each rule's pick on a record that kept every item's read (tuning2.txt), and the ceilings:
+    rule -> candidate."""
+    from mergekit_mergeability.decide.verdict import AS_WRITTEN, choose_method
+
+    reads = record["reads"]
+    parents = {
+        c: AS_WRITTEN if line.startswith("as written") else "mean" if line.startswith("mean") else line
+        for c, line in record["lines"].items()
+        if c not in MENU
+    }
+    untuned = {c: v for c, v in reads.items() if c in (AS_WRITTEN, *MENU)}
+    tuned_x, untuned_x = choose_method(reads), choose_method(untuned)
+    return {
+        "stepped (primary)": choose_method(reads, parents=parents).chosen,
+        "stepped, budget 0": choose_method(untuned, parents=parents).chosen,
+        "cross-fitted (shipped)": tuned_x.chosen,
+        "cross-fitted, budget 0": untuned_x.chosen,
+        "ungated": tuned_x.best,
+        "ungated, budget 0": untuned_x.best,
+        "ceiling: best of the menu": max(untuned, key=lambda c: kept(record, c)),
+        "ceiling: best of every candidate": max(reads, key=lambda c: kept(record, c)),
+    }
+
+
+def by_rule(records, picked, markdown: bool) -> None:
+    """Every rule read off the archive, against the best of the menu and the config as written (truth
+    on the unseen items, each config's mean over members; 95% intervals over configs)."""
+    from mergekit_mergeability.decide.verdict import AS_WRITTEN
+    from mergekit_mergeability.maths.stats import mean_interval
+
+    chosen = picked
+    table = Table(title=f"every rule on {len(records)} written configs: truth on unseen items, kept − reference")
+    for column in ("rule", "− best of the menu", "95% interval", "worst", "− as written", "95% interval ", "worst "):
+        table.add_column(column)
+    for rule in chosen[0]:
+        cells = []
+        for reference in ("ceiling: best of the menu", AS_WRITTEN):
+            values = [kept(r, c[rule]) - kept(r, c.get(reference, reference)) for r, c in zip(records, chosen)]
+            mean, (low, high) = mean_interval(values)
+            cells += [f"{mean:+.3f}", f"[{low:+.3f}, {high:+.3f}]", f"{min(values):+.3f}"]
+        table.add_row(rule, *cells)
+    show(table, markdown)
 
 
 def probes_from(records, markdown: bool) -> None:
@@ -328,22 +449,30 @@ def regression(args) -> None:
     from mergekit_mergeability.maths.stats import mean_interval
 
     read = json.loads(ARCHIVE_ITEMS.read_text())
-    over, gap = [], []
+    rules = {"cross-fitted": None, "stepped": {}}  # parents: the menu alone has no knobs
+    over, gap = ({rule: [] for rule in rules} for _ in range(2))
     for r in json.loads(CONFIGS.read_text()):
         at = {c: read.get(f"{r['config']}_{r['method']} {c}") for c in r["measured"]}
         if len(at) <= 1 or None in at.values():
             continue
         order = [AS_WRITTEN, *(c for c in MENU if c in at)]
         truth = {c: np.mean([np.mean(at[c][t][PROBE:]) for t in r["members"]]) for c in order}
-        chosen = choose_method({c: {t: at[c][t][:PROBE] for t in r["members"]} for c in order}).chosen
-        over.append(truth[chosen] - truth[AS_WRITTEN])
-        gap.append(max(truth.values()) - truth[chosen])
-    table = Table(title=f"`configs` (regression, budget 0): {len(over)} configs, truth on 48 unseen items")
-    for column in ("quantity", "mean", "95% interval", "worst"):
+        for rule, parents in rules.items():
+            probes = {c: {t: at[c][t][:PROBE] for t in r["members"]} for c in order}
+            chosen = choose_method(probes, parents=parents).chosen
+            over[rule].append(truth[chosen] - truth[AS_WRITTEN])
+            gap[rule].append(max(truth.values()) - truth[chosen])
+    count = len(over["stepped"])
+    table = Table(title=f"`configs` (regression, budget 0): {count} configs, truth on 48 unseen items")
+    for column in ("rule", "quantity", "mean", "95% interval", "worst"):
         table.add_column(column)
-    for name, values, worst in (("chosen − as written", over, min(over)), ("best of the menu − chosen", gap, max(gap))):
-        mean, (low, high) = mean_interval(values)
-        table.add_row(name, f"{mean:+.3f}", f"[{low:+.3f}, {high:+.3f}]", f"{worst:+.3f}")
+    for rule in rules:
+        for name, values, worst in (
+            ("chosen − as written", over[rule], min(over[rule])),
+            ("best of the menu − chosen", gap[rule], max(gap[rule])),
+        ):
+            mean, (low, high) = mean_interval(values)
+            table.add_row(rule, name, f"{mean:+.3f}", f"[{low:+.3f}, {high:+.3f}]", f"{worst:+.3f}")
     show(table, args.markdown)
 
 
@@ -366,7 +495,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=COMMANDS)
     parser.add_argument("--cache-dir", type=Path, default=default_cache_dir() / "demo")
-    parser.add_argument("--out", type=Path, default=Path("pools-out") / "tuning")
+    parser.add_argument(
+        "--family", choices=FAMILIES, default="tuning", help="measure, report: which small-config family"
+    )
+    parser.add_argument("--out", type=Path, default=None, help="default: pools-out/<family> (plan53 with --fresh)")
     parser.add_argument("--archive", action="store_true", help="measure: keep the records in research/pools/measured")
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--models", type=int, nargs="+", default=[1], help="plan-check: K, the merged models planned")
@@ -377,8 +509,8 @@ def main() -> None:
         "--fresh", action="store_true", help="plan-check: issue 53's fresh pool (pools/prereg/plan_chooser.txt)"
     )
     args = parser.parse_args()
-    if args.fresh and args.out == parser.get_default("out"):
-        args.out = args.out.parent / "plan53"
+    if args.out is None:
+        args.out = Path("pools-out") / ("plan53" if args.fresh else args.family)
     args.out.mkdir(parents=True, exist_ok=True)
     COMMANDS[args.command](args)
 

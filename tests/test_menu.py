@@ -108,6 +108,46 @@ def test_the_verdict_says_what_the_pick_kept_on_the_held_out_halves():
     assert recommend("ties", {}, {}, {}, None, [], choice=grid).method == "task_arithmetic"
 
 
+def test_the_paired_margin_is_the_mean_of_each_groups_mean_with_its_standard_error():
+    from mergekit_mergeability.maths.stats import paired_margin
+
+    margin, se = paired_margin([[1.0, 0.0, 1.0, 0.0], [0.5]], [[0.0, 0.0, 0.0, 0.0], [0.0]])
+    # group 1: differences 1,0,1,0 (mean 0.5, sample variance 1/3, over 4 items); group 2: one item, no spread
+    assert margin == pytest.approx((0.5 + 0.5) / 2) and se == pytest.approx(math.sqrt((1 / 3) / 4) / 2)
+
+
+def test_the_stepped_choice_moves_the_method_then_its_knobs_each_only_on_a_margin_above_its_noise():
+    written = {"a": [0.5] * 8, "b": [0.5] * 8}
+    steady = {"a": [0.7] * 8, "b": [0.7] * 8}  # the mean merge: +0.2 on every item
+    noisy_knob = {"a": [0.95, 0.45] * 4, "b": [0.95, 0.45] * 4}  # ±0.25 around the mean merge, item by item
+    steady_knob = {"a": [0.75] * 8, "b": [0.75] * 8}
+    far_knob = {"a": [0.99] * 8, "b": [0.99] * 8}  # best of all, but a knob of TIES, which is not chosen
+    parents = {"mean x0.75": "mean", "mean, a x2": "mean", "ties d0.3": "ties"}
+    # margin of the noisy knob over the mean merge: 0.0 on average, so it cannot clear its standard error
+    noisy = choose_method(
+        {AS_WRITTEN: written, "mean": steady, "ties": written, "mean, a x2": noisy_knob}, parents=parents
+    )
+    assert noisy.chosen == "mean" and [s[:2] for s in noisy.steps] == [("mean", AS_WRITTEN), ("mean, a x2", "mean")]
+    assert noisy.steps[0][2] == pytest.approx(0.2) and noisy.steps[0][3] == 0
+    clear = choose_method({AS_WRITTEN: written, "mean": steady, "mean x0.75": steady_knob}, parents=parents)
+    assert clear.chosen == "mean x0.75" and clear.steps[1][2] == pytest.approx(0.05)
+    # the far knob is TIES's; TIES keeps as written, so only the mean merge's knobs are weighed
+    other = choose_method(
+        {AS_WRITTEN: written, "mean": steady, "ties": written, "ties d0.3": far_knob}, parents=parents
+    )
+    assert other.best == "ties d0.3" and other.chosen == "mean" and len(other.steps) == 1
+    # a method ahead by less than one standard error is not chosen; the config as written's knob then is
+    ahead = {"a": [0.9, 0.2] * 4, "b": [0.9, 0.2] * 4}  # +0.05 over as written with 0.35 sd a member
+    written_knob = {"a": [0.6] * 8, "b": [0.6] * 8}
+    held = choose_method(
+        {AS_WRITTEN: written, "mean": ahead, "as written, lambda x0.75": written_knob},
+        parents={"as written, lambda x0.75": AS_WRITTEN},
+    )
+    assert held.steps[0][:2] == ("mean", AS_WRITTEN) and held.chosen == "as written, lambda x0.75"
+    # without parents the cross-fitted rule chooses, as before
+    assert choose_method({AS_WRITTEN: written, "mean": steady, "ties d0.3": far_knob}).chosen == "ties d0.3"
+
+
 def test_each_menu_config_is_the_users_with_the_candidates_method():
     document = {
         "merge_method": "ties",

@@ -146,6 +146,8 @@ class MethodChoice:
     items_to_separate: Optional[int] = None  # items per probe that would part best and runner-up, where they do not
     methods: Dict[str, str] = field(default_factory=dict)  # candidate -> the merge_method it writes
     baseline: str = AS_WRITTEN  # what the gain is measured against (plan: the best merge of everything)
+    # the stepped choice (``parents`` given): each step's (candidate, what it must beat, margin, standard error)
+    steps: List[Tuple[str, str, float, float]] = field(default_factory=list)
 
 
 def halves(n: int) -> Tuple[List[int], List[int]]:
@@ -162,13 +164,19 @@ def choose_method(
     knowledge: Mapping[str, float] = {},
     methods: Mapping[str, str] = {},
     baseline: str = AS_WRITTEN,
+    parents: Optional[Mapping[str, str]] = None,
 ) -> MethodChoice:
     """``scores``: candidate -> member -> its probe's items, each read as its task is scored, the
     ``baseline`` (the config as written) first and the rest in the order they were rehearsed. The
     candidate that keeps most on average over members, chosen over the baseline only where its
     choice holds on items it was not made on: each half of every probe picks a candidate, the pick
     is read on the other half, and the mean of those reads minus the baseline's (the cross-fitted
-    gain) must be above 0 (research/pools/prereg/tuning.txt). A one-item probe lies in half A only."""
+    gain) must be above 0 (research/pools/prereg/tuning.txt). A one-item probe lies in half A only.
+
+    With ``parents`` (a knob's candidate -> the merge it varies) the choice is stepped instead
+    (research/pools/prereg/tuning2.txt): the best of the baseline and the merges without a parent is
+    chosen where its margin over the baseline is above one standard error, then the best of that
+    choice's knobs where its margin over the choice is; the cross-fitted gain is still reported."""
     from mergekit_mergeability.maths.stats import grouped_difference
 
     members = list(scores[baseline])
@@ -196,6 +204,9 @@ def choose_method(
     gain, gain_interval = grouped_difference(crossed, written)
     margin, interval = grouped_difference([scores[best][m] for m in members], written)
     chosen = best if best != baseline and gain > 0 else baseline
+    steps = [] if parents is None else _stepped(scores, whole, parents, baseline, members)
+    if steps:
+        chosen = steps[-1][0] if steps[-1][2] > steps[-1][3] else steps[-1][1]
     items = sum(len(scores[baseline][m]) for m in members)
     runner_up = max((c for c in order if c != best), key=lambda c: (whole[c], -order.index(c)), default=None)
     return MethodChoice(
@@ -215,7 +226,26 @@ def choose_method(
         None if runner_up is None else _items_to_separate(scores, best, runner_up, members),
         dict(methods),
         baseline,
+        steps,
     )
+
+
+def _stepped(scores, whole, parents: Mapping[str, str], baseline: str, members) -> List[Tuple[str, str, float, float]]:
+    """The stepped choice's steps, each (the best candidate of the step, what it must beat, the
+    paired margin, its standard error): the method among the baseline and the merges without a
+    parent, then, where the method has knobs, the best of them against the method settled on."""
+    from mergekit_mergeability.maths.stats import paired_margin
+
+    order = list(scores)
+
+    def step(pool, against: str) -> Tuple[str, str, float, float]:
+        top = max(pool, key=lambda c: (whole[c], c == against, -order.index(c)))
+        return (top, against, *paired_margin([scores[top][m] for m in members], [scores[against][m] for m in members]))
+
+    first = step([c for c in order if c not in parents], baseline)
+    settled = first[0] if first[0] != baseline and first[2] > first[3] else baseline
+    knobs = [c for c in order if parents.get(c) == settled]
+    return [first, step(knobs, settled)] if knobs else [first]
 
 
 def _items_to_separate(scores, best: str, other: str, members: Sequence[str]) -> Optional[int]:

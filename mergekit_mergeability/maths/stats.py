@@ -91,6 +91,15 @@ def grouped_difference(
     return float(np.mean([d.mean() for d in pairs])), (float(low), float(high))
 
 
+def paired_margin(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]) -> Tuple[float, float]:
+    """The mean over groups of each group's mean of a − b (paired item by item), and its standard
+    error: √(Σ_g s_g² / n_g) / G, s_g the sample standard deviation of group g's differences (0
+    where it has one item), n_g its items, G the groups."""
+    pairs = [np.asarray(x, dtype=float) - np.asarray(y, dtype=float) for x, y in zip(a, b)]
+    spread = sum(d.var(ddof=1) / len(d) for d in pairs if len(d) > 1)
+    return float(np.mean([d.mean() for d in pairs])), float(np.sqrt(spread) / len(pairs))
+
+
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     """Spearman's ρ; 0 when either side is constant (a resample can draw one value only)."""
     if np.ptp(np.asarray(x, dtype=float)) == 0 or np.ptp(np.asarray(y, dtype=float)) == 0:
