@@ -290,7 +290,8 @@ MORE_TASKS = [
     arithmetic("from_hundred", lambda a: f"What is 100 minus {a}?", lambda a: 100 - a),
     arithmetic("mod_3", lambda a: f"What is the remainder when {a} is divided by 3?", lambda a: a % 3, low=10, high=999, spread=(1, 2, 3)),
     arithmetic("hundreds", lambda a: f"How many hundreds are in {a}?", lambda a: a // 100, low=100, high=999, spread=(1, 2, 3)),
-]
+]  # fmt: skip
+
 
 def main() -> None:
     rows = []
