@@ -15,7 +15,9 @@ executor visits the tensors).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import zlib
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Dict, Iterator, Mapping, Optional, Set, Tuple
 
@@ -25,6 +27,9 @@ from mergekit_mergeability.progress import quiet_config_warnings
 SEED = 0  # the random methods' seed, mixed with each tensor's name
 
 _planning = [0]  # the precheck's own plans of a merge in progress
+MASK_BYTES = 1 << 30  # the magnitude masks kept across merges (one byte a value), the oldest let go first
+_masks: "OrderedDict[tuple, Any]" = OrderedDict()
+_kept = [0]  # their bytes
 
 
 def dry_running() -> bool:
@@ -136,12 +141,44 @@ def merged(planned: Planned, read: Callable[[str, str], Optional[Any]]) -> Any:
         if planned.dtype:
             tensor = tensor.to(dtype_from_name(planned.dtype))
         inputs[model] = tensor
-    with torch.random.fork_rng():
+    with torch.random.fork_rng(), _shared_masks():
         torch.manual_seed(SEED + zlib.crc32(planned.name.encode()))
         result = planned.task.execute(tensors=inputs)
     if result is not None and planned.out_dtype:
         result = result.to(dtype_from_name(planned.out_dtype))
     return result
+
+
+@contextlib.contextmanager
+def _shared_masks() -> Iterator[None]:
+    """mergekit's magnitude pruning (TIES's, DELLA's base) sorts every update tensor it prunes, and
+    the candidates a rehearsal builds prune the same updates at the same densities again and again.
+    While merging, each mask it computes on the CPU is kept by the update's bytes and the density and
+    used again: the mask mergekit computed, so the same merge."""
+    import mergekit.sparsify as sparsify
+    import torch
+
+    computed = sparsify.magnitude
+
+    def magnitude(tensor, density: float, rescale_norm=None):
+        if tensor.device.type != "cpu" or not 0 < density < 1 or tensor.numel() == 0:
+            return computed(tensor, density, rescale_norm)
+        bytes_ = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+        key = (hashlib.blake2b(bytes_, digest_size=16).digest(), tuple(tensor.shape), str(tensor.dtype), float(density))
+        mask = _masks.get(key)
+        if mask is None:  # kept where mergekit kept (a kept zero reads the same as one let go)
+            mask = _masks[key] = computed(tensor, density, None) != 0
+            _kept[0] += mask.numel()
+            while _kept[0] > MASK_BYTES:
+                _kept[0] -= _masks.popitem(last=False)[1].numel()
+        _masks.move_to_end(key)
+        return sparsify.rescaled_masked_tensor(tensor, mask.to(tensor.dtype), rescale_norm)
+
+    sparsify.magnitude = magnitude
+    try:
+        yield
+    finally:
+        sparsify.magnitude = computed
 
 
 def writable(plan: Optional[Dict[str, Planned]], base_tensors: Collection[str], names: Set[str]) -> bool:

@@ -140,3 +140,36 @@ def test_a_config_mergekit_refuses_is_one_line_naming_the_file(three):
     del config["base_model"]
     with pytest.raises(UserError, match=r"^config.yml: mergekit would refuse this merge: .*base"):
         planned.plan(config, "config.yml")
+
+
+def test_a_magnitude_mask_is_computed_once_for_the_same_update_and_density(monkeypatch):
+    """TIES's pruning sorts each update; the rehearsal's candidates prune the same updates again and
+    again, so while merging each mask is kept by the update's bytes and the density: the same mask."""
+    from collections import OrderedDict
+
+    import mergekit.sparsify as sparsify
+    import torch
+
+    from mergekit_mergeability import planned
+
+    real, sorted_at = sparsify.magnitude, []
+
+    def counted(tensor, density, rescale_norm=None):
+        sorted_at.append(density)
+        return real(tensor, density, rescale_norm)
+
+    monkeypatch.setattr(sparsify, "magnitude", counted)
+    monkeypatch.setattr(planned, "_masks", OrderedDict())
+    monkeypatch.setattr(planned, "_kept", [0])
+    update = torch.randn(64, 32)
+    with planned._shared_masks():
+        first = sparsify.magnitude(update, 0.3, sparsify.RescaleNorm.l1)
+        again = sparsify.magnitude(update.clone(), 0.3, sparsify.RescaleNorm.l1)  # the same bytes
+        denser = sparsify.magnitude(update, 0.7)
+    assert sorted_at == [0.3, 0.7] and sparsify.magnitude is counted  # put back on exit
+    assert torch.equal(first, real(update, 0.3, sparsify.RescaleNorm.l1)) and torch.equal(again, first)
+    assert torch.equal(denser, real(update, 0.7))
+    monkeypatch.setattr(planned, "MASK_BYTES", 64 * 32)  # room for one mask: the oldest is let go
+    with planned._shared_masks():
+        sparsify.magnitude(update * 2, 0.3)
+    assert len(planned._masks) == 1 and planned._kept == [64 * 32]
