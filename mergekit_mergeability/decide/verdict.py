@@ -481,7 +481,7 @@ def recommend(
 
 def by_rehearsal(choice: MethodChoice, method: str) -> Recommendation:
     """The merge the rehearsal chose: a candidate over the config as written only where its choice
-    holds on probe items it was not made on."""
+    holds beyond the probes' noise (``choose_method``)."""
     ranked = sorted(choice.kept.items(), key=lambda cv: -cv[1])
     listing = ", ".join(f"{c.replace('_', ' ')} {v:.2f}" for c, v in ranked[:4]) + (
         f" … ({len(ranked)} merges)" if len(ranked) > 4 else ""
@@ -490,7 +490,9 @@ def by_rehearsal(choice: MethodChoice, method: str) -> Recommendation:
         f"picked on half of each probe's items and read on the other half, the pick keeps {choice.gain:+.3f} over"
         f" the config as written (95% {choice.gain_interval[0]:+.3f} to {choice.gain_interval[1]:+.3f})"
     )
-    best = choice.best.replace("_", " ")
+    if choice.steps:
+        held_out = f"{_steps_said(choice)}; {held_out}"
+    best, chosen = choice.best.replace("_", " "), choice.chosen.replace("_", " ")
     if choice.items_to_separate:
         listing += (
             f"; the probes cannot tell {best} from {choice.runner_up.replace('_', ' ')}:"
@@ -502,10 +504,22 @@ def by_rehearsal(choice: MethodChoice, method: str) -> Recommendation:
         else:
             reason = f"rehearsed, {best} keeps {choice.margin:+.3f} more than the config as written on its models' own probes, but {held_out}: keep the config as written ({listing})"
         return Recommendation(MERGE_AS_CONFIGURED, method, reasons=[reason], choice=choice)
-    reason = f"rehearsed, {best} keeps {choice.kept[choice.best]:.2f} on its models' own probes against {choice.kept[AS_WRITTEN]:.2f} as written; {held_out} ({listing})"
-    knowledge = choice.knowledge if choice.best == "knowledge_weighted" else {}
-    chosen_method = choice.methods.get(choice.best) or MENU[choice.best]
+    reason = f"rehearsed, {chosen} keeps {choice.kept[choice.chosen]:.2f} on its models' own probes against {choice.kept[AS_WRITTEN]:.2f} as written; {held_out} ({listing})"
+    knowledge = choice.knowledge if choice.chosen == "knowledge_weighted" else {}
+    chosen_method = choice.methods.get(choice.chosen) or MENU[choice.chosen]
     return Recommendation(METHOD_BY_REHEARSAL, chosen_method, knowledge=knowledge, reasons=[reason], choice=choice)
+
+
+def _steps_said(choice: MethodChoice) -> str:
+    """The stepped choice's steps, as a reason reads them."""
+    said = []
+    for top, against, margin, se in choice.steps:
+        if top == against:
+            continue
+        noise = "no spread" if se == 0 else f"{margin / se:.1f} standard errors"
+        taken = "taken" if margin > se else "not taken, within one standard error"
+        said.append(f"{top.replace('_', ' ')} {margin:+.3f} over {against.replace('_', ' ')} ({noise}): {taken}")
+    return "; ".join(said) or "nothing keeps more than the config as written"
 
 
 def _lost(model: str, predictions: Mapping[str, Prediction]) -> bool:
