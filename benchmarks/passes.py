@@ -1,14 +1,16 @@
 """The menu's forward passes, each speed-up measured against a baseline run in the same process.
 
 The precheck of a config of three SmolLM2-135M LoRA experts spends most of its time rehearsing
-merges: every candidate asks every member's probe. Four speed-ups, each switched on in turn:
+merges: every candidate asks every member's probe. Five speed-ups, each switched on in turn:
   - the prompt pass keeps the last position's logits only (``logits_to_keep=1``);
   - the options' common first tokens run with the prompt, and each option's last token is not run
     (what it predicts is not read; one-token options need no call at all);
   - the prompts of up to 16 items run together, left-padded, and so do their options
     (``activations.together``: at most ``CALL_TOKENS`` tokens a call);
   - the layers below the first one the updates touch run once for every candidate
-    (``diagnostics.shared_layers``): the first candidate records, the others replay.
+    (``diagnostics.shared_layers``): the first candidate records, the others replay;
+  - the masks of mergekit's magnitude pruning are computed once for each update and density and
+    kept for the candidates that prune it again (``planned._shared_masks``).
 Each variant's scores must equal the baseline's (printed: the largest difference over every item of
 every candidate). ``--bfloat16`` adds the shipped code run in bfloat16 on the CPU, kept only where
 it is faster and its scores agree with float32's to 1e-3. The config: the `tuning` family's first three-expert draw as task_arithmetic
@@ -17,6 +19,7 @@ it), or ``--config`` yours. ``--tune-budget`` as the precheck's (default: the pr
 ten of the knob grid's candidates beside the menu).
 
     python benchmarks/passes.py [--config CONFIG.yml] [--tune-budget N] [--repeats 1] [--bfloat16]
+        [--variants NAME ...]   (the first is the baseline of the ratios; default every variant)
 """
 
 import argparse
@@ -30,13 +33,20 @@ from pathlib import Path
 
 import transformers
 
-from mergekit_mergeability import api, menu
+from mergekit_mergeability import api, menu, planned
 from mergekit_mergeability.diagnostics import activations
 from mergekit_mergeability.diagnostics.shared_layers import Shared
 from mergekit_mergeability.settings import PrecheckSettings
 
 DEFAULT = Path("pools-out/tuning/configs/n3_0_task_arithmetic.yml")
-VARIANTS = ("baseline", "+ last-position logits", "+ options trimmed", "+ prompts together", "+ shared lower layers")
+VARIANTS = (
+    "baseline",
+    "+ last-position logits",
+    "+ options trimmed",
+    "+ prompts together",
+    "+ shared lower layers",
+    "+ shared masks",
+)
 BFLOAT16 = "shipped, in bfloat16"
 
 
@@ -65,10 +75,16 @@ def variant(name: str):
         activations.together = lambda items, tokens=0: ([item] for item in items)
     if keep < 4:
         menu.shared_below = lambda module, names: contextlib.nullcontext(Shared())
+    shared_masks = planned._shared_masks
+    planned._masks.clear()  # each run computes its own masks
+    planned._kept[0] = 0
+    if keep < 5:
+        planned._shared_masks = contextlib.nullcontext
     try:
         yield
     finally:
         transformers.LlamaForCausalLM.forward, menu.shared_below = forward, shared_below
+        planned._shared_masks = shared_masks
         activations.split, activations.options_pass, activations.together = split, options_pass, together
 
 
@@ -120,13 +136,16 @@ def main() -> None:
     parser.add_argument("--tune-budget", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--bfloat16", action="store_true", help="also the shipped code in bfloat16")
+    parser.add_argument(
+        "--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS), help="the first: the baseline"
+    )
     args = parser.parse_args()
     if not args.config.is_file():
         raise SystemExit(f"{args.config}: no such config (python research/run.py tuning measure writes it)")
     settings = PrecheckSettings(
         device="cpu", dtype="float32", quiet=True, skip=("representations", "selectivity"), tune_budget=args.tune_budget
     )
-    names = (*VARIANTS, BFLOAT16) if args.bfloat16 else VARIANTS
+    names = (*args.variants, BFLOAT16) if args.bfloat16 else tuple(args.variants)
     seconds, items = {v: [] for v in names}, {}
     for _ in range(args.repeats):
         for name in names:  # interleaved: a noisy spell of the machine falls on every variant alike
@@ -134,12 +153,13 @@ def main() -> None:
             with variant(name):
                 spent, items[name] = timed_rehearsal(args.config, replace(settings, dtype=dtype))
             seconds[name].append(spent)
-    base = statistics.median(seconds["baseline"])
+    first = names[0]
+    base = statistics.median(seconds[first])
     for name in names:
         median = statistics.median(seconds[name])
         print(
-            f"{name:24s} {median:7.1f} s  {base / median:4.2f}x the baseline's speed  "
-            f"largest score difference {largest_difference(items['baseline'], items[name]):.1e}"
+            f"{name:24s} {median:7.1f} s  {base / median:4.2f}x {first}'s speed  "
+            f"largest score difference {largest_difference(items[first], items[name]):.1e}"
         )
     print(f"target: the speed-ups together >= 1.5x ({args.repeats} run(s) each, medians)")
 

@@ -263,8 +263,9 @@ def measure(args) -> None:
     saved = args.out / f"{family.name}.json"
     records = json.loads(saved.read_text()) if saved.is_file() else []
     done = {(r["config"], r["method"]) for r in records}
+    part, parts = args.part
     for label, members, method in written_configs(family):
-        if (label, method) in done:
+        if (label, method) in done or int(label.split("_")[1]) % parts != part:
             continue
         begun = time.perf_counter()
         document = config(demo, experts, members, method, probes)
@@ -488,7 +489,24 @@ def plan_check(args) -> None:
         check_family(args, SETTINGS, TASKS, ROWS, write_rows)
 
 
-COMMANDS = {"measure": measure, "report": report, "regression": regression, "plan-check": plan_check}
+def merge(args) -> None:
+    """The records of ``--from`` folders (measure --part) into ``--out``'s, in the family's order, and
+    the archive with ``--archive``."""
+    family = FAMILIES[args.family]
+    saved = args.out / f"{family.name}.json"
+    found = {}
+    for folder in (args.out, *args.parts_from):
+        path = folder / f"{family.name}.json"
+        for record in json.loads(path.read_text()) if path.is_file() else []:
+            found.setdefault((record["config"], record["method"]), record)
+    records = [found[label, method] for label, _, method in written_configs(family) if (label, method) in found]
+    write_atomic(saved, json.dumps(records, indent=1))
+    if args.archive:
+        write_atomic(family.archive, saved.read_text())
+    console.print(f"{len(records)} of {len(list(written_configs(family)))} written configs in {saved}")
+
+
+COMMANDS = {"measure": measure, "merge": merge, "report": report, "regression": regression, "plan-check": plan_check}
 
 
 def main() -> None:
@@ -500,6 +518,14 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=None, help="default: pools-out/<family> (plan53 with --fresh)")
     parser.add_argument("--archive", action="store_true", help="measure: keep the records in research/pools/measured")
+    parser.add_argument(
+        "--part",
+        type=lambda text: tuple(map(int, text.split("/"))),
+        default=(0, 1),
+        help="measure: I/K, only the draws whose number is I modulo K (K processes side by side, each its --out;"
+        " then `merge`)",
+    )
+    parser.add_argument("--from", dest="parts_from", type=Path, nargs="+", default=[], help="merge: the parts' --out")
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--models", type=int, nargs="+", default=[1], help="plan-check: K, the merged models planned")
     parser.add_argument(
