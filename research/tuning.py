@@ -6,6 +6,8 @@
     python research/run.py tuning report [--markdown]       # its tables (a fresh clone reads the archive)
     python research/run.py tuning plan-check [--models 1]   # issue 53: plan on its ten experts, scored unseen
     python research/run.py tuning plan-check --fresh --random 20   # issue 53's fresh pool, ten other tasks
+    python research/run.py tuning measure --family tuning2 --archive # the second fresh family (prereg/tuning2.txt)
+    python research/run.py tuning report --family tuning2            # every rule read off its archive
 
 The `tuning` family: ten task-level experts of SmolLM2-135M-Instruct on tasks the `configs` family
 does not use, LoRA rank 4 on the attention projections of layers 15-29, trained on 16 items with the
@@ -15,6 +17,11 @@ weight 1). The truth of a candidate: each member's mean p(gold) on its 48 unseen
 candidate's merge built in memory exactly as mergekit writes it (the rehearsal's own merge). The
 precheck's choice with its default ``--tune-budget`` and with 0 (the menu alone) is read from the
 same rehearsal.
+The `tuning2` family (``FAMILIES``): ten other tasks, LoRA rank 8 on the MLP of layers 12-26, 32
+unseen items a task, 20 draws; it keeps every candidate's read of every probe item and every
+candidate's truth, so the stepped choice, the cross-fitted one and the ceilings are all read off its
+archive. ``measure --part I/K`` measures the draws numbered I modulo K (K processes side by side, each
+its own ``--out``); ``merge --from`` joins their records.
 Everything is cached under ``--cache-dir`` and ``--out``; a rerun goes on where it stopped.
 """
 
@@ -358,7 +365,7 @@ def report(args, records=None) -> None:
     show(table, args.markdown)
     if picked:
         by_rule(records, picked, args.markdown)
-    probes_from(records, args.markdown)
+    probes_from(records, args.markdown, family.scored)
     moved = sum(t != AS_WRITTEN for t, _ in choices)
     console.print(f"tuned: off the config as written on {moved} of {len(records)}")
 
@@ -408,9 +415,9 @@ def by_rule(records, picked, markdown: bool) -> None:
     show(table, markdown)
 
 
-def probes_from(records, markdown: bool) -> None:
+def probes_from(records, markdown: bool, scored: int = SCORED) -> None:
     """The merge as written, each member's own score predicted from a probe of its 16 held-out items
-    and from its 16 training items, against its mean p(gold) on 48 unseen items."""
+    and from its 16 training items, against its mean p(gold) on its ``scored`` unseen items."""
     from mergekit_mergeability.decide.verdict import AS_WRITTEN
     from mergekit_mergeability.maths.stats import correlate, mean_interval
 
@@ -422,7 +429,7 @@ def probes_from(records, markdown: bool) -> None:
     ]
     if len(rows) < 3:
         return
-    table = Table(title=f"probes for the merge as written: {len(rows)} members, truth on 48 unseen items")
+    table = Table(title=f"probes for the merge as written: {len(rows)} members, truth on {scored} unseen items")
     for column in ("probe of 16 items", "Spearman", "95% interval", "permutation p", "MAE", "MAE 95%"):
         table.add_column(column)
     truth = [y for *_, y in rows]

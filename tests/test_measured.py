@@ -49,3 +49,24 @@ def test_reliability_of_s_is_the_spearman_brown_step_up_of_its_split_halves():
     assert whole == pytest.approx(2 * 0.8 / 1.8)
     # trials that agree exactly reproduce S exactly, whatever the split
     assert prediction.reliability_of([[0.1] * 4, [0.5] * 4, [0.9] * 4], splits=10) == pytest.approx((1.0, 1.0))
+
+
+def test_every_rule_is_read_off_a_family_that_kept_every_items_read():
+    """research/tuning.py picks: the rules on one record whose reads and truths are known."""
+    import tuning
+
+    w, one = "as_written", [0.5] * 8
+    reads = {w: {"t": one}, "mean": {"t": [0.9] * 8}, "ties": {"t": one}, "mean x0.75": {"t": [0.95] * 8}}
+    truth = {w: 0.40, "mean": 0.60, "ties": 0.70, "mean x0.75": 0.55}
+    record = {
+        "members": ["t"],
+        "reads": reads,
+        "lines": {"mean": "mean", "ties": "ties", "mean x0.75": "mean"},
+        "measured": {c: {"t": v} for c, v in truth.items()},
+    }
+    picked = tuning.picks(record)
+    # on the probes: the mean merge over as written, then its knob over it (no spread: any margin clears)
+    assert picked["stepped (primary)"] == "mean x0.75" and picked["stepped, budget 0"] == "mean"
+    assert picked["ungated"] == "mean x0.75" and picked["ungated, budget 0"] == "mean"
+    # the ceilings read the truth: TIES, which the probes rank level with as written
+    assert picked["ceiling: best of the menu"] == picked["ceiling: best of every candidate"] == "ties"
