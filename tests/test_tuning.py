@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from mergekit_mergeability.decide.tuning import candidates, parents
+from mergekit_mergeability.decide.tuning import candidates
 from mergekit_mergeability.decide.verdict import AS_WRITTEN, METHOD_BY_REHEARSAL, halves
 from mergekit_mergeability.tiny import CORPUS, derive
 
@@ -116,12 +116,6 @@ def test_the_grid_is_fixed_in_its_order_and_lists_each_merge_once():
     assert found["ties d0.3"].advice.config["parameters"]["density"] == 0.3
     assert found["mean, expert 2 x2"].knobs()["weights"] == {"e1": 0.5, "e2": 1.0}
     assert found["as written, lambda x1.5"].advice.config["parameters"]["lambda"] == 1.5
-    # each knob names the merge it varies, for the stepped choice; the menu's merges name none
-    assert parents(document, {"e1": 0.4, "e2": 0.8}) == {
-        "mean x1.5": "mean", "mean x2": "mean", "ties d0.7": "ties", "ties d0.3": "ties", "mean x0.75": "mean",
-        "ties lambda x1.5": "ties", "dare_ties d0.7": "dare_ties", "mean, expert 1 x2": "mean",
-        "mean, expert 2 x2": "mean", "as written, lambda x0.75": AS_WRITTEN, "as written, lambda x1.5": AS_WRITTEN,
-    }  # fmt: skip
     assert "knowledge_weighted" not in candidates(document, {})  # no knowledge, no knowledge_weighted
     assert "mean" in candidates(
         {**document, "models": [{**m, "parameters": {"weight": 1.0}} for m in document["models"]]}, {}

@@ -25,7 +25,6 @@ from mergekit_mergeability.decide.advice import (
     configured_update,
     menu,
 )
-from mergekit_mergeability.decide.verdict import AS_WRITTEN
 from mergekit_mergeability.merge_config import model_entries
 from mergekit_mergeability.methods.knowledge_weighted import DEFAULT_DENSITY
 
@@ -47,7 +46,6 @@ class Candidate:
     line: str  # the landscape's line: the menu's merge it varies ("mean", "ties", "as written, lambda ×", ...)
     scale: float  # its update size against that line's first point (1: as the menu writes it)
     density: Optional[float] = None  # TIES's and DARE's, where it has one
-    parent: Optional[str] = None  # a knob's: the menu's merge (or the config as written) it varies
 
     def knobs(self) -> Dict[str, Any]:
         """What was tuned, as precheck.json lists it."""
@@ -81,11 +79,6 @@ def methods(document, knowledge: Mapping[str, float]) -> Dict[str, str]:
     return {name: candidate.method for name, candidate in candidates(document, knowledge).items()}
 
 
-def parents(document, knowledge: Mapping[str, float]) -> Dict[str, str]:
-    """Each knob's candidate -> the merge it varies (the menu's candidates have none)."""
-    return {name: c.parent for name, c in candidates(document, knowledge).items() if c.parent is not None}
-
-
 def _all(document, knowledge, names) -> Iterator[Tuple[str, Candidate]]:
     from mergekit import merge_methods
 
@@ -99,17 +92,15 @@ def _all(document, knowledge, names) -> Iterator[Tuple[str, Candidate]]:
     for density in TIES_DENSITIES:
         yield (
             f"ties d{density:g}",
-            Candidate(
-                _sign_election({}, document, names, {}, update, density=density), "ties", "ties", 1.0, density, "ties"
-            ),
+            Candidate(_sign_election({}, document, names, {}, update, density=density), "ties", "ties", 1.0, density),
         )
     yield f"mean x{LOWER_MEAN:g}", _mean_at(document, names, LOWER_MEAN)
     ties = _sign_election({}, document, names, {}, update)
     ties.config["parameters"]["lambda"] = round(ties.config["parameters"]["lambda"] * TIES_LAMBDA, 6)
     ties.notes.append(f"lambda ×{TIES_LAMBDA:g} the configured update size")
-    yield f"ties lambda x{TIES_LAMBDA:g}", Candidate(ties, "ties", "ties", TIES_LAMBDA, DEFAULT_DENSITY, "ties")
+    yield f"ties lambda x{TIES_LAMBDA:g}", Candidate(ties, "ties", "ties", TIES_LAMBDA, DEFAULT_DENSITY)
     dare = _sign_election({}, document, names, {}, update, "dare_ties", density=DARE_DENSITY)
-    yield f"dare_ties d{DARE_DENSITY:g}", Candidate(dare, "dare_ties", "dare_ties", 1.0, DARE_DENSITY, "dare_ties")
+    yield f"dare_ties d{DARE_DENSITY:g}", Candidate(dare, "dare_ties", "dare_ties", 1.0, DARE_DENSITY)
     experts = list(dict.fromkeys(str(e["model"]) for e in _experts(document)))
     for index, expert in enumerate(experts):
         yield f"mean, expert {index + 1} x{BOOST:g}", _boosted(document, names, experts, expert)
@@ -126,7 +117,7 @@ def _mean_at(document, names, scale: float) -> Candidate:
     for entry in entries:
         entry["parameters"]["weight"] = round(scale / len(entries), 6)
     advice.keeps = advice.keeps.replace(f"each at 1/{len(entries)}", f"each at {scale:g}/{len(entries)}")
-    return Candidate(advice, "task_arithmetic", "mean", scale, parent="mean")
+    return Candidate(advice, "task_arithmetic", "mean", scale)
 
 
 def _boosted(document, names, experts, expert: str) -> Candidate:
@@ -136,8 +127,7 @@ def _boosted(document, names, experts, expert: str) -> Candidate:
         if str(entry["model"]) == expert:
             entry["parameters"]["weight"] = round(BOOST / len(experts), 6)
     advice.keeps += f"; {names.get(expert, expert)}'s at {BOOST:g}/{len(experts)}"
-    line = f"mean, {names.get(expert, Path(expert).name)} x{BOOST:g}"
-    return Candidate(advice, "task_arithmetic", line, 1.0, parent="mean")
+    return Candidate(advice, "task_arithmetic", f"mean, {names.get(expert, Path(expert).name)} x{BOOST:g}", 1.0)
 
 
 def _written_at(document, method: str, factor: float) -> Candidate:
@@ -147,7 +137,7 @@ def _written_at(document, method: str, factor: float) -> Candidate:
     lam = configured_update(document).get("lambda") or 1.0
     parameters["lambda"] = round(lam * factor, 6)
     advice = Advice("recommended.yml", config, f"the configured {method} merge, lambda ×{factor:g}", "nothing else")
-    return Candidate(advice, method, "as written, lambda ×", factor, parent=AS_WRITTEN)
+    return Candidate(advice, method, "as written, lambda ×", factor)
 
 
 def _merge_key(document) -> str:

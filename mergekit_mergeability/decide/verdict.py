@@ -490,8 +490,6 @@ def by_rehearsal(choice: MethodChoice, method: str) -> Recommendation:
         f"picked on half of each probe's items and read on the other half, the pick keeps {choice.gain:+.3f} over"
         f" the config as written (95% {choice.gain_interval[0]:+.3f} to {choice.gain_interval[1]:+.3f})"
     )
-    if choice.steps:
-        held_out = f"{_steps_said(choice)}; {held_out}"
     best, chosen = choice.best.replace("_", " "), choice.chosen.replace("_", " ")
     if choice.items_to_separate:
         listing += (
@@ -508,18 +506,6 @@ def by_rehearsal(choice: MethodChoice, method: str) -> Recommendation:
     knowledge = choice.knowledge if choice.chosen == "knowledge_weighted" else {}
     chosen_method = choice.methods.get(choice.chosen) or MENU[choice.chosen]
     return Recommendation(METHOD_BY_REHEARSAL, chosen_method, knowledge=knowledge, reasons=[reason], choice=choice)
-
-
-def _steps_said(choice: MethodChoice) -> str:
-    """The stepped choice's steps, as a reason reads them."""
-    said = []
-    for top, against, margin, se in choice.steps:
-        if top == against:
-            continue
-        noise = "no spread" if se == 0 else f"{margin / se:.1f} standard errors"
-        taken = "taken" if margin > se else "not taken, within one standard error"
-        said.append(f"{top.replace('_', ' ')} {margin:+.3f} over {against.replace('_', ' ')} ({noise}): {taken}")
-    return "; ".join(said) or "nothing keeps more than the config as written"
 
 
 def _lost(model: str, predictions: Mapping[str, Prediction]) -> bool:

@@ -170,19 +170,6 @@ def _menu_table(choice: Optional[Dict[str, Any]], names: Dict[str, str]) -> str:
         )
         + "; chosen in bold."
     )
-    steps = [(top, against, m, se) for top, against, m, se in choice.get("steps") or [] if top != against]
-    if choice.get("steps"):
-        said = "; ".join(
-            f"{esc(top.replace('_', ' '))} {m:+.3f} over {esc(against.replace('_', ' '))}"
-            + (" (taken)" if m > se else " (within one standard error: not taken)")
-            for top, against, m, se in steps
-        )
-        note = (
-            "The method is chosen first, then its knobs, each only where its margin over what it must beat is above"
-            f" one standard error of the probe items ({said or 'nothing keeps more than the config as written'});"
-            f" chosen in bold. Read on the half of every probe it was not picked on, the pick keeps"
-            f" {choice['gain']:+.3f} over the config as written (95% {low:+.3f} to {high:+.3f})."
-        )
     if choice.get("items_to_separate"):
         note += (
             f" The probes cannot tell {esc(choice['best'].replace('_', ' '))} from {esc(choice['runner_up'].replace('_', ' '))}:"
