@@ -118,6 +118,7 @@ FAMILIES = {
     ),
 }
 MENU = tuple(MENU_METHODS)  # the menu's candidates, by name
+BOUND = 1.0  # the lower-bound choice's z (research/pools/prereg/tuning3.txt)
 # plan-check --fresh: issue 53's fresh pool (research/pools/prereg/plan_chooser.txt), trained as this
 # family is, on the tasks neither it nor `configs` uses whose generators give 48 distinct items
 FRESH_TASKS = (
@@ -384,6 +385,8 @@ def picks(record) -> dict:
     untuned = {c: v for c, v in reads.items() if c in (AS_WRITTEN, *MENU)}
     tuned_x, untuned_x = choose_method(reads), choose_method(untuned)
     return {
+        "lower bound": choose_method(reads, bound=BOUND).chosen,
+        "lower bound, budget 0": choose_method(untuned, bound=BOUND).chosen,
         "stepped (primary)": choose_method(reads, parents=parents).chosen,
         "stepped, budget 0": choose_method(untuned, parents=parents).chosen,
         "cross-fitted (shipped)": tuned_x.chosen,
@@ -457,7 +460,7 @@ def regression(args) -> None:
     from mergekit_mergeability.maths.stats import mean_interval
 
     read = json.loads(ARCHIVE_ITEMS.read_text())
-    rules = {"cross-fitted": None, "stepped": {}}  # parents: the menu alone has no knobs
+    rules = {"cross-fitted": {}, "stepped": {"parents": {}}, "lower bound": {"bound": BOUND}}  # the menu has no knobs
     over, gap = ({rule: [] for rule in rules} for _ in range(2))
     for r in json.loads(CONFIGS.read_text()):
         at = {c: read.get(f"{r['config']}_{r['method']} {c}") for c in r["measured"]}
@@ -465,9 +468,9 @@ def regression(args) -> None:
             continue
         order = [AS_WRITTEN, *(c for c in MENU if c in at)]
         truth = {c: np.mean([np.mean(at[c][t][PROBE:]) for t in r["members"]]) for c in order}
-        for rule, parents in rules.items():
+        for rule, options in rules.items():
             probes = {c: {t: at[c][t][:PROBE] for t in r["members"]} for c in order}
-            chosen = choose_method(probes, parents=parents).chosen
+            chosen = choose_method(probes, **options).chosen
             over[rule].append(truth[chosen] - truth[AS_WRITTEN])
             gap[rule].append(max(truth.values()) - truth[chosen])
     count = len(over["stepped"])

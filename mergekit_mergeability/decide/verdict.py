@@ -165,6 +165,7 @@ def choose_method(
     methods: Mapping[str, str] = {},
     baseline: str = AS_WRITTEN,
     parents: Optional[Mapping[str, str]] = None,
+    bound: Optional[float] = None,
 ) -> MethodChoice:
     """``scores``: candidate -> member -> its probe's items, each read as its task is scored, the
     ``baseline`` (the config as written) first and the rest in the order they were rehearsed. The
@@ -176,7 +177,11 @@ def choose_method(
     With ``parents`` (a knob's candidate -> the merge it varies) the choice is stepped instead
     (research/pools/prereg/tuning2.txt): the best of the baseline and the merges without a parent is
     chosen where its margin over the baseline is above one standard error, then the best of that
-    choice's knobs where its margin over the choice is; the cross-fitted gain is still reported."""
+    choice's knobs where its margin over the choice is; the cross-fitted gain is still reported.
+
+    With ``bound`` (z) each candidate's paired margin over the baseline is shrunk by z of its
+    standard errors, and the candidate with the highest shrunk margin is chosen where it is above 0
+    (research/pools/prereg/tuning3.txt); the cross-fitted gain is still reported."""
     from mergekit_mergeability.maths.stats import grouped_difference
 
     members = list(scores[baseline])
@@ -207,6 +212,8 @@ def choose_method(
     steps = [] if parents is None else _stepped(scores, whole, parents, baseline, members)
     if steps:
         chosen = steps[-1][0] if steps[-1][2] > steps[-1][3] else steps[-1][1]
+    if bound is not None:
+        chosen = _highest_lower_bound(scores, baseline, members, bound)
     items = sum(len(scores[baseline][m]) for m in members)
     runner_up = max((c for c in order if c != best), key=lambda c: (whole[c], -order.index(c)), default=None)
     return MethodChoice(
@@ -246,6 +253,20 @@ def _stepped(scores, whole, parents: Mapping[str, str], baseline: str, members) 
     settled = first[0] if first[0] != baseline and first[2] > first[3] else baseline
     knobs = [c for c in order if parents.get(c) == settled]
     return [first, step(knobs, settled)] if knobs else [first]
+
+
+def _highest_lower_bound(scores, baseline: str, members, z: float) -> str:
+    """The candidate whose paired margin over ``baseline``, less ``z`` standard errors, is highest
+    and above 0 (ties to the earlier); else the baseline."""
+    from mergekit_mergeability.maths.stats import paired_margin
+
+    def shrunk(candidate: str) -> float:
+        margin, error = paired_margin([scores[candidate][m] for m in members], [scores[baseline][m] for m in members])
+        return margin - z * error
+
+    bounds = {c: shrunk(c) for c in scores if c != baseline}
+    top = max(bounds, key=lambda c: (bounds[c], -list(scores).index(c)), default=baseline)
+    return top if top != baseline and bounds[top] > 0 else baseline
 
 
 def _items_to_separate(scores, best: str, other: str, members: Sequence[str]) -> Optional[int]:
