@@ -75,7 +75,8 @@ class Family:
     scored: int
     draws: dict
     seed: int
-    every: bool
+    every: bool  # every candidate's truth, or only the menu's and each rule's pick's
+    primary: str = "cross-fitted"  # the pre-registered rule its bars are read on
 
     @property
     def rows(self) -> Path:
@@ -115,6 +116,37 @@ FAMILIES = {
         {2: 7, 3: 7, 5: 6},
         51,
         every=True,
+        primary="stepped",
+    ),
+    # research/pools/prereg/tuning3.txt: new tasks, LoRA r8 on v, o, up, down of layers 4-19; the truth of
+    # the menu and every rule's pick only
+    "tuning3": Family(
+        "tuning3",
+        (
+            "add_6",
+            "add_30",
+            "add_75",
+            "sub_8",
+            "sub_30",
+            "quadruple",
+            "double_minus_one",
+            "from_150",
+            "mod_5",
+            "digits_reversed",
+        ),
+        replace(
+            SETTINGS,
+            facts=str(HERE / "pools" / "tuning3_tasks.jsonl"),
+            pool="tuning3",
+            fact_layers=tuple(range(4, 20)),
+            fact_modules=("self_attn.v_proj", "self_attn.o_proj", "mlp.up_proj", "mlp.down_proj"),
+            fact_rank=8,
+        ),
+        32,
+        {2: 7, 3: 7, 5: 6},
+        52,
+        every=False,
+        primary="lower bound",
     ),
 }
 MENU = tuple(MENU_METHODS)  # the menu's candidates, by name
@@ -288,12 +320,19 @@ def measure(args) -> None:
         tuned = choose_method(reads, knowledge, kinds)
         untuned = choose_method({c: v for c, v in reads.items() if c in (AS_WRITTEN, *MENU)}, knowledge, kinds)
         offered = candidates(document, knowledge)
-        needed = reads if family.every else (AS_WRITTEN, *(c for c in MENU if c in reads), tuned.chosen, untuned.chosen)
+        tasks = {m["model"]: f"task_{t}" for m, t in zip(document["models"], members)}
+        archived = {  # any rule can be read off the archive: each candidate's parent and every item's read
+            "lines": {c: offered[c].line for c in reads if c != AS_WRITTEN},
+            "reads": {
+                c: {tasks[m]: [round(v, 6) for v in items] for m, items in by_model.items()}
+                for c, by_model in reads.items()
+            },
+        }
+        needed = reads if family.every else (AS_WRITTEN, *(c for c in MENU if c in reads), *rules(archived).values())
         merges = {c: document if c == AS_WRITTEN else offered[c].advice.config for c in dict.fromkeys(needed)}
         measured_truth = truth(document, merges, unseen, members)
         # the merge as written asked its members' training items: a probe from the fine-tuning data
         from_training = on_trained(document, {AS_WRITTEN: document}, trained, members)[AS_WRITTEN]
-        tasks = {m["model"]: f"task_{t}" for m, t in zip(document["models"], members)}
         records.append(
             {
                 "config": label,
@@ -308,15 +347,12 @@ def measure(args) -> None:
                 "seconds": round(time.perf_counter() - begun, 1),
             }
         )
-        if family.every:  # any rule can be read off the archive: each candidate's parent and every item's read
-            records[-1]["lines"] = {c: offered[c].line for c in reads if c != AS_WRITTEN}
-            records[-1]["reads"] = {
-                c: {tasks[m]: [round(v, 6) for v in items] for m, items in by_model.items()}
-                for c, by_model in reads.items()
-            }
+        records[-1] |= archived
         write_atomic(saved, json.dumps(records, indent=1))
+        chose = rules(archived)
         console.print(
-            f"{label}_{method}: tuned {tuned.chosen}, untuned {untuned.chosen} ({records[-1]['seconds']:.0f} s)"
+            f"{label}_{method}: {family.primary} {chose[family.primary]},"
+            f" budget 0 {chose[family.primary + ', budget 0']} ({records[-1]['seconds']:.0f} s)"
         )
         if args.archive:
             write_atomic(family.archive, saved.read_text())
@@ -341,7 +377,8 @@ def report(args, records=None) -> None:
         records = json.loads((saved if saved.is_file() else family.archive).read_text())
     picked = [picks(r) for r in records] if all("reads" in r for r in records) else None
     if picked:
-        rule, choices = "the stepped choice", [(p["stepped (primary)"], p["stepped, budget 0"]) for p in picked]
+        rule = f"the {family.primary} choice"
+        choices = [(p[family.primary], p[f"{family.primary}, budget 0"]) for p in picked]
     else:
         rule, choices = "the cross-fitted choice", [(r["tuned"]["chosen"], r["untuned"]["chosen"]) for r in records]
     table = Table(
@@ -371,9 +408,9 @@ def report(args, records=None) -> None:
     console.print(f"tuned: off the config as written on {moved} of {len(records)}")
 
 
-def picks(record) -> dict:
-    """Each rule's pick on a record that kept every item's read (tuning2.txt), and the ceilings:
-    rule -> candidate."""
+def rules(record) -> dict:
+    """Each rule's pick on a record that kept every item's read (tuning2.txt, tuning3.txt): rule ->
+    candidate."""
     from mergekit_mergeability.decide.verdict import AS_WRITTEN, choose_method
 
     reads = record["reads"]
@@ -387,15 +424,28 @@ def picks(record) -> dict:
     return {
         "lower bound": choose_method(reads, bound=BOUND).chosen,
         "lower bound, budget 0": choose_method(untuned, bound=BOUND).chosen,
-        "stepped (primary)": choose_method(reads, parents=parents).chosen,
+        "stepped": choose_method(reads, parents=parents).chosen,
         "stepped, budget 0": choose_method(untuned, parents=parents).chosen,
-        "cross-fitted (shipped)": tuned_x.chosen,
+        "cross-fitted": tuned_x.chosen,
         "cross-fitted, budget 0": untuned_x.chosen,
         "ungated": tuned_x.best,
         "ungated, budget 0": untuned_x.best,
-        "ceiling: best of the menu": max(untuned, key=lambda c: kept(record, c)),
-        "ceiling: best of every candidate": max(reads, key=lambda c: kept(record, c)),
     }
+
+
+def picks(record) -> dict:
+    """Every rule's pick and the ceilings (the best truth of the menu, and of every candidate where
+    each was measured): rule -> candidate."""
+    from mergekit_mergeability.decide.verdict import AS_WRITTEN
+
+    ceilings = {
+        "ceiling: best of the menu": max(
+            (c for c in record["reads"] if c in (AS_WRITTEN, *MENU)), key=lambda c: kept(record, c)
+        )
+    }
+    if set(record["reads"]) <= set(record["measured"]):
+        ceilings["ceiling: best of every candidate"] = max(record["reads"], key=lambda c: kept(record, c))
+    return rules(record) | ceilings
 
 
 def by_rule(records, picked, markdown: bool) -> None:
@@ -408,7 +458,7 @@ def by_rule(records, picked, markdown: bool) -> None:
     table = Table(title=f"every rule on {len(records)} written configs: truth on unseen items, kept − reference")
     for column in ("rule", "− best of the menu", "95% interval", "worst", "− as written", "95% interval ", "worst "):
         table.add_column(column)
-    for rule in chosen[0]:
+    for rule in (r for r in chosen[0] if all(r in c for c in chosen)):
         cells = []
         for reference in ("ceiling: best of the menu", AS_WRITTEN):
             values = [kept(r, c[rule]) - kept(r, c.get(reference, reference)) for r, c in zip(records, chosen)]

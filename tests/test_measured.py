@@ -66,7 +66,11 @@ def test_every_rule_is_read_off_a_family_that_kept_every_items_read():
     }
     picked = tuning.picks(record)
     # on the probes: the mean merge over as written, then its knob over it (no spread: any margin clears)
-    assert picked["stepped (primary)"] == "mean x0.75" and picked["stepped, budget 0"] == "mean"
+    assert picked["stepped"] == "mean x0.75" and picked["stepped, budget 0"] == "mean"
+    assert picked["lower bound"] == "mean x0.75" and picked["lower bound, budget 0"] == "mean"
     assert picked["ungated"] == "mean x0.75" and picked["ungated, budget 0"] == "mean"
     # the ceilings read the truth: TIES, which the probes rank level with as written
     assert picked["ceiling: best of the menu"] == picked["ceiling: best of every candidate"] == "ties"
+    # a candidate no truth was measured for (a family measuring the picks only): no ceiling over every one
+    record["reads"]["knob"], record["lines"]["knob"] = {"t": [0.1] * 8}, "mean"
+    assert "ceiling: best of every candidate" not in tuning.picks(record)

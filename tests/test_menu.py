@@ -17,7 +17,7 @@ from mergekit_mergeability.decide.verdict import (
     halves,
     recommend,
 )
-from mergekit_mergeability.maths.stats import grouped_difference
+from mergekit_mergeability.maths.stats import grouped_difference, paired_margin
 from mergekit_mergeability.settings import TUNE_CANDIDATES
 from mergekit_mergeability.tiny import CORPUS, derive
 
@@ -109,7 +109,6 @@ def test_the_verdict_says_what_the_pick_kept_on_the_held_out_halves():
 
 
 def test_the_paired_margin_is_the_mean_of_each_groups_mean_with_its_standard_error():
-    from mergekit_mergeability.maths.stats import paired_margin
 
     margin, se = paired_margin([[1.0, 0.0, 1.0, 0.0], [0.5]], [[0.0, 0.0, 0.0, 0.0], [0.0]])
     # group 1: differences 1,0,1,0 (mean 0.5, sample variance 1/3, over 4 items); group 2: one item, no spread
@@ -146,6 +145,24 @@ def test_the_stepped_choice_moves_the_method_then_its_knobs_each_only_on_a_margi
     assert held.steps[0][:2] == ("mean", AS_WRITTEN) and held.chosen == "as written, lambda x0.75"
     # without parents the cross-fitted rule chooses, as before
     assert choose_method({AS_WRITTEN: written, "mean": steady, "ties d0.3": far_knob}).chosen == "ties d0.3"
+
+
+def test_the_lower_bound_choice_takes_the_highest_margin_less_one_standard_error_and_above_zero():
+    written = {"a": [0.5] * 8, "b": [0.5] * 8}
+    steady = {"a": [0.6] * 8, "b": [0.6] * 8}  # +0.1 on every item: standard error 0, bound +0.1
+    # +0.2 on average, ±0.35 item by item: se = sqrt(2 * 0.35²·8/7 / 8) / 2 ≈ 0.094, bound ≈ +0.106
+    wide = {"a": [1.05, 0.35] * 4, "b": [1.05, 0.35] * 4}
+    wider = {"a": [1.15, 0.25] * 4, "b": [1.15, 0.25] * 4}  # +0.2 ± 0.45: bound ≈ +0.079
+    scores = {AS_WRITTEN: written, "mean": steady, "ties": wider, "mean x2": wide}
+    margin, error = paired_margin([wide["a"], wide["b"]], [written["a"], written["b"]])
+    assert margin == pytest.approx(0.2) and error == pytest.approx(0.35 * (8 / 7) ** 0.5 / 8**0.5 / 2**0.5)
+    assert choose_method(scores, bound=1.0).chosen == "mean x2"  # 0.2 − 0.0935 beats 0.1 − 0
+    assert choose_method(scores, bound=2.0).chosen == "mean"  # 0.2 − 0.187 falls below 0.1
+    assert choose_method(scores).chosen == "ties"  # the cross-fitted rule takes the highest mean (ties: earlier)
+    # nothing whose bound clears 0: the config as written stays
+    noisy = {"a": [0.9, 0.2] * 4, "b": [0.9, 0.2] * 4}  # +0.05 ± 0.35: bound < 0
+    assert choose_method({AS_WRITTEN: written, "mean": noisy}, bound=1.0).chosen == AS_WRITTEN
+    assert choose_method({AS_WRITTEN: written, "mean": noisy}, bound=0.0).chosen == "mean"
 
 
 def test_each_menu_config_is_the_users_with_the_candidates_method():

@@ -292,6 +292,17 @@ MORE_TASKS = [
     arithmetic("hundreds", lambda a: f"How many hundreds are in {a}?", lambda a: a // 100, low=100, high=999, spread=(1, 2, 3)),
 ]  # fmt: skip
 
+# Tasks no family used before `tuning3` (research/pools/prereg/tuning3.txt), outside TASKS as MORE_TASKS is.
+THIRD_TASKS = [
+    *(arithmetic(f"add_{k}", lambda a, k=k: f"What is {a} plus {k}?", lambda a, k=k: a + k) for k in (6, 30, 75)),
+    *(arithmetic(f"sub_{k}", lambda a, k=k: f"What is {a} minus {k}?", lambda a, k=k: a - k, low=k + 1) for k in (8, 30)),
+    arithmetic("quadruple", lambda a: f"What is four times {a}?", lambda a: 4 * a, spread=(1, 4, 10)),
+    arithmetic("double_minus_one", lambda a: f"What is double {a}, minus one?", lambda a: 2 * a - 1),
+    arithmetic("from_150", lambda a: f"What is 150 minus {a}?", lambda a: 150 - a),
+    arithmetic("mod_5", lambda a: f"What is the remainder when {a} is divided by 5?", lambda a: a % 5, low=10, high=999, spread=(1, 2, 3)),
+    arithmetic("digits_reversed", lambda a: f"What is {a} with its two digits reversed?", lambda a: int(str(a)[::-1]), low=12, high=98, spread=(1, 9, 10)),
+]  # fmt: skip
+
 
 def main() -> None:
     rows = []
