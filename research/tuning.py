@@ -8,6 +8,8 @@
     python research/run.py tuning plan-check --fresh --random 20   # issue 53's fresh pool, ten other tasks
     python research/run.py tuning measure --family tuning2 --archive # the second fresh family (prereg/tuning2.txt)
     python research/run.py tuning report --family tuning2            # every rule read off its archive
+    python research/run.py tuning items --family tuning2             # every rule on 4, 8, 12 of the 16 items
+    python research/run.py tuning measure --family tuning3 --archive # the third (prereg/tuning3.txt)
 
 The `tuning` family: ten task-level experts of SmolLM2-135M-Instruct on tasks the `configs` family
 does not use, LoRA rank 4 on the attention projections of layers 15-29, trained on 16 items with the
@@ -22,6 +24,8 @@ unseen items a task, 20 draws; it keeps every candidate's read of every probe it
 candidate's truth, so the stepped choice, the cross-fitted one and the ceilings are all read off its
 archive. ``measure --part I/K`` measures the draws numbered I modulo K (K processes side by side, each
 its own ``--out``); ``merge --from`` joins their records.
+The `tuning3` family: ten other tasks, LoRA rank 8 on v, o, up and down of layers 4-19, 32 unseen
+items, 20 draws; every item's read kept, but the truth of the menu and of each rule's pick only.
 Everything is cached under ``--cache-dir`` and ``--out``; a rerun goes on where it stopped.
 """
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -537,6 +542,34 @@ def regression(args) -> None:
     show(table, args.markdown)
 
 
+def items(args, draws: int = 6) -> None:
+    """Each rule on fewer probe items: n of each member's 16, drawn without replacement (``draws``
+    draws a config, seeded), on a family that kept every item's read; truth as in ``report``. Says
+    how the choice gains with the items it is given, not how it would with more than 16."""
+    from mergekit_mergeability.decide.verdict import AS_WRITTEN
+
+    records = json.loads(FAMILIES[args.family].archive.read_text())
+    shown = ("lower bound", "cross-fitted", "ungated", "lower bound, budget 0", "cross-fitted, budget 0")
+    table = Table(
+        title=f"the `{args.family}` family on fewer probe items: kept − best of the menu (worst − as written)"
+    )
+    for column in ("items a probe", *shown):
+        table.add_column(column)
+    rng = random.Random(0)
+    for n in (4, 8, 12, PROBE):
+        over, under = ({rule: [] for rule in shown} for _ in range(2))
+        for _ in range(draws if n < PROBE else 1):
+            for r in records:
+                keep = {m: sorted(rng.sample(range(PROBE), n)) for m in r["members"]}
+                reads = {c: {m: [v[i] for i in keep[m]] for m, v in by.items()} for c, by in r["reads"].items()}
+                chose = picks(r | {"reads": reads})
+                for rule in shown:
+                    over[rule].append(kept(r, chose[rule]) - kept(r, chose["ceiling: best of the menu"]))
+                    under[rule].append(kept(r, chose[rule]) - kept(r, AS_WRITTEN))
+        table.add_row(str(n), *(f"{statistics.fmean(over[u]):+.3f} ({min(under[u]):+.3f})" for u in shown))
+    show(table, args.markdown)
+
+
 def plan_check(args) -> None:
     """issue 53 on this family: its ten experts as one pool, planned and scored on their unseen items
     as ``configs plan-check`` does for the `configs` family's (its docstring says how)."""
@@ -566,7 +599,14 @@ def merge(args) -> None:
     console.print(f"{len(records)} of {len(list(written_configs(family)))} written configs in {saved}")
 
 
-COMMANDS = {"measure": measure, "merge": merge, "report": report, "regression": regression, "plan-check": plan_check}
+COMMANDS = {
+    "measure": measure,
+    "merge": merge,
+    "report": report,
+    "regression": regression,
+    "items": items,
+    "plan-check": plan_check,
+}
 
 
 def main() -> None:
