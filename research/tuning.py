@@ -312,6 +312,8 @@ def measure(args) -> None:
     for label, members, method in written_configs(family):
         if (label, method) in done or int(label.split("_")[1]) % parts != part:
             continue
+        if args.only and f"{label}_{method}" not in args.only:
+            continue
         begun = time.perf_counter()
         document = config(demo, experts, members, method, probes)
         demo.write_config(f"{label}_{method}", document)  # what a user would run, and benchmarks/tuning.py
@@ -625,6 +627,7 @@ def main() -> None:
         help="measure: I/K, only the draws whose number is I modulo K (K processes side by side, each its --out;"
         " then `merge`)",
     )
+    parser.add_argument("--only", nargs="+", default=[], help="measure: these written configs alone (n2_6_ties ...)")
     parser.add_argument("--from", dest="parts_from", type=Path, nargs="+", default=[], help="merge: the parts' --out")
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--models", type=int, nargs="+", default=[1], help="plan-check: K, the merged models planned")
