@@ -517,15 +517,15 @@ def regression(args) -> None:
     from mergekit_mergeability.maths.stats import mean_interval
 
     read = json.loads(ARCHIVE_ITEMS.read_text())
-    rules = {"cross-fitted": {}, "stepped": {"parents": {}}, "lower bound": {"bound": BOUND}}  # the menu has no knobs
-    over, gap = ({rule: [] for rule in rules} for _ in range(2))
+    given = {"cross-fitted": {}, "stepped": {"parents": {}}, "lower bound": {"bound": BOUND}}  # the menu has no knobs
+    over, gap = ({rule: [] for rule in given} for _ in range(2))
     for r in json.loads(CONFIGS.read_text()):
         at = {c: read.get(f"{r['config']}_{r['method']} {c}") for c in r["measured"]}
         if len(at) <= 1 or None in at.values():
             continue
         order = [AS_WRITTEN, *(c for c in MENU if c in at)]
         truth = {c: np.mean([np.mean(at[c][t][PROBE:]) for t in r["members"]]) for c in order}
-        for rule, options in rules.items():
+        for rule, options in given.items():
             probes = {c: {t: at[c][t][:PROBE] for t in r["members"]} for c in order}
             chosen = choose_method(probes, **options).chosen
             over[rule].append(truth[chosen] - truth[AS_WRITTEN])
@@ -534,7 +534,7 @@ def regression(args) -> None:
     table = Table(title=f"`configs` (regression, budget 0): {count} configs, truth on 48 unseen items")
     for column in ("rule", "quantity", "mean", "95% interval", "worst"):
         table.add_column(column)
-    for rule in rules:
+    for rule in given:
         for name, values, worst in (
             ("chosen − as written", over[rule], min(over[rule])),
             ("best of the menu − chosen", gap[rule], max(gap[rule])),
@@ -546,7 +546,8 @@ def regression(args) -> None:
 
 def items(args, draws: int = 6) -> None:
     """Each rule on fewer probe items: n of each member's 16, drawn without replacement (``draws``
-    draws a config, seeded), on a family that kept every item's read; truth as in ``report``. Says
+    draws a config, seeded), on a family that kept every candidate's read and truth (tuning2); truth as in
+    ``report``. Says
     how the choice gains with the items it is given, not how it would with more than 16."""
     from mergekit_mergeability.decide.verdict import AS_WRITTEN
 
