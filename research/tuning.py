@@ -92,66 +92,38 @@ class Family:
         return ARCHIVE.with_name(f"{self.name}.json")
 
 
+def fresh(name: str, tasks: str, seed: int, every: bool, primary: str, **recipe) -> Family:
+    """A fresh family as `tuning2` and `tuning3` are built: ``tasks`` (space-separated), their rows
+    in pools/<name>_tasks.jsonl, its LoRA ``recipe`` (Settings' fact_* fields), 32 unseen items a task,
+    20 draws (7 of 2 experts, 7 of 3, 6 of 5) seeded by ``seed``."""
+    settings = replace(SETTINGS, facts=str(HERE / "pools" / f"{name}_tasks.jsonl"), pool=name, **recipe)
+    return Family(name, tuple(tasks.split()), settings, 32, {2: 7, 3: 7, 5: 6}, seed, every, primary)
+
+
 FAMILIES = {
     "tuning": Family("tuning", TASKS, SETTINGS, SCORED, {2: 8, 3: 8, 5: 8}, 50, every=False),
-    # research/pools/prereg/tuning2.txt: new tasks, LoRA r8 on the MLP of layers 12-26, 32 unseen items
-    "tuning2": Family(
+    # research/pools/prereg/tuning2.txt: new tasks, LoRA r8 on the MLP of layers 12-26, every candidate's truth
+    "tuning2": fresh(
         "tuning2",
-        (
-            "add_9",
-            "add_40",
-            "add_100",
-            "sub_4",
-            "sub_15",
-            "triple",
-            "double_plus_one",
-            "from_hundred",
-            "mod_3",
-            "hundreds",
-        ),
-        replace(
-            SETTINGS,
-            facts=str(HERE / "pools" / "tuning2_tasks.jsonl"),
-            pool="tuning2",
-            fact_layers=tuple(range(12, 27)),
-            fact_modules=("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"),
-            fact_rank=8,
-        ),
-        32,
-        {2: 7, 3: 7, 5: 6},
+        "add_9 add_40 add_100 sub_4 sub_15 triple double_plus_one from_hundred mod_3 hundreds",
         51,
         every=True,
         primary="stepped",
+        fact_layers=tuple(range(12, 27)),
+        fact_modules=("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"),
+        fact_rank=8,
     ),
     # research/pools/prereg/tuning3.txt: new tasks, LoRA r8 on v, o, up, down of layers 4-19; the truth of
     # the menu and every rule's pick only
-    "tuning3": Family(
+    "tuning3": fresh(
         "tuning3",
-        (
-            "add_6",
-            "add_30",
-            "add_75",
-            "sub_8",
-            "sub_30",
-            "quadruple",
-            "double_minus_one",
-            "from_150",
-            "mod_5",
-            "digits_reversed",
-        ),
-        replace(
-            SETTINGS,
-            facts=str(HERE / "pools" / "tuning3_tasks.jsonl"),
-            pool="tuning3",
-            fact_layers=tuple(range(4, 20)),
-            fact_modules=("self_attn.v_proj", "self_attn.o_proj", "mlp.up_proj", "mlp.down_proj"),
-            fact_rank=8,
-        ),
-        32,
-        {2: 7, 3: 7, 5: 6},
+        "add_6 add_30 add_75 sub_8 sub_30 quadruple double_minus_one from_150 mod_5 digits_reversed",
         52,
         every=False,
         primary="lower bound",
+        fact_layers=tuple(range(4, 20)),
+        fact_modules=("self_attn.v_proj", "self_attn.o_proj", "mlp.up_proj", "mlp.down_proj"),
+        fact_rank=8,
     ),
 }
 MENU = tuple(MENU_METHODS)  # the menu's candidates, by name

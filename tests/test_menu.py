@@ -109,7 +109,6 @@ def test_the_verdict_says_what_the_pick_kept_on_the_held_out_halves():
 
 
 def test_the_paired_margin_is_the_mean_of_each_groups_mean_with_its_standard_error():
-
     margin, se = paired_margin([[1.0, 0.0, 1.0, 0.0], [0.5]], [[0.0, 0.0, 0.0, 0.0], [0.0]])
     # group 1: differences 1,0,1,0 (mean 0.5, sample variance 1/3, over 4 items); group 2: one item, no spread
     assert margin == pytest.approx((0.5 + 0.5) / 2) and se == pytest.approx(math.sqrt((1 / 3) / 4) / 2)
