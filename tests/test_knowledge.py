@@ -204,3 +204,5 @@ def test_prompts_run_together_as_far_as_the_calls_tokens_allow():
     assert [len(g) for g in together([short, long, short, short], tokens=62)] == [2, 2]
     assert [len(g) for g in together([short, long, short, short], tokens=40)] == [1, 1, 2]
     assert [len(g) for g in together([long], tokens=1)] == [1]  # one at least
+    sharing = Asked([1] * 10, [], [[5, 6, 7], [5, 6, 8], [5, 9], [4]])  # 5 6 runs once for two options
+    assert sharing.runs == [(5, 6), (5,)] and padded([sharing]) == 2 * (10 + 2)

@@ -128,9 +128,14 @@ class Asked:
         return [*self.context, *self.shared]
 
     @property
+    def runs(self) -> List[Tuple[int, ...]]:
+        """What runs after the prompt: each option of two tokens or more without its last token,
+        once where options share it (``36`` and ``38`` after one prompt both run ``3``)."""
+        return list(dict.fromkeys(tuple(o[:-1]) for o in self.rest if len(o) > 1))
+
+    @property
     def rows(self) -> int:
-        """Its options that run after the prompt: those of two tokens or more."""
-        return sum(len(o) > 1 for o in self.rest)
+        return len(self.runs)
 
 
 def asked(tokenizer, prompt: str, continuations: Sequence[str]) -> Asked:
@@ -162,7 +167,7 @@ def together(items: Sequence[Asked], tokens: int = CALL_TOKENS) -> Iterator[List
 
 def calls(group: Sequence[Asked]) -> Tuple[int, int]:
     """The tokens ``prompt_pass`` and ``options_pass`` run for ``group``, padding included (0: no call)."""
-    run = [len(o) - 1 for a in group for o in a.rest if len(o) > 1]
+    run = [len(r) for a in group for r in a.runs]
     return len(group) * max(len(a.run) for a in group), len(run) * max(run, default=0)
 
 
@@ -236,18 +241,19 @@ def options_pass(
     """Per item of ``group``, each option's summed log-prob, after ``prompt_pass`` gave ``first``,
     ``said``, ``cache`` and ``mask``. Only options of two tokens or more run, as one batch, each a row
     on its own prompt's keys and values (``cache`` is changed) without its last token: what that
-    predicts is not read. Where none has two, nothing runs."""
+    predicts is not read; options of one prompt that share those tokens share a row. Where none
+    has two, nothing runs."""
     device = first.device
     totals = [
         torch.stack([first[row, o[0]] if o else first.new_zeros(()) for o in item.rest]) + said[row]
         for row, item in enumerate(group)
     ]
-    rows = [(row, j) for row, item in enumerate(group) for j, o in enumerate(item.rest) if len(o) > 1]
+    rows = [(row, run) for row, item in enumerate(group) for run in item.runs]
     if not rows:
         return totals
     owners = torch.tensor([row for row, _ in rows])
     cache.batch_select_indices(owners.to(device))
-    ids, added = pad([([], group[row].rest[j][:-1]) for row, j in rows])
+    ids, added = pad([([], list(run)) for _, run in rows])
     prompts = mask[owners]
     positions = prompts.sum(1, keepdim=True) + torch.arange(ids.shape[1])
     logits = model(
@@ -256,8 +262,11 @@ def options_pass(
         **_given(model, "position_ids", positions.to(device)),
         **{cache_argument(model): cache},
     ).logits
-    for batched, (row, j) in enumerate(rows):  # row by row: no float copy of every row's logits at once
-        after = torch.tensor(group[row].rest[j][1:], device=device)
-        following = torch.log_softmax(logits[batched, : len(after)].float(), dim=-1)
-        totals[row][j] += following.gather(1, after[:, None]).sum()
+    batched = {row: b for b, row in enumerate(rows)}
+    for row, item in enumerate(group):  # option by option: no float copy of every row's logits at once
+        for j, option in enumerate(item.rest):
+            if len(option) > 1:
+                after = torch.tensor(option[1:], device=device)
+                following = torch.log_softmax(logits[batched[row, tuple(option[:-1])], : len(after)].float(), dim=-1)
+                totals[row][j] += following.gather(1, after[:, None]).sum()
     return totals
