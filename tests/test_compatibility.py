@@ -104,3 +104,16 @@ def test_models_without_tokenizer_files_skip_the_comparison(llama, tmp_path):
     assert [(f.severity, f.message) for f in findings] == [
         ("info", f"{bare} vs {llama['base']}: tokenizers not compared, {bare} has no tokenizer files")
     ]
+
+
+def test_tokenizer_files_shared_by_many_fine_tunes_are_parsed_once(llama, tmp_path):
+    """A pool of fine-tunes that ship their base's own tokenizer files: each file read, parsed once."""
+    from mergekit_mergeability.sources import vocabulary
+
+    copies = [shutil.copytree(llama["expert0"], tmp_path / f"copy{i}") for i in range(3)]
+    vocabulary._parsed.cache_clear()
+    first = vocabulary.read(copies[0])
+    parsed = vocabulary._parsed.cache_info().misses
+    others = [vocabulary.read(folder) for folder in copies[1:]]
+    assert parsed >= 1 and vocabulary._parsed.cache_info().misses == parsed
+    assert others == [first, first] and others[0].tokens is not first.tokens  # equal, each its own map
