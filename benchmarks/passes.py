@@ -10,7 +10,7 @@ merges: every candidate asks every member's probe. Six speed-ups, each switched 
   - the layers below the first one the updates touch run once for every candidate
     (``diagnostics.shared_layers``): the first candidate records, the others replay;
   - the masks of mergekit's magnitude pruning are computed once for each update and density and
-    kept for the candidates that prune it again (``planned._shared_masks``);
+    kept for the candidates that prune it again (``planned.shared_masks``);
   - options of one prompt that share their tokens before the last share one row of the options
     call (``activations.Asked.runs``: " 36" and " 38" both run " 3").
 Each variant's scores must equal the baseline's (printed: the largest difference over every item of
@@ -78,11 +78,11 @@ def variant(name: str):
         activations.together = lambda items, tokens=0: ([item] for item in items)
     if keep < 4:
         menu.shared_below = lambda module, names: contextlib.nullcontext(Shared())
-    shared_masks = planned._shared_masks
+    masks = planned.shared_masks
     planned._masks.clear()  # each run computes its own masks
     planned._kept[0] = 0
     if keep < 5:
-        planned._shared_masks = contextlib.nullcontext
+        planned.shared_masks = contextlib.nullcontext
     runs = activations.Asked.runs
     if keep < 6:  # a row for every option, as before
         activations.Asked.runs = property(lambda asked: [tuple(o[:-1]) for o in asked.rest if len(o) > 1])
@@ -90,7 +90,7 @@ def variant(name: str):
         yield
     finally:
         transformers.LlamaForCausalLM.forward, menu.shared_below = forward, shared_below
-        planned._shared_masks, activations.Asked.runs = shared_masks, runs
+        planned.shared_masks, activations.Asked.runs = masks, runs
         activations.split, activations.options_pass, activations.together = split, options_pass, together
 
 

@@ -27,7 +27,7 @@ from mergekit_mergeability.progress import quiet_config_warnings
 SEED = 0  # the random methods' seed, mixed with each tensor's name
 
 _planning = [0]  # the precheck's own plans of a merge in progress
-MASK_BYTES = 1 << 30  # the magnitude masks kept across merges (one byte a value), the oldest let go first
+MASK_BYTES = 1 << 30  # the magnitude masks kept across merges (one bit a value), the oldest let go first
 _masks: "OrderedDict[tuple, Any]" = OrderedDict()
 _kept = [0]  # their bytes
 
@@ -141,7 +141,7 @@ def merged(planned: Planned, read: Callable[[str, str], Optional[Any]]) -> Any:
         if planned.dtype:
             tensor = tensor.to(dtype_from_name(planned.dtype))
         inputs[model] = tensor
-    with torch.random.fork_rng(), _shared_masks():
+    with torch.random.fork_rng(), shared_masks():
         torch.manual_seed(SEED + zlib.crc32(planned.name.encode()))
         result = planned.task.execute(tensors=inputs)
     if result is not None and planned.out_dtype:
@@ -150,12 +150,14 @@ def merged(planned: Planned, read: Callable[[str, str], Optional[Any]]) -> Any:
 
 
 @contextlib.contextmanager
-def _shared_masks() -> Iterator[None]:
+def shared_masks() -> Iterator[None]:
     """mergekit's magnitude pruning (TIES's, DELLA's base) sorts every update tensor it prunes, and
     the candidates a rehearsal builds prune the same updates at the same densities again and again.
     While merging, each mask it computes on the CPU is kept by the update's bytes and the density and
-    used again: the mask mergekit computed, so the same merge."""
+    used again: the mask mergekit computed, so the same merge. Masks are kept a bit a value, so
+    a plan's merges of a hundred adapters' updates keep every one of them."""
     import mergekit.sparsify as sparsify
+    import numpy as np
     import torch
 
     computed = sparsify.magnitude
@@ -165,13 +167,14 @@ def _shared_masks() -> Iterator[None]:
             return computed(tensor, density, rescale_norm)
         bytes_ = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
         key = (hashlib.blake2b(bytes_, digest_size=16).digest(), tuple(tensor.shape), str(tensor.dtype), float(density))
-        mask = _masks.get(key)
-        if mask is None:  # kept where mergekit kept (a kept zero reads the same as one let go)
-            mask = _masks[key] = computed(tensor, density, None) != 0
-            _kept[0] += mask.numel()
+        bits = _masks.get(key)
+        if bits is None:  # kept where mergekit kept (a kept zero reads the same as one let go)
+            bits = _masks[key] = np.packbits((computed(tensor, density, None) != 0).reshape(-1).numpy())
+            _kept[0] += bits.nbytes
             while _kept[0] > MASK_BYTES:
-                _kept[0] -= _masks.popitem(last=False)[1].numel()
+                _kept[0] -= _masks.popitem(last=False)[1].nbytes
         _masks.move_to_end(key)
+        mask = torch.from_numpy(np.unpackbits(bits, count=tensor.numel())).view(tensor.shape)
         return sparsify.rescaled_masked_tensor(tensor, mask.to(tensor.dtype), rescale_norm)
 
     sparsify.magnitude = magnitude

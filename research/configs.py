@@ -640,7 +640,7 @@ def plan_check(args, settings: Settings = SETTINGS, names=TASKS, rows: Path = RO
     the rehearsal (``--budget-evals 4``, the default) and by the prediction alone (``0``); each plan's
     configs, and everything merged with TIES and with the mean merge, merged by mergekit and every
     expert scored on its 48 unseen items (left out: the base's score; alone: its own); ``--random
-    N``: N random subsets of the rehearsed K = 1 plan's size, merged as it is. Another family's
+    N``: N random draws of the rehearsed plan's models, each of its size, merged as it is. Another family's
     experts with ``settings``, task ``names`` and their ``rows`` (``write`` writes them)."""
     import subprocess
 
@@ -695,14 +695,16 @@ def plan_check(args, settings: Settings = SETTINGS, names=TASKS, rows: Path = RO
             ]
     rehearsed = arms.get(f"K = {args.models[0]}, rehearsed", [])
     draw = random.Random(41)
-    if args.random and len(rehearsed) == 1:  # subsets of the rehearsed plan's size and method
-        ((members, path),) = rehearsed
-        written = yaml.safe_load(Path(path).read_text())
-        parameters = as_planned(written, path, task_of)
-        for r in range(args.random):
-            picked = sorted(draw.sample(tasks, len(members)))
+    for r in range(args.random):  # the rehearsed plan's models, each of its size and method, drawn anew
+        drawn = draw.sample(tasks, sum(len(members) for members, _ in rehearsed))
+        arms[f"random #{r + 1}"] = []
+        for i, (members, path) in enumerate(rehearsed):
+            picked, drawn = sorted(drawn[: len(members)]), drawn[len(members) :]
+            written = yaml.safe_load(Path(path).read_text())
+            parameters = as_planned(written, path, task_of)
             document = {**written, "models": [entry(t, parameters[t]) for t in picked]}
-            arms[f"random #{r + 1}"] = [(picked, demo.write_config(f"plan_random_{r + 1}", document))]
+            name = f"plan_random_{r + 1}" + (f"_{i + 1}" if len(rehearsed) > 1 else "")
+            arms[f"random #{r + 1}"].append((picked, demo.write_config(name, document)))
     kept = {}
     for label, models in arms.items():
         values = dict(base)

@@ -162,14 +162,14 @@ def test_a_magnitude_mask_is_computed_once_for_the_same_update_and_density(monke
     monkeypatch.setattr(planned, "_masks", OrderedDict())
     monkeypatch.setattr(planned, "_kept", [0])
     update = torch.randn(64, 32)
-    with planned._shared_masks():
+    with planned.shared_masks():
         first = sparsify.magnitude(update, 0.3, sparsify.RescaleNorm.l1)
         again = sparsify.magnitude(update.clone(), 0.3, sparsify.RescaleNorm.l1)  # the same bytes
         denser = sparsify.magnitude(update, 0.7)
     assert sorted_at == [0.3, 0.7] and sparsify.magnitude is counted  # put back on exit
     assert torch.equal(first, real(update, 0.3, sparsify.RescaleNorm.l1)) and torch.equal(again, first)
     assert torch.equal(denser, real(update, 0.7))
-    monkeypatch.setattr(planned, "MASK_BYTES", 64 * 32)  # room for one mask: the oldest is let go
-    with planned._shared_masks():
+    monkeypatch.setattr(planned, "MASK_BYTES", 64 * 32 // 8)  # room for one mask, a bit a value: the oldest is let go
+    with planned.shared_masks():
         sparsify.magnitude(update * 2, 0.3)
-    assert len(planned._masks) == 1 and planned._kept == [64 * 32]
+    assert len(planned._masks) == 1 and planned._kept == [64 * 32 // 8]
