@@ -70,10 +70,11 @@ def _json(path: Optional[Path]) -> Optional[dict]:
         raise UserError(f"{path}: not JSON; save the tokenizer again") from None
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=4)
 def _parsed(text: bytes) -> dict:
     """Parsed once for the many fine-tunes that ship their base's very files (a pool of 100
-    adapters, each with SmolLM2's 3.5 MB tokenizer.json: 12 s to parse them all)."""
+    adapters, each with SmolLM2's 3.5 MB tokenizer.json: 12 s to parse them all). Four: one
+    tokenizer's files, read model after model, and no more held."""
     return json.loads(text.decode("utf-8"))
 
 
