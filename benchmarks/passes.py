@@ -12,7 +12,7 @@ merges: every candidate asks every member's probe. Six speed-ups, each switched 
   - the masks of mergekit's magnitude pruning are computed once for each update and density and
     kept for the candidates that prune it again (``planned.shared_masks``);
   - options of one prompt that share their tokens before the last share one row of the options
-    call (``activations.Asked.runs``: " 36" and " 38" both run " 3").
+    call (``activations.Asked.runs``: after " 36" and " 38"'s common space, both run "3").
 Each variant's scores must equal the baseline's (printed: the largest difference over every item of
 every candidate). ``--bfloat16`` adds the shipped code run in bfloat16 on the CPU, kept only where
 it is faster and its scores agree with float32's to 1e-3. The config: the `tuning` family's first three-expert draw as task_arithmetic

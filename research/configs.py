@@ -695,7 +695,8 @@ def plan_check(args, settings: Settings = SETTINGS, names=TASKS, rows: Path = RO
             ]
     rehearsed = arms.get(f"K = {args.models[0]}, rehearsed", [])
     draw = random.Random(41)
-    for r in range(args.random):  # the rehearsed plan's models, each of its size and method, drawn anew
+    # the rehearsed plan's models, each of its size and method, drawn anew
+    for r in range(args.random if rehearsed else 0):
         drawn = draw.sample(tasks, sum(len(members) for members, _ in rehearsed))
         arms[f"random #{r + 1}"] = []
         for i, (members, path) in enumerate(rehearsed):
