@@ -696,14 +696,14 @@ def plan_check(args, settings: Settings = SETTINGS, names=TASKS, rows: Path = RO
     rehearsed = arms.get(f"K = {args.models[0]}, rehearsed", [])
     draw = random.Random(41)
     # the rehearsed plan's models, each of its size and method, drawn anew
+    written = [yaml.safe_load(Path(path).read_text()) for _, path in rehearsed]
+    parameters = [as_planned(w, path, task_of) for w, (_, path) in zip(written, rehearsed)]
     for r in range(args.random if rehearsed else 0):
         drawn = draw.sample(tasks, sum(len(members) for members, _ in rehearsed))
         arms[f"random #{r + 1}"] = []
-        for i, (members, path) in enumerate(rehearsed):
+        for i, (members, _) in enumerate(rehearsed):
             picked, drawn = sorted(drawn[: len(members)]), drawn[len(members) :]
-            written = yaml.safe_load(Path(path).read_text())
-            parameters = as_planned(written, path, task_of)
-            document = {**written, "models": [entry(t, parameters[t]) for t in picked]}
+            document = {**written[i], "models": [entry(t, parameters[i][t]) for t in picked]}
             name = f"plan_random_{r + 1}" + (f"_{i + 1}" if len(rehearsed) > 1 else "")
             arms[f"random #{r + 1}"].append((picked, demo.write_config(name, document)))
     kept = {}

@@ -518,9 +518,9 @@ def regression(args) -> None:
 
 def items(args, draws: int = 6) -> None:
     """Each rule on fewer probe items: n of each member's 16, drawn without replacement (``draws``
-    draws a config, seeded), on a family that kept every candidate's read and truth (tuning2); truth as in
-    ``report``. Says
-    how the choice gains with the items it is given, not how it would with more than 16."""
+    draws a config, seeded), on a family that kept every candidate's read and truth (tuning2); truth
+    as in ``report``. Says how the choice gains with the items it is given, not how it would with
+    more than 16."""
     from mergekit_mergeability.decide.verdict import AS_WRITTEN
 
     records = json.loads(FAMILIES[args.family].archive.read_text())

@@ -22,6 +22,7 @@ from typing import Any, Dict, Iterator, Mapping, Optional, Sequence
 
 import torch
 
+from mergekit_mergeability import planned
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.sources import Source, TensorReader, tensors
 
@@ -52,12 +53,10 @@ def merge_updates(
     """Merge the members' updates with ``method``; returns only the tensors that differ from the base."""
     from mergekit.merge_methods import merge_tensors
 
-    from mergekit_mergeability.planned import shared_masks
-
     members = list(updates)
     ids = ["__base__", *members]
     merged = {}
-    with selected_magnitudes(), shared_masks():  # plan's candidates prune the same updates again
+    with selected_magnitudes(), planned.shared_masks():  # plan's candidates prune the same updates again
         for name in sorted(set().union(*(u.keys() for u in updates.values()))):
             reference = base[name]
             tensors = [reference, *(updates[m].get(name, reference) for m in members)]
