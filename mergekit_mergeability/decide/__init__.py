@@ -81,6 +81,7 @@ def decide(
         divergence_curve,
         effective_threshold,
         kept_shares,
+        patch_changes,
         predict,
         recommend,
     )
@@ -108,12 +109,13 @@ def decide(
     )
     known = {name: values[calibration.knowledge_feature] for name, values in table.items()}
     rehearsed = {n for n, v in table.items() if calibration.reads_first and v.get(calibration.reads_first) is not None}
+    void = cutoff is not None and not patch_changes([m for m in experts if m["role"] == "expert"], cutoff)
     recommendation = recommend(
         method,
         predictions,
         known,
         cosines,
-        cutoff,
+        None if void else cutoff,
         errors,
         label=label,
         decided_by=decided_by or "cka",
@@ -122,6 +124,11 @@ def decide(
         grounded={n for n, k in known.items() if k is not None} | rehearsed,
         choice=choice,
     )
+    if void:
+        recommendation.reasons.append(
+            f"the representations part above block {cutoff - 1}, but no expert's update reaches block {cutoff} or"
+            " above: keeping each expert's own blocks there would change nothing"
+        )
     return Decision(
         calibration=calibration,
         features=table,

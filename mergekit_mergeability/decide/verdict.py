@@ -295,6 +295,28 @@ class Recommendation:
     choice: Optional[MethodChoice] = None  # the method chosen by rehearsal, where the menu was rehearsed
 
 
+# A layer patch is void where every expert's update above its cut-off is under this share of the
+# update's squared norm: float noise (a LoRA adapter's untouched blocks hold exactly 0).
+VOID_SHARE = 1e-6
+
+
+def patch_changes(experts: Sequence[Mapping[str, Any]], cutoff: int) -> bool:
+    """Whether a layer patch at ``cutoff`` (the blocks below merged, each expert's own blocks from
+    ``cutoff`` up, final norm and head kept) differs from merging everything: False only where every
+    expert's update lies in the embeddings and the blocks below (its per-block norms measured); a
+    patch where no update reaches changes no weight."""
+    from mergekit_mergeability.records import WeightStats
+
+    for expert in experts:
+        stats = WeightStats.of(expert.get("weights"))
+        if stats.update_norm is None or stats.layer_update_norm is None:
+            return True
+        below = sum(v * v for v in stats.layer_update_norm[:cutoff]) + (stats.embedding_norm or 0.0) ** 2
+        if stats.update_norm**2 - below > VOID_SHARE * stats.update_norm**2:
+            return True
+    return False
+
+
 def kept_shares(
     weights: Mapping[str, float], norms: Mapping[str, float], cosines: Mapping[Pair, float]
 ) -> Dict[str, float]:
