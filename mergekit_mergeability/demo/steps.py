@@ -310,7 +310,7 @@ def run(
     for name in ("translation_different_targets", "translation_shared_target"):
         rec = prechecks[name]["recommendation"]
         cutoff = "" if rec["cutoff"] is None else f", cut-off {rec['cutoff']}"
-        console.print(f"{name}: verdict [bold]{rec['verdict']}[/bold]{cutoff}: " + " ".join(rec["reasons"]))
+        console.print(f"{name}: verdict [bold]{rec['verdict']}[/bold]{cutoff}: " + "; ".join(rec["reasons"]))
     console.rule("4. merge and measure")
     reports = demo.mergeability(configs["facts"], knowledge_of(prechecks["facts"]))
     translated = translation.section(demo, configs, prechecks, settings.translation_layers)

@@ -329,7 +329,7 @@ def write(
     for advice, config in recommended(report, measured) if configs is None else configs:
         header = [
             f"Written by mergekit-mergeability precheck from {measured.spec.source}",
-            f"verdict: {rec['verdict']}. " + " ".join(rec["reasons"]),
+            f"verdict: {rec['verdict']}. " + "; ".join(rec["reasons"]),
             f"keeps: {advice.keeps}",
             f"drops: {advice.drops}",
             *advice.notes,

@@ -78,7 +78,7 @@ def print_precheck(report: Printable, out: Optional[Path] = None, verbose: bool 
     cutoff = f", cut-off {rec['cutoff']}" if rec["cutoff"] is not None else ""
     console.print(
         f"[bold]verdict: {rec['verdict']}[/bold] (method {rec['method']}{cutoff}): "
-        + shorten(" ".join(rec["reasons"]), names)
+        + shorten("; ".join(rec["reasons"]), names)
     )
     main, *per_expert = rec["models"] or [None]
     if main is not None:
