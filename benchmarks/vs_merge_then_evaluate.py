@@ -42,7 +42,9 @@ evaluations in flight, and line 253 (``serial``) reserves ``ray.util.placement_g
 ``torch.cpu.device_count()``, 1 (``mergekit/common.py`` line 400): one worker, which asks Ray for a
 GPU the cluster does not have, so Ray never schedules it and no evaluation runs (checked on this
 2-core machine with ray 2.60: ``ray.init(num_cpus=1)`` lists no GPU, and a task declared
-``ray.remote(num_cpus=1, num_gpus=1.0)`` was still unscheduled after 15 s).
+``ray.remote(num_cpus=1, num_gpus=1.0)`` was still unscheduled after 15 s). Past that, on this
+machine it stops at three more places (lm-eval 0.4.13 without vLLM, ``torch.cpu.empty_cache``,
+lm-eval's cuda default): ``vs_evolve.py`` runs it with a shim for each and compares it directly.
 
     python benchmarks/vs_merge_then_evaluate.py --tiny                 # tiny local models, under a minute
     python benchmarks/vs_merge_then_evaluate.py [--config CONFIG.yml] [--work DIR] [--limit N] [--tune-budget N]

@@ -218,9 +218,10 @@ def _landscape_plot(rec: Dict[str, Any]) -> Optional[str]:
         if boosted:
             ax.plot([1.0] * len(boosted), boosted, "x", color="grey", label="mean, one expert ×2")
         x = chosen["density"] if on_density else chosen.get("scale") or 1.0
-        (right if on_density else ax).plot(
-            [x], [chosen["kept"]], "*", markersize=16, color="black", label="recommended"
-        )
+        (right if on_density else ax).plot(  # hollow: the candidate's own point shows through it
+            [x], [chosen["kept"]], "*", markersize=18, markerfacecolor="none", markeredgecolor="black",
+            markeredgewidth=1.5, zorder=3, label="recommended",
+        )  # fmt: skip
         for panel in (ax, right):
             panel.legend(fontsize="small")
         ax.set_ylabel("mean kept on own probes")
