@@ -73,7 +73,7 @@ def evolve(config: Path, names: Dict[str, str], include: List[Path], fevals: int
     threads = {"EVOLVE_CPUS": cores, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", cores)}
     started = time.perf_counter()
     with open(work / "evolve.log", "w") as log:
-        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ | threads)
+        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ | threads, cwd=work)
     seconds = time.perf_counter() - started
     best = work / "evolve" / "best_config.yaml"
     if done.returncode or not best.is_file():
