@@ -10,6 +10,7 @@
     python research/run.py tuning report --family tuning2            # every rule read off its archive
     python research/run.py tuning items --family tuning2             # every rule on 4, 8, 12 of the 16 items
     python research/run.py tuning measure --family tuning3 --archive # the third (prereg/tuning3.txt)
+    python research/run.py tuning cutoffs --family tuning3           # where a CKA cut-off would preempt the menu
 
 The `tuning` family: ten task-level experts of SmolLM2-135M-Instruct on tasks the `configs` family
 does not use, LoRA rank 4 on the attention projections of layers 15-29, trained on 16 items with the
@@ -574,6 +575,45 @@ def merge(args) -> None:
     console.print(f"{len(records)} of {len(list(written_configs(family)))} written configs in {saved}")
 
 
+def cutoffs(args) -> None:
+    """Where the precheck as users run it (representations on) finds a CKA cut-off on a family's
+    draws, and whether a layer patch there changes any weight: one that does makes the verdict
+    layer_selective before the rehearsed menu is read (the families were measured without the
+    representations). One run per draw: neither the cut-off nor the updates depend on the method."""
+    from mergekit_mergeability import api, measuring
+    from mergekit_mergeability.decide.verdict import patch_changes
+    from mergekit_mergeability.settings import PrecheckSettings
+
+    family = FAMILIES[args.family]
+    demo = Demo(family.settings, args.cache_dir, args.out, console, quiet=True)
+    experts = demo.fact_experts()
+    probes = {t: experts[f"task_{t}"]["probe"] for t in family.tasks}
+    skip = ("knowledge", "fluency", "dilution", "selectivity", "menu")
+    settings = PrecheckSettings(device="cpu", dtype="float32", quiet=True, skip=skip)
+    saved = args.out / "cutoffs.json"
+    found = json.loads(saved.read_text()) if saved.is_file() else {}
+    for label, members, method in written_configs(family):
+        if method != "task_arithmetic" or label in found:
+            continue
+        measured = measuring.measure(
+            api._spec(config(demo, experts, members, method, probes), pools=True), {}, settings
+        )
+        cut = measuring.decision(measured, settings).cutoff
+        blocks = [
+            {"path": m.name, "role": "expert", **measuring.blocks(measured.results, m.name)} for m in measured.models
+        ]
+        found[label] = {"members": members, "cutoff": cut, "changes": cut is not None and patch_changes(blocks, cut)}
+        write_atomic(saved, json.dumps(found, indent=1))
+        console.print(f"{label}: cut-off {cut}, the patch changes weights: {found[label]['changes']}")
+    cut = [f for f in found.values() if f["cutoff"] is not None]
+    changing = [f for f in cut if f["changes"]]
+    console.print(
+        f"{family.name}: {len(found)} draws; a CKA cut-off on {len(cut)} (blocks"
+        f" {sorted({f['cutoff'] for f in cut})}); a patch that changes weights, so layer_selective before the"
+        f" menu, on {len(changing)}"
+    )
+
+
 COMMANDS = {
     "measure": measure,
     "merge": merge,
@@ -581,6 +621,7 @@ COMMANDS = {
     "regression": regression,
     "items": items,
     "plan-check": plan_check,
+    "cutoffs": cutoffs,
 }
 
 
