@@ -316,16 +316,16 @@ def test_a_layer_patch_no_update_reaches_is_not_recommended():
     """The fine-tunes' representations part above block 3 (the curve's first point is the
     embeddings'). Where both updates lie in blocks 0-2, keeping each expert's own blocks from 4 up
     changes no weight: no layer_selective, and the reasons say why; where one update reaches block 4,
-    the patch is recommended."""
+    or the embedding, the patch is recommended."""
     from mergekit_mergeability.decide import decide
 
-    def expert(name, layers):
-        squares = sum(v * v for v in layers)
-        weights = {"update_norm": squares**0.5, "layer_update_norm": layers, "embedding_norm": 0.0}
+    def expert(name, layers, embedding=0.0):
+        squares = sum(v * v for v in layers) + embedding**2
+        weights = {"update_norm": squares**0.5, "layer_update_norm": layers, "embedding_norm": embedding}
         return {"path": name, "role": "expert", "knowledge": None, "weights": weights}
 
-    def decided(b_layers):
-        experts = [expert("a", [1.0, 0.5, 0.2]), expert("b", b_layers)]
+    def decided(b_layers, b_embedding=0.0):
+        experts = [expert("a", [1.0, 0.5, 0.2]), expert("b", b_layers, b_embedding)]
         cka = {("a", "b"): [1.0] * 5 + [0.5, 0.5]}
         return decide(
             experts, Calibration.load(None), {"a": 1.0, "b": 1.0}, {("a", "b"): 0.0}, cka, {}, base=None,
@@ -338,6 +338,8 @@ def test_a_layer_patch_no_update_reaches_is_not_recommended():
     assert "no expert's update reaches block 4" in below.recommendation.reasons[-1]
     reaching = decided([0.3, 0.0, 0.4, 0.0, 1e-2])
     assert (reaching.recommendation.verdict, reaching.recommendation.cutoff) == ("layer_selective", 4)
+    tied = decided([0.3, 0.0, 0.4], b_embedding=0.1)  # an updated embedding may be the head: the patch keeps it
+    assert tied.recommendation.verdict == "layer_selective"
 
 
 def test_a_rehearsed_loss_is_grounds_enough_without_the_bases_knowledge():

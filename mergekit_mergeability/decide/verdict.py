@@ -303,15 +303,16 @@ VOID_SHARE = 1e-6
 def patch_changes(experts: Sequence[Mapping[str, Any]], cutoff: int) -> bool:
     """Whether a layer patch at ``cutoff`` (the blocks below merged, each expert's own blocks from
     ``cutoff`` up, final norm and head kept) differs from merging everything: False only where every
-    expert's update lies in the embeddings and the blocks below (its per-block norms measured); a
-    patch where no update reaches changes no weight."""
+    expert's update lies wholly in the blocks below (its per-block norms measured); a patch where no
+    update reaches changes no weight. An updated embedding counts as reaching it: where the head is
+    tied to the embedding, the patch keeps one expert's."""
     from mergekit_mergeability.records import WeightStats
 
     for expert in experts:
         stats = WeightStats.of(expert.get("weights"))
         if stats.update_norm is None or stats.layer_update_norm is None:
             return True
-        below = sum(v * v for v in stats.layer_update_norm[:cutoff]) + (stats.embedding_norm or 0.0) ** 2
+        below = sum(v * v for v in stats.layer_update_norm[:cutoff])
         if stats.update_norm**2 - below > VOID_SHARE * stats.update_norm**2:
             return True
     return False
