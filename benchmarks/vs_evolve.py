@@ -64,7 +64,7 @@ def genome(config: Path, names: Dict[str, str]) -> dict:
 
 
 def evolve(config: Path, names: Dict[str, str], include: List[Path], fevals: int, work: Path):
-    """(evolve's best config, its seconds, its log's last lines)."""
+    """(evolve's best config, its seconds); its output in ``work/evolve.log``."""
     (work / "genome.yml").write_text(yaml.safe_dump(genome(config, names), sort_keys=False))
     command = [sys.executable, str(Path(__file__).with_name("_evolve.py")), str(work / "genome.yml")]
     command += ["--storage-path", str(work / "evolve"), "--no-merge-cuda", "--max-fevals", str(fevals)]
@@ -102,6 +102,10 @@ def precheck(config: Path, out: Path):
     started = time.perf_counter()
     api.precheck(config, settings=PrecheckSettings(device="cpu", quiet=True), out=out)
     seconds = time.perf_counter() - started
+    if json.loads((out / "precheck.json").read_text())["recommendation"]["verdict"] == "layer_selective":
+        raise SystemExit(
+            f"{config}: the precheck wrote one model per expert (layer_selective); this compares one merge"
+        )
     recommended = merge_config.read(out / "recommended.yml")
     return yaml.safe_load(written(recommended.document, recommended)), seconds
 
