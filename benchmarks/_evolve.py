@@ -1,4 +1,5 @@
-"""Stock ``mergekit-evolve`` on a CPU-only machine, with two shims and nothing else changed:
+"""Stock ``mergekit-evolve`` on a CPU-only machine, with a shim for each of the four places it stops
+and nothing else changed:
 
 - mergekit 0.1.5's evolve modules name ``lm_eval.models.vllm_causallms.VLLM`` at import (a type hint
   and ``monkeypatch_lmeval_vllm``), which lm-eval 0.4.13 imports only where vLLM is installed; a

@@ -291,6 +291,11 @@ def blocks(results: Mapping[str, DiagnosticResult], model: str) -> Dict[str, Opt
     return found
 
 
+def experts(measured: Measurements) -> List[Dict[str, Any]]:
+    """Each expert as ``decide`` reads it (and precheck.json's ``models``): its path, role and records."""
+    return [{"path": m.name, "role": "expert", **blocks(measured.results, m.name)} for m in measured.models]
+
+
 def decision(
     measured: Measurements,
     settings: PrecheckSettings = PrecheckSettings(),
@@ -310,15 +315,15 @@ def decision(
 
     spec, results = measured.spec, measured.results
     names = short_names([m.name for m in ([measured.base] if measured.base else []) + list(measured.models)])
-    experts = [{"path": m.name, "role": "expert", **blocks(results, m.name)} for m in measured.models]
+    members = experts(measured)
     weights = {
         pair: PairWeights.of(values)
         for pair, values in (results["weights"].per_pair if "weights" in results else {}).items()
     }
-    knowledge = {e["path"]: KnowledgeStats.of(e["knowledge"]).scored_mean_p_gold for e in experts}
+    knowledge = {e["path"]: KnowledgeStats.of(e["knowledge"]).scored_mean_p_gold for e in members}
     pairs = [{"a": a, "b": b, **values.json()} for (a, b), values in weights.items()]
     return decide(
-        experts,
+        members,
         Calibration.load(settings.calibration),
         configured_weights(spec.document),
         {pair: values.cosine for pair, values in weights.items()},
@@ -331,7 +336,7 @@ def decision(
         overlap_threshold=settings.overlap_threshold,
         signal=settings.cutoff_signal,
         label=names.get,
-        against_ties=against_ties({"models": experts, "pairs": pairs}) if against_ties else None,
+        against_ties=against_ties({"models": members, "pairs": pairs}) if against_ties else None,
         choice=choose_method(menu.scored(results[menu.NAME]), knowledge, methods(spec.document, knowledge))
         if menu.NAME in results
         else None,

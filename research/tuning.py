@@ -599,10 +599,8 @@ def cutoffs(args) -> None:
             api._spec(config(demo, experts, members, method, probes), pools=True), {}, settings
         )
         cut = measuring.decision(measured, settings).cutoff
-        blocks = [
-            {"path": m.name, "role": "expert", **measuring.blocks(measured.results, m.name)} for m in measured.models
-        ]
-        found[label] = {"members": members, "cutoff": cut, "changes": cut is not None and patch_changes(blocks, cut)}
+        changes = cut is not None and patch_changes(measuring.experts(measured), cut)
+        found[label] = {"members": members, "cutoff": cut, "changes": changes}
         write_atomic(saved, json.dumps(found, indent=1))
         console.print(f"{label}: cut-off {cut}, the patch changes weights: {found[label]['changes']}")
     cut = [f for f in found.values() if f["cutoff"] is not None]
