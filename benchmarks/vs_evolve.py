@@ -81,16 +81,16 @@ def evolve(config: Path, names: Dict[str, str], include: List[Path], fevals: int
     return yaml.safe_load(best.read_text()), seconds
 
 
-def held_out(document: dict, probes: List[Path], name: str, work: Path) -> List[float]:
-    """Each member's mean p(gold) on its held-out items, in ``document``'s merge written by mergekit in float32."""
-    from mergekit_mergeability import tasks
+def held_out(document: dict, probes: List[list], name: str, work: Path) -> List[float]:
+    """Each member's mean p(gold) on its held-out items (``probes``: each member's instances), in
+    ``document``'s merge written by mergekit in float32."""
     from mergekit_mergeability.diagnostics.knowledge import scores
     from mergekit_mergeability.sources import load_causal_lm
 
     folder = work / "held_out" / name
     merge(yaml.safe_dump({**document, "dtype": "float32"}, sort_keys=False), folder, work / "lora-merged")
     model, tokenizer = load_causal_lm(folder, "cpu", "float32")
-    read = [scores(model, tokenizer, tasks.load(str(p)), None) for p in probes]
+    read = [scores(model, tokenizer, instances, None) for instances in probes]
     return [sum(s.p_gold for s in member) / len(member) for member in read]
 
 
@@ -119,7 +119,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=None, help="keep everything here (default: a temporary folder)")
     parser.add_argument("--max-fevals", type=int, default=100, help="mergekit-evolve's budget (its default: 100)")
     args = parser.parse_args()
-    from mergekit_mergeability import merge_config
+    from mergekit_mergeability import merge_config, tasks
+    from mergekit_mergeability.errors import UserError
     from mergekit_mergeability.gate import ENVIRONMENT
 
     os.environ.pop(ENVIRONMENT, None)  # the opt-in gate would precheck every merge evolve writes
@@ -128,6 +129,10 @@ def main() -> None:
     for path in (args.config, *args.held_out):
         if not path.is_file():
             raise SystemExit(f"{path}: no such file (python research/run.py tuning measure --family tuning3 writes it)")
+    try:  # read before the half hour of work, so a broken file stops it at once
+        probes = [tasks.load(str(path)) for path in args.held_out]
+    except UserError as error:
+        raise SystemExit(str(error)) from None
     with workdir(args.work, "vs-evolve-") as work:
         work = work.resolve()
         config, names, include = asked_as_tasks(args.config, work)
@@ -140,9 +145,7 @@ def main() -> None:
         console.print(f"(2) {evolve_seconds:.1f} s; the three merges read on the held-out items ...")
         spec = merge_config.read(config)
         merges = {"as written": yaml.safe_load(written(spec.document, spec)), "precheck": recommended, "evolve": best}
-        kept = {
-            name: held_out(document, args.held_out, name.replace(" ", "_"), work) for name, document in merges.items()
-        }
+        kept = {name: held_out(document, probes, name.replace(" ", "_"), work) for name, document in merges.items()}
         result = {
             "config": str(args.config),
             "held_out": {name: dict(zip(names.values(), values)) for name, values in kept.items()},
