@@ -34,6 +34,7 @@ from mergekit_mergeability.tasks import card, probes
 
 if TYPE_CHECKING:
     from mergekit_mergeability.decide import Decision
+    from mergekit_mergeability.decide.verdict import Cut, MethodChoice
 
 BUILTIN = "builtin"  # the package's own plugin: if its signals cannot be measured, nothing is judged
 REPORT_HOOK = "mergeability_precheck_report"
@@ -218,7 +219,7 @@ def measure(
     from mergekit_mergeability import menu
 
     if planned and menu.NAME not in skip:
-        rehearsed = menu.rehearse(measured, inputs)
+        rehearsed = menu.rehearse(measured, inputs, layer_cut(measured, settings).acting)
         if rehearsed is not None:
             measured.results[menu.NAME] = rehearsed
     return measured
@@ -296,6 +297,32 @@ def experts(measured: Measurements) -> List[Dict[str, Any]]:
     return [{"path": m.name, "role": "expert", **blocks(measured.results, m.name)} for m in measured.models]
 
 
+def curves(results: Mapping[str, DiagnosticResult]) -> Tuple[Dict, Dict]:
+    """Per pair, per layer: the unbiased CKA (``representations``) and the group-specific neurons'
+    overlap (``selectivity``); empty where the diagnostic did not run."""
+    return (
+        {pair: PairLayers.of(layers).cka_unbiased for pair, layers in per_layer(results, "representations").items()},
+        {pair: PairLayers.of(layers).specific_overlap for pair, layers in per_layer(results, "selectivity").items()},
+    )
+
+
+def layer_cut(measured: Measurements, settings: PrecheckSettings) -> "Cut":
+    """Where the decision will find the fine-tunes part (``verdict.layer_cut``), from what was measured."""
+    from mergekit_mergeability.decide.verdict import layer_cut as cut
+
+    cka, overlaps = curves(measured.results)
+    base = measured.spec.base_model
+    return cut(
+        experts(measured),
+        cka,
+        overlaps,
+        base,
+        settings.cka_threshold,
+        settings.overlap_threshold,
+        settings.cutoff_signal,
+    )
+
+
 def decision(
     measured: Measurements,
     settings: PrecheckSettings = PrecheckSettings(),
@@ -309,7 +336,6 @@ def decision(
     from mergekit_mergeability.decide import decide
     from mergekit_mergeability.decide.advice import configured_weights
     from mergekit_mergeability.decide.tuning import methods
-    from mergekit_mergeability.decide.verdict import choose_method
     from mergekit_mergeability.decide.calibration import Calibration
     from mergekit_mergeability.names import short_names
 
@@ -327,8 +353,7 @@ def decision(
         Calibration.load(settings.calibration),
         configured_weights(spec.document),
         {pair: values.cosine for pair, values in weights.items()},
-        {pair: PairLayers.of(layers).cka_unbiased for pair, layers in per_layer(results, "representations").items()},
-        {pair: PairLayers.of(layers).specific_overlap for pair, layers in per_layer(results, "selectivity").items()},
+        *curves(results),
         base=spec.base_model,
         method=spec.merge_method,
         errors=measured.errors(),
@@ -337,7 +362,19 @@ def decision(
         signal=settings.cutoff_signal,
         label=names.get,
         against_ties=against_ties({"models": members, "pairs": pairs}) if against_ties else None,
-        choice=choose_method(menu.scored(results[menu.NAME]), knowledge, methods(spec.document, knowledge))
+        choice=rehearsed_choice(results[menu.NAME], knowledge, methods(spec.document, knowledge))
         if menu.NAME in results
         else None,
     )
+
+
+def rehearsed_choice(result: DiagnosticResult, knowledge, methods: Mapping[str, str]) -> "MethodChoice":
+    """The choice among the rehearsed candidates (``verdict.choose_method``): against the config as
+    written, or against the layer patch where it was rehearsed (research/pools/prereg/patch.txt,
+    amendment 1: the cut-off's patch stands unless a merge beats it on items it was not picked on)."""
+    from mergekit_mergeability import menu
+    from mergekit_mergeability.decide.verdict import AS_WRITTEN, PATCH, choose_method
+
+    scores = menu.scored(result)
+    baseline = PATCH if PATCH in scores else AS_WRITTEN
+    return choose_method(scores, knowledge, {**methods, PATCH: "layer_selective"}, baseline=baseline)

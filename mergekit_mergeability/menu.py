@@ -11,6 +11,12 @@ config has 2 to 8 models (a pool keeps paper 1's expected-partner rehearsal), ev
 probe, and its merge can be built on the loaded base. One merge and one pass over every probe per
 candidate, the layers below the first one the updates touch run once for all of them
 (``shared_layers``); ``--tune-budget`` caps the grid's passes.
+
+Where the representations part at a block some update reaches (the verdict would be
+``layer_selective``), the layer patch is one more candidate (``patches``): each member's probe is
+asked on its own patched model (the blocks below merged, its own above), so the choice weighs one
+model per expert against one merged model on the same reads
+(research/pools/prereg/patch.txt).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from mergekit_mergeability.planned import writable
 from mergekit_mergeability.diagnostics.knowledge import as_read
 from mergekit_mergeability.diagnostics.shared_layers import shared_below
 from mergekit_mergeability.sources import TensorReader
-from mergekit_mergeability.decide.verdict import MENU
+from mergekit_mergeability.decide.verdict import MENU, PATCH
 from mergekit_mergeability.records import KnowledgeStats
 from mergekit_mergeability.settings import TUNE_CANDIDATES
 
@@ -32,10 +38,11 @@ MENU_SIZE = len(MENU)  # advice.menu's candidates at most
 GRID_SIZE = 9  # decide.tuning's grid at most, besides one candidate per expert
 
 
-def rehearse(measured, inputs: DiagnosticInputs) -> Optional[DiagnosticResult]:
-    """Per candidate (``as_written``, the menu and as much of the grid as ``--tune-budget`` pays
-    for), per member: its probe's items as scored, in ``per_instance`` (member -> one record per
-    item: candidate -> value) and their mean in ``per_model``; None where the menu is not rehearsed."""
+def rehearse(measured, inputs: DiagnosticInputs, cutoff: Optional[int] = None) -> Optional[DiagnosticResult]:
+    """Per candidate (``as_written``, the menu, as much of the grid as ``--tune-budget`` pays for and
+    the layer patch at ``cutoff``, where one acts: ``patches``), per member: its probe's items as
+    scored, in ``per_instance`` (member -> one record per item: candidate -> value) and their mean in
+    ``per_model``; None where the menu is not rehearsed."""
     from mergekit_mergeability.progress import task
     from mergekit_mergeability.sources import load_causal_lm
 
@@ -47,19 +54,23 @@ def rehearse(measured, inputs: DiagnosticInputs) -> Optional[DiagnosticResult]:
     names = set().union(*inputs.touched.values())
     sources = {m.name: m.path for m in (inputs.base, *models)}
     lines = _lines(inputs)
+    patched = patches(measured, inputs, cutoff) if cutoff else {}  # none, or 0: nothing shared
     module, tokenizer = load_causal_lm(inputs.base.path, settings.device, inputs.base.load_dtype(settings))
     paths = list(sources.values())
     items: Dict[str, Dict[str, List[float]]] = {m.name: {} for m in models}
+    others = f"{len(plans) - 1} other merges" + (" and the layer patch" if patched else "")
+    said = f"menu: the config as written{',' if patched else ' and'} {others}"
     with (
-        task(
-            f"menu: the config as written and {len(plans) - 1} other merges", len(plans) * lines, settings.quiet
-        ) as advance,
+        task(said, (len(plans) + bool(patched)) * lines, settings.quiet) as advance,
         shared_below(module, names),
     ):
         for name, candidate in plans.items():
             with as_written(module, candidate, paths, names):
                 for model in models:
                     items[model.name][name] = as_read(module, tokenizer, list(model.probes), advance)
+        for model in models if patched else ():  # each member's probe on its own patched model
+            with as_written(module, patched[model.name], paths, names):
+                items[model.name][PATCH] = as_read(module, tokenizer, list(model.probes), advance)
     result = DiagnosticResult()
     for model, by_candidate in items.items():
         result.per_model[model] = {c: sum(v) / len(v) for c, v in by_candidate.items()}
@@ -92,6 +103,20 @@ def merges(measured, inputs: DiagnosticInputs, knowledge: Dict[str, Optional[flo
     return plans
 
 
+def patches(measured, inputs: DiagnosticInputs, cutoff: int) -> Dict[str, dict]:
+    """Each member's layer patch at ``cutoff`` as mergekit plans it (``advice.patches``), by member;
+    empty where one cannot be built on the loaded base."""
+    from mergekit_mergeability.decide.advice import patches as configs
+    from mergekit_mergeability.merge_config import absolute
+    from mergekit_mergeability.planned import plan
+
+    sources = {m.name: m.path for m in (inputs.base, *inputs.models)}
+    base, names = TensorReader(inputs.base.path), set().union(*inputs.touched.values())
+    written = configs(cutoff, measured.spec.document)
+    planned = {m.name: plan(absolute(written[m.name], sources), measured.spec.source) for m in inputs.models}
+    return planned if all(writable(p, base.index, names) for p in planned.values()) else {}
+
+
 def _rehearsed(inputs: DiagnosticInputs) -> bool:
     models = inputs.models
     if inputs.base is None or not 2 <= len(models) <= PARTNERS or not all(m.probes for m in models):
@@ -110,24 +135,25 @@ def _budget(inputs: DiagnosticInputs, lines: int) -> int:
 
 
 def passes(inputs: DiagnosticInputs) -> int:
-    """Probe sequences over the config as written, the menu's four candidates and the grid's share of
-    ``--tune-budget``, at most (0 where the menu will not be rehearsed)."""
+    """Probe sequences over the config as written, the menu's four candidates, the grid's share of
+    ``--tune-budget`` and the layer patch (where a cut-off is found), at most (0 where the menu will
+    not be rehearsed)."""
     if not _rehearsed(inputs):
         return 0
     lines = _lines(inputs)
     grid = min(_budget(inputs, lines) // max(lines, 1), GRID_SIZE + len(inputs.models))
-    return (1 + MENU_SIZE + grid) * lines
+    return (1 + MENU_SIZE + grid + 1) * lines
 
 
 def said(inputs: DiagnosticInputs) -> str:
     """What the menu's count is made of, for the cost line."""
     lines = _lines(inputs)
-    grid = passes(inputs) // max(lines, 1) - 1 - MENU_SIZE
+    grid = passes(inputs) // max(lines, 1) - 2 - MENU_SIZE
     budget = "default" if inputs.settings.tune_budget is None else f"{inputs.settings.tune_budget:,}"
     searched = f"up to {grid} of the knob grid" if grid > 0 else "no knob grid"
     return (
-        f"menu: the config as written, {MENU_SIZE} other merges and {searched}"
-        f" ({lines:,} passes each; --tune-budget {budget})"
+        f"menu: the config as written, {MENU_SIZE} other merges, {searched} and a layer patch where one is"
+        f" found ({lines:,} passes each; --tune-budget {budget})"
     )
 
 

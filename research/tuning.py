@@ -11,6 +11,7 @@
     python research/run.py tuning items --family tuning2             # every rule on 4, 8, 12 of the 16 items
     python research/run.py tuning measure --family tuning3 --archive # the third (prereg/tuning3.txt)
     python research/run.py tuning cutoffs --family tuning3           # where a CKA cut-off would preempt the menu
+    python research/run.py tuning patch --family tuning2 --archive   # the layer patch as a candidate (prereg/patch.txt)
 
 The `tuning` family: ten task-level experts of SmolLM2-135M-Instruct on tasks the `configs` family
 does not use, LoRA rank 4 on the attention projections of layers 15-29, trained on 16 items with the
@@ -612,6 +613,125 @@ def cutoffs(args) -> None:
     )
 
 
+def patch_reads(document: dict, cutoff: int, asked: dict, members, limit: int) -> dict:
+    """Each member's items of ``asked`` (task -> probe file) read on its own layer patch at ``cutoff``,
+    as the precheck's menu reads them (``menu.patches``: advice's per-expert configs, merged in
+    memory on mergekit's plan), float32: member task -> one read per item."""
+    from mergekit_mergeability import api, measuring
+    from mergekit_mergeability.decide.advice import patches
+    from mergekit_mergeability.diagnostics import DiagnosticInputs
+    from mergekit_mergeability.diagnostics.dilution import as_written
+    from mergekit_mergeability.diagnostics.knowledge import as_read
+    from mergekit_mergeability.diagnostics.shared_layers import shared_below
+    from mergekit_mergeability.merge_config import absolute
+    from mergekit_mergeability.planned import plan
+    from mergekit_mergeability.settings import PrecheckSettings
+    from mergekit_mergeability.sources import load_causal_lm
+
+    written = without_probes(document)
+    for entry, task in zip(written["models"], members):
+        entry["probe"] = str(asked[task])
+    spec = api._spec(written, pools=True)
+    base, models = measuring.load_inputs(spec, measuring.probe_specs(spec, {}), limit, "float32")
+    touched = set().union(*DiagnosticInputs(base, models, PrecheckSettings(device="cpu")).touched.values())
+    sources = {m.name: m.path for m in (base, *models)}
+    configs = patches(cutoff, spec.document)
+    module, tokenizer = load_causal_lm(base.path, "cpu", "float32")
+    found = {}
+    with shared_below(module, touched):
+        for task, model in zip(members, models):
+            with as_written(
+                module, plan(absolute(configs[model.name], sources), spec.source), list(sources.values()), touched
+            ):
+                found[f"task_{task}"] = as_read(module, tokenizer, list(model.probes))
+    return found
+
+
+def patch(args) -> None:
+    """research/pools/prereg/patch.txt: on each written config of a family whose draw has a CKA cut-off
+    some update reaches (cutoffs archive), the layer patch rehearsed as one more candidate: its reads
+    (each member's probe on its own patch) beside the family's archived reads of every other
+    candidate, the shipped chooser over all, and the patch's truth (each member's unseen items on
+    its own patch). Cached in --out/patch.json."""
+    family = FAMILIES[args.family]
+    cut = json.loads((HERE / "pools" / "measured" / "cutoffs" / f"{family.name}.json").read_text())
+    demo = Demo(family.settings, args.cache_dir, args.out, console, quiet=True)
+    experts = demo.fact_experts()
+    probes = {t: experts[f"task_{t}"]["probe"] for t in family.tasks}
+    unseen = unseen_probes(demo, family)
+    saved = args.out / "patch.json"
+    found = json.loads(saved.read_text()) if saved.is_file() else {}
+    for record in json.loads(family.archive.read_text()):
+        label, method = record["config"], record["method"]
+        draw, key = cut[label], f"{label}_{method}"
+        if not draw["changes"] or key in found:
+            continue
+        begun = time.perf_counter()
+        members = [t.removeprefix("task_") for t in record["members"]]
+        document = config(demo, experts, members, method, probes)
+        reads = patch_reads(document, draw["cutoff"], probes, members, None)
+        truth = patch_reads(document, draw["cutoff"], unseen, members, family.scored)
+        found[key] = {
+            "cutoff": draw["cutoff"],
+            "reads": {t: [round(v, 6) for v in r] for t, r in reads.items()},
+            "truth": {t: sum(r) / len(r) for t, r in truth.items()},
+            "seconds": round(time.perf_counter() - begun, 1),
+        }
+        write_atomic(saved, json.dumps(found, indent=1))
+        console.print(f"{key}: cut-off {draw['cutoff']} ({found[key]['seconds']:.0f} s)")
+    if args.archive:
+        write_atomic(HERE / "pools" / "measured" / "patch" / f"{family.name}.json", saved.read_text())
+    patch_report(family, found, args.markdown)
+
+
+def patch_report(family: "Family", found: dict, markdown: bool) -> None:
+    """The prereg's comparisons on the unseen items: the new recommendation, the patch always (the old
+    order) and the menu's choice without the patch, each against the config as written; the ceiling."""
+    from mergekit_mergeability.decide.verdict import AS_WRITTEN, PATCH, choose_method
+    from mergekit_mergeability.maths.stats import mean_interval
+
+    records = {f"{r['config']}_{r['method']}": r for r in json.loads(family.archive.read_text())}
+    for key, patched in found.items():  # every rule read off the reads: the archive's and the patch's
+        reads = records[key]["reads"]
+        patched["chosen_without"] = choose_method(reads).chosen
+        assert patched["chosen_without"] == records[key]["tuned"]["chosen"], key  # the archive's own choice
+        patched["registered"] = choose_method({**reads, PATCH: patched["reads"]}).chosen
+        patched["chosen"] = choose_method({**reads, PATCH: patched["reads"]}, baseline=PATCH).chosen
+
+    def truth(key: str, candidate: str) -> float:
+        record, members = records[key], records[key]["members"]
+        table = found[key]["truth"] if candidate == PATCH else record["measured"][candidate]
+        return statistics.fmean(table[t] for t in members)
+
+    keys = sorted(found)
+    ways = {
+        "the config as written": lambda k: truth(k, AS_WRITTEN),
+        "the layer patch always (before)": lambda k: truth(k, PATCH),
+        "the menu's choice, no patch": lambda k: truth(k, found[k]["chosen_without"]),
+        "the patch among the candidates (registered)": lambda k: truth(k, found[k]["registered"]),
+        "the patch as the baseline (amendment 1, ships)": lambda k: truth(k, found[k]["chosen"]),
+        "ceiling: best on unseen items": lambda k: max(truth(k, c) for c in [*records[k]["measured"], PATCH]),
+    }
+    kept = {name: [way(k) for k in keys] for name, way in ways.items()}
+    table = Table(title=f"{family.name}: {len(keys)} written configs with a cut-off some update reaches")
+    for column in ("", "mean kept (unseen)", "− as written", "95% (over configs)", "worst − as written"):
+        table.add_column(column)
+    for name, values in kept.items():
+        gain = [v - w for v, w in zip(values, kept["the config as written"])]
+        mean, (low, high) = mean_interval(gain)
+        row = f"{statistics.fmean(values):.3f}", f"{mean:+.3f}", f"{low:+.3f} to {high:+.3f}", f"{min(gain):+.3f}"
+        table.add_row(name, *row)
+    show(table, markdown)
+    for rule in ("the patch among the candidates (registered)", "the patch as the baseline (amendment 1, ships)"):
+        for name in ("the layer patch always (before)", "the menu's choice, no patch"):
+            mean, (low, high) = mean_interval([a - b for a, b in zip(kept[rule], kept[name])])
+            console.print(f"{rule} − {name}: {mean:+.3f} (95% {low:+.3f} to {high:+.3f})")
+    for rule in ("registered", "chosen"):
+        picked = sum(found[k][rule] == PATCH for k in keys)
+        console.print(f"{rule}: the patch chosen on {picked} of {len(keys)} configs")
+    show(table, markdown)
+
+
 COMMANDS = {
     "measure": measure,
     "merge": merge,
@@ -620,6 +740,7 @@ COMMANDS = {
     "items": items,
     "plan-check": plan_check,
     "cutoffs": cutoffs,
+    "patch": patch,
 }
 
 

@@ -108,6 +108,43 @@ def test_the_verdict_says_what_the_pick_kept_on_the_held_out_halves():
     assert recommend("ties", {}, {}, {}, None, [], choice=grid).method == "task_arithmetic"
 
 
+def test_a_rehearsed_layer_patch_stands_unless_a_merge_beats_it_on_held_out_items():
+    """Where the representations part (cut-off 20) and the patch was rehearsed beside the merges, it
+    is the choice's baseline: a merge replaces it only where it keeps more on both halves; where the
+    probes tell nothing (every candidate reads the same, as whole generated sentences do), the patch
+    stands. Unrehearsed, the patch is written as before."""
+    from mergekit_mergeability.decide.verdict import LAYER_SELECTIVE, PATCH
+
+    def choice(mean, patch, written={"a": [0.2] * 8, "b": [0.4] * 8}):
+        return choose_method({AS_WRITTEN: written, "mean": mean, PATCH: patch}, baseline=PATCH)
+
+    patched = recommend(
+        "ties", {}, {}, {}, 20, [], choice=choice({"a": [0.5] * 8, "b": [0.5] * 8}, {"a": [0.8] * 8, "b": [0.7] * 8})
+    )
+    assert (patched.verdict, patched.method, patched.cutoff) == (LAYER_SELECTIVE, "layer_selective", 20)
+    assert patched.reasons[0].endswith("merge blocks 0–19, keep each expert's own blocks above")
+    assert patched.reasons[1].startswith("rehearsed, the layer patch at block 20 keeps the most")
+    merged = recommend(
+        "ties", {}, {}, {}, 20, [], choice=choice({"a": [0.6] * 8, "b": [0.5] * 8}, {"a": [0.3] * 8, "b": [0.4] * 8})
+    )
+    assert (merged.verdict, merged.method, merged.cutoff) == (METHOD_BY_REHEARSAL, "task_arithmetic", None)
+    assert "mean keeps 0.55 on its models' own probes against 0.35 for the patch" in merged.reasons[0]
+    assert "the pick keeps +0.200 over the layer patch at block 20" in merged.reasons[0]
+    assert (
+        merged.reasons[1]
+        == "representations stay shared up to block 19 and diverge above, but a merge keeps more than the layer patch there"
+    )
+    nothing = {"a": [0.0] * 8, "b": [0.0] * 8}
+    silent = recommend("ties", {}, {}, {}, 20, [], choice=choice(nothing, nothing, nothing))
+    assert (silent.verdict, silent.cutoff) == (LAYER_SELECTIVE, 20)
+    written = recommend(
+        "ties", {}, {}, {}, 20, [], choice=choice({"a": [0.3] * 8, "b": [0.3] * 8}, {"a": [0.1] * 8, "b": [0.2] * 8})
+    )
+    assert (written.verdict, written.method) == (MERGE_AS_CONFIGURED, "ties")
+    unrehearsed = recommend("ties", {}, {}, {}, 20, [], choice=choose_method({AS_WRITTEN: nothing, "mean": nothing}))
+    assert (unrehearsed.verdict, unrehearsed.cutoff) == (LAYER_SELECTIVE, 20)
+
+
 def test_the_paired_margin_is_the_mean_of_each_groups_mean_with_its_standard_error():
     margin, se = paired_margin([[1.0, 0.0, 1.0, 0.0], [0.5]], [[0.0, 0.0, 0.0, 0.0], [0.0]])
     # group 1: differences 1,0,1,0 (mean 0.5, sample variance 1/3, over 4 items); group 2: one item, no spread

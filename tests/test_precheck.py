@@ -168,11 +168,12 @@ def test_knowledge_weighted_advice_keeps_the_configured_update_size(tmp_path, po
 
 
 def test_divergent_upper_layers_get_one_model_per_expert_that_keeps_its_own_upper_blocks(tmp_path, pool):
-    """Item 1: paper 3's layer patch for every expert; no recommended model is the base."""
+    """Item 1: paper 3's layer patch for every expert; no recommended model is the base. The menu
+    skipped, the patch is not weighed against a merge (the next test weighs it)."""
     from mergekit_mergeability.tiny import state_dict
 
     config = _config(tmp_path, pool, ["upper_a", "upper_b"], ["probe_known", "probe_unknown"])
-    result = precheck_cli(config, tmp_path / "out")
+    result = precheck_cli(config, tmp_path / "out", "--skip", "menu")
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
     pair = next(p for p in report["pairs"] if {p["a"], p["b"]} == {str(pool["upper_a"]), str(pool["upper_b"])})
@@ -204,6 +205,36 @@ def test_divergent_upper_layers_get_one_model_per_expert_that_keeps_its_own_uppe
         and "predicted to lose most" in " ".join(rec["models"][0]["notes"])
     )
     assert rec["models"][0]["drops"] == f"blocks ≥ 2 of {experts[1]['name']}"  # the other expert's upper blocks
+
+
+def test_a_rehearsed_layer_patch_reads_each_expert_on_the_patch_mergekit_writes_for_it(tmp_path, pool):
+    """Where the menu is rehearsed, the layer patch is one of its candidates: each expert's probe read
+    on its own patched model, which is the model mergekit-yaml writes from recommended/<expert>.yml
+    (merged on disk here and read again). The choice between it and the merges sets the verdict."""
+    from mergekit_mergeability import tasks
+    from mergekit_mergeability.diagnostics.knowledge import as_read
+    from mergekit_mergeability.sources import load_causal_lm
+
+    config = _config(tmp_path, pool, ["upper_a", "upper_b"], ["probe_known", "probe_unknown"])
+    result = precheck_cli(config, tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    rec = json.loads((tmp_path / "out" / "precheck.json").read_text())["recommendation"]
+    patch = next(c for c in rec["search"] if c["name"] == "layer patch")
+    assert (patch["method"], patch["cutoff"]) == ("layer_selective", 2)
+    choice = rec["method_choice"]
+    assert (rec["verdict"] == "layer_selective") == (choice["chosen"] == "layer patch")
+    assert "the layer patch at block 2" in " ".join(rec["reasons"])
+    for expert, probe in (("upper_a", "probe_known"), ("upper_b", "probe_unknown")):
+        patched = tmp_path / "patched" / expert
+        written = yaml.safe_load(config.read_text())
+        written.update(merge_method="layer_selective", parameters={"cutoff": 2, "inner": "task_arithmetic"})
+        for entry in written["models"]:
+            entry.pop("probe")
+            entry["parameters"]["upper"] = entry["model"] == str(pool[expert])
+        (tmp_path / f"{expert}.yml").write_text(yaml.safe_dump(written))
+        module, tokenizer = load_causal_lm(_merge(tmp_path / f"{expert}.yml", patched), "cpu", "float32")
+        read = as_read(module, tokenizer, tasks.load(str(pool[probe])))
+        assert choice["per_model"]["layer patch"][str(pool[expert])] == pytest.approx(sum(read) / len(read), abs=1e-5)
 
 
 def test_incompatible_models_stop_from_headers_alone(tmp_path, pool, families):

@@ -75,13 +75,10 @@ def decide(
     from mergekit_mergeability.decide.verdict import (
         RELATIVE_DROP,
         Prediction,
-        cutoff_from_curve,
-        decide_cutoff,
         derived,
-        divergence_curve,
         effective_threshold,
         kept_shares,
-        patch_changes,
+        layer_cut,
         predict,
         recommend,
     )
@@ -101,32 +98,26 @@ def decide(
     kept = kept_shares(configured, norms, cosines)
     predictions = derived(predict(calibrated, kept), experts)
     outside = domain_check(calibration, experts, table)
-    curve = divergence_curve(cka, base)
-    overlap = divergence_curve(overlaps, base)
-    selectivity_cutoff = cutoff_from_curve(overlap, overlap_threshold, offset=0)
-    cutoff, decided_by = decide_cutoff(
-        signal, cutoff_from_curve(curve, threshold, relative_drop=RELATIVE_DROP), selectivity_cutoff
-    )
+    cut = layer_cut(experts, cka, overlaps, base, threshold, overlap_threshold, signal)
     known = {name: values[calibration.knowledge_feature] for name, values in table.items()}
     rehearsed = {n for n, v in table.items() if calibration.reads_first and v.get(calibration.reads_first) is not None}
-    void = cutoff is not None and not patch_changes([m for m in experts if m["role"] == "expert"], cutoff)
     recommendation = recommend(
         method,
         predictions,
         known,
         cosines,
-        None if void else cutoff,
+        cut.acting,
         errors,
         label=label,
-        decided_by=decided_by or "cka",
+        decided_by=cut.decided_by or "cka",
         against_ties=against_ties,
         against_ties_by=against_ties_by,
         grounded={n for n, k in known.items() if k is not None} | rehearsed,
         choice=choice,
     )
-    if void:
+    if cut.void:
         recommendation.reasons.append(
-            f"the representations part above block {cutoff - 1}, but no expert's update reaches block {cutoff} or"
+            f"the representations part above block {cut.cutoff - 1}, but no expert's update reaches block {cut.cutoff} or"
             " above: keeping each expert's own blocks there would change nothing"
         )
     return Decision(
@@ -136,14 +127,14 @@ def decide(
         predictions=predictions,
         outside=outside,
         threshold=threshold,
-        effective_threshold=effective_threshold(curve, threshold, RELATIVE_DROP) if curve else None,
-        curve=curve,
-        overlap=overlap,
+        effective_threshold=effective_threshold(cut.curve, threshold, RELATIVE_DROP) if cut.curve else None,
+        curve=cut.curve,
+        overlap=cut.overlap,
         overlap_threshold=overlap_threshold,
-        selectivity_cutoff=selectivity_cutoff,
+        selectivity_cutoff=cut.selectivity_cutoff,
         signal=signal,
-        cutoff=cutoff,
-        decided_by=decided_by,
+        cutoff=cut.cutoff,
+        decided_by=cut.decided_by,
         recommendation=recommendation,
         weights=_weights(recommendation, configured),
         against_ties=against_ties,

@@ -408,5 +408,10 @@ def _layer_selective(cutoff: int, document, names, predicted) -> List[Advice]:
     ]
 
 
+def patches(cutoff: int, document) -> Dict[str, Dict[str, Any]]:
+    """Each expert's layer patch at ``cutoff``, as ``recommended/`` writes it, by the expert as written."""
+    return {advice.expert: advice.config for advice in _layer_selective(cutoff, document, {}, {})[1:]}
+
+
 def file_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "model"

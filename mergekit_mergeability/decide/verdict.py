@@ -23,6 +23,9 @@ Verdict, first match wins:
    blocks above (paper 3's layer patch). Opt-in (``cutoff_signal``): the Jaccard overlap
    of their group-specific neurons (LAPE) against its threshold, or the lower of the two
    cut-offs; the reasons name the signal.
+   Where the menu was rehearsed, the patch was too (each member's probe on its own patched model:
+   ``menu.patches``) and is the choice's baseline: a merge below (the config as written included)
+   replaces it only where it keeps more on items it was not picked on (``by_rehearsal``).
    Where the menu was rehearsed (a config of 2 to 8 models, each with a probe, whose merge can be
    built in memory: ``choose_method``), it decides from here on: ``method_by_rehearsal``, the
    candidate (the menu: the mean merge, TIES, DARE-TIES, knowledge_weighted's defaults; then the
@@ -121,6 +124,7 @@ class Prediction:
 
 
 AS_WRITTEN = "as_written"
+PATCH = "layer patch"  # the candidate whose members are each read on their own layer patch (``menu.patches``)
 # the merges rehearsed beside the config as written (``advice.menu`` writes each), by the method each runs
 MENU = {"mean": "task_arithmetic", "ties": "ties", "dare_ties": "dare_ties", "knowledge_weighted": "knowledge_weighted"}
 
@@ -444,6 +448,44 @@ def decide_cutoff(signal: str, cka: Optional[int], selectivity: Optional[int]) -
     return lowest, " and ".join(name for name, cut in found.items() if cut == lowest)
 
 
+@dataclass
+class Cut:
+    """Where the fine-tunes' representations part (``layer_cut``), and whether a patch there acts."""
+
+    curve: List[float]  # CKA per layer, the median over pairs of fine-tunes
+    overlap: List[float]  # the group-specific neurons' overlap per block, likewise
+    selectivity_cutoff: Optional[int]  # the cut-off the overlap alone would set
+    cutoff: Optional[int]  # the cut-off the signal asked for sets
+    decided_by: Optional[str]  # the signal that set it
+    void: bool  # no expert's update reaches the cut-off: a patch there changes nothing
+
+    @property
+    def acting(self) -> Optional[int]:
+        """The cut-off a layer patch is written at: None where there is none or it is void."""
+        return None if self.void else self.cutoff
+
+
+def layer_cut(
+    experts: Sequence[Mapping[str, Any]],
+    cka: Mapping[Pair, Sequence[float]],
+    overlaps: Mapping[Pair, Sequence[float]],
+    base: Optional[str],
+    threshold: float = DEFAULT_THRESHOLD,
+    overlap_threshold: float = DEFAULT_OVERLAP_THRESHOLD,
+    signal: str = "cka",
+) -> Cut:
+    """The cut-off of ``signal`` on the curves over pairs of fine-tunes (``divergence_curve``;
+    ``cutoff_from_curve``: CKA with RELATIVE_DROP, the overlap without), and whether any expert's
+    update reaches it (``patch_changes``)."""
+    curve, overlap = divergence_curve(cka, base), divergence_curve(overlaps, base)
+    selectivity_cutoff = cutoff_from_curve(overlap, overlap_threshold, offset=0)
+    cutoff, decided_by = decide_cutoff(
+        signal, cutoff_from_curve(curve, threshold, relative_drop=RELATIVE_DROP), selectivity_cutoff
+    )
+    void = cutoff is not None and not patch_changes([m for m in experts if m["role"] == "expert"], cutoff)
+    return Cut(curve, overlap, selectivity_cutoff, cutoff, decided_by, void)
+
+
 def recommend(
     method: str,
     predictions: Dict[str, Prediction],
@@ -480,8 +522,16 @@ def recommend(
             DO_NOT_MERGE, None, 0, reasons=[f"{shared} diverge from the first block: nothing is shared to merge"]
         )
     if cutoff is not None:
-        reason = f"{shared} stay shared up to block {cutoff - 1} and diverge above: merge blocks 0–{cutoff - 1}, keep each expert's own blocks above"
-        return Recommendation(LAYER_SELECTIVE, "layer_selective", cutoff, reasons=[reason])
+        parted = f"{shared} stay shared up to block {cutoff - 1} and diverge above"
+        patch = f"{parted}: merge blocks 0–{cutoff - 1}, keep each expert's own blocks above"
+        if choice is None or choice.baseline != PATCH:
+            return Recommendation(LAYER_SELECTIVE, "layer_selective", cutoff, reasons=[patch])
+        chosen = by_rehearsal(choice, method, cutoff)  # the patch rehearsed: a merge replaces it where it holds
+        if chosen.verdict == LAYER_SELECTIVE:
+            chosen.reasons.insert(0, patch)
+        else:
+            chosen.reasons.append(f"{parted}, but a merge keeps more than the layer patch there")
+        return chosen
     if choice is not None:
         return by_rehearsal(choice, method)
     known = {m: k for m, k in knowledge.items() if k is not None}
@@ -523,16 +573,19 @@ def recommend(
     return Recommendation(MERGE_AS_CONFIGURED, method, reasons=["no signal of a loss that another method would avoid"])
 
 
-def by_rehearsal(choice: MethodChoice, method: str) -> Recommendation:
-    """The merge the rehearsal chose: a candidate over the config as written only where its choice
-    holds beyond the probes' noise (``choose_method``)."""
+def by_rehearsal(choice: MethodChoice, method: str, cutoff: Optional[int] = None) -> Recommendation:
+    """The merge the rehearsal chose: a candidate over its baseline only where its choice holds
+    beyond the probes' noise (``choose_method``). The baseline is the config as written, or, where
+    the layer patch at ``cutoff`` was rehearsed, the patch: kept unless a merge beats it."""
+    patched = choice.baseline == PATCH
+    against = f"the layer patch at block {cutoff}" if patched else "the config as written"
     ranked = sorted(choice.kept.items(), key=lambda cv: -cv[1])
     listing = ", ".join(f"{c.replace('_', ' ')} {v:.2f}" for c, v in ranked[:4]) + (
         f" … ({len(ranked)} merges)" if len(ranked) > 4 else ""
     )
     held_out = (
         f"picked on half of each probe's items and read on the other half, the pick keeps {choice.gain:+.3f} over"
-        f" the config as written (95% {choice.gain_interval[0]:+.3f} to {choice.gain_interval[1]:+.3f})"
+        f" {against} (95% {choice.gain_interval[0]:+.3f} to {choice.gain_interval[1]:+.3f})"
     )
     best, chosen = choice.best.replace("_", " "), choice.chosen.replace("_", " ")
     if choice.items_to_separate:
@@ -540,13 +593,18 @@ def by_rehearsal(choice: MethodChoice, method: str) -> Recommendation:
             f"; the probes cannot tell {best} from {choice.runner_up.replace('_', ' ')}:"
             f" about {choice.items_to_separate} items per probe would"
         )
-    if choice.chosen == AS_WRITTEN:
-        if choice.best == AS_WRITTEN:
-            reason = f"rehearsed, the config as written keeps the most on its models' own probes ({listing})"
+    if choice.chosen == choice.baseline:
+        if choice.best == choice.baseline:
+            reason = f"rehearsed, {against} keeps the most on its models' own probes ({listing})"
         else:
-            reason = f"rehearsed, {best} keeps {choice.margin:+.3f} more than the config as written on its models' own probes, but {held_out}: keep the config as written ({listing})"
+            reason = f"rehearsed, {best} keeps {choice.margin:+.3f} more than {against} on its models' own probes, but {held_out}: keep {against} ({listing})"
+        if patched:
+            return Recommendation(LAYER_SELECTIVE, "layer_selective", cutoff, reasons=[reason], choice=choice)
         return Recommendation(MERGE_AS_CONFIGURED, method, reasons=[reason], choice=choice)
-    reason = f"rehearsed, {chosen} keeps {choice.kept[choice.chosen]:.2f} on its models' own probes against {choice.kept[AS_WRITTEN]:.2f} as written; {held_out} ({listing})"
+    said = "for the patch" if patched else "as written"
+    reason = f"rehearsed, {chosen} keeps {choice.kept[choice.chosen]:.2f} on its models' own probes against {choice.kept[choice.baseline]:.2f} {said}; {held_out} ({listing})"
+    if choice.chosen == AS_WRITTEN:
+        return Recommendation(MERGE_AS_CONFIGURED, method, reasons=[reason], choice=choice)
     knowledge = choice.knowledge if choice.chosen == "knowledge_weighted" else {}
     chosen_method = choice.methods.get(choice.chosen) or MENU[choice.chosen]
     return Recommendation(METHOD_BY_REHEARSAL, chosen_method, knowledge=knowledge, reasons=[reason], choice=choice)

@@ -91,6 +91,13 @@ class DiagnosticInputs:
         return {m.name: frozenset(changed(base, m.path)) for m in self.models}
 
     @cached_property
+    def names(self) -> Dict[str, str]:
+        """Each model's short name (``names.short_names``: an adapter's folder name), for progress lines."""
+        from mergekit_mergeability.names import short_names
+
+        return short_names([m.name for m in ((self.base,) if self.base else ()) + tuple(self.models)])
+
+    @cached_property
     def written(self) -> bool:
         """Whether the config's merge as written can be built in memory on the loaded base
         (``planned.writable`` over the tensors the updates touch)."""

@@ -90,7 +90,9 @@ def pooled_states(member: ModelInput, rows, inputs: DiagnosticInputs, loaded: Op
         answers: List[torch.Tensor] = []
         prompts: List[torch.Tensor] = []
         with (loaded or _Loaded(inputs, set())).model(member.path, member.load_dtype(settings)) as (model, tokenizer):
-            with task(f"representations: {member.name}", len(rows), settings.quiet) as advance:
+            with task(
+                f"representations: {inputs.names.get(member.name, member.name)}", len(rows), settings.quiet
+            ) as advance:
                 for scored in score(model, tokenizer, rows, settings.batch_size, hidden_states=True, progress=advance):
                     answers.append(scored.continuation_pool)
                     prompts.append(scored.prompt_pool)

@@ -126,7 +126,7 @@ def member_probabilities(
 
     def compute():
         model, tokenizer = load_causal_lm(member.path, settings.device, member.load_dtype(settings), base_path)
-        with task(f"selectivity: {member.name}", len(rows), settings.quiet) as advance:
+        with task(f"selectivity: {inputs.names.get(member.name, member.name)}", len(rows), settings.quiet) as advance:
             p = activation_probabilities(model, tokenizer, rows, labels, groups, span, settings.batch_size, advance)
         return {} if p is None else {"probabilities": torch.from_numpy(p)}
 

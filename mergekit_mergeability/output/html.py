@@ -160,16 +160,19 @@ def _menu_table(choice: Optional[Dict[str, Any]], names: Dict[str, str]) -> str:
     )
     low, high = choice["gain_interval"]
     picks = " and ".join(f"half {h}: {esc(p.replace('_', ' '))}" for h, p in zip("AB", choice["picked"]))
+    baseline = "the config as written" if choice.get("baseline", "as_written") == "as_written" else "the layer patch"
     note = (
         f"Each half of every probe picked a merge ({picks}); read on the other half, the picks keep "
-        f"{choice['gain']:+.3f} over the config as written (95% {low:+.3f} to {high:+.3f}), so "
+        f"{choice['gain']:+.3f} over {baseline} (95% {low:+.3f} to {high:+.3f}), so "
         + (
             "the best over all items is recommended"
-            if choice["chosen"] != "as_written"
-            else "the config as written stays"
+            if choice["chosen"] != choice.get("baseline", "as_written")
+            else f"{baseline} stays"
         )
         + "; chosen in bold."
     )
+    if choice.get("baseline") == "layer patch":
+        note += " The layer patch: each model's probe on its own patched model (one model per expert)."
     if choice.get("items_to_separate"):
         note += (
             f" The probes cannot tell {esc(choice['best'].replace('_', ' '))} from {esc(choice['runner_up'].replace('_', ' '))}:"
@@ -184,8 +187,8 @@ def _menu_table(choice: Optional[Dict[str, Any]], names: Dict[str, str]) -> str:
 
 def _landscape_plot(rec: Dict[str, Any]) -> Optional[str]:
     """What the rehearsed merges keep against their update scale (left) and their density (right),
-    one line per method, one expert's update doubled as crosses, the config as written dashed and
-    the recommended merge starred."""
+    one line per method, one expert's update doubled as crosses, the config as written dashed, the
+    layer patch dotted where it was rehearsed, and the recommended merge starred."""
     search, choice = rec.get("search"), rec.get("method_choice")
     if not search or len(search) < 3:
         return None
@@ -200,6 +203,7 @@ def _landscape_plot(rec: Dict[str, Any]) -> Optional[str]:
             scales.setdefault(c["line"], []).append((c["scale"], c["kept"]))
         if c["density"] is not None and c["scale"] == 1.0:
             densities.setdefault(c["method"], []).append((c["density"], c["kept"]))
+    patch = next((c for c in search if c.get("method") == "layer_selective"), None)
     chosen = next(c for c in search if c["name"] == choice["chosen"])
     on_density = chosen["density"] not in (None, menu_density)
 
@@ -214,6 +218,9 @@ def _landscape_plot(rec: Dict[str, Any]) -> Optional[str]:
                 points.sort()
                 panel.plot([x for x, _ in points], [y for _, y in points], marker="o", label=name)
             panel.axhline(choice["kept"]["as_written"], color="grey", linestyle="--", label="the config as written")
+            if patch is not None:  # one model per expert: no scale, no density
+                named = f"layer patch at block {patch['cutoff']}, each expert its own model"
+                panel.axhline(patch["kept"], color="tab:purple", linestyle=":", label=named)
             panel.set_xlabel(label)
         if boosted:
             ax.plot([1.0] * len(boosted), boosted, "x", color="grey", label="mean, one expert ×2")

@@ -27,18 +27,24 @@ from mergekit_mergeability.settings import PrecheckSettings
 SCHEMA = Path(__file__).with_name("precheck.schema.json")
 
 
-def _search(choice, document) -> List[Dict[str, Any]]:
+def _search(choice, document, cutoff: Optional[int]) -> List[Dict[str, Any]]:
     """Every rehearsed candidate: its knobs, and what its models keep on each half of their probes
-    and on all their items (``verdict.choose_method``)."""
+    and on all their items (``verdict.choose_method``); the layer patch at ``cutoff`` among them
+    where it was rehearsed."""
     from mergekit_mergeability.decide.tuning import candidates
-    from mergekit_mergeability.decide.verdict import AS_WRITTEN
+    from mergekit_mergeability.decide.verdict import AS_WRITTEN, PATCH
 
     found = candidates(document, choice.knowledge)
     written = {"method": document["merge_method"], "line": "as written, lambda ×", "scale": 1.0, "density": None}
+    knobs = {
+        AS_WRITTEN: written,
+        PATCH: {"method": "layer_selective", "line": PATCH, "density": None, "cutoff": cutoff},
+        **{name: candidate.knobs() for name, candidate in found.items()},
+    }
     return [
         {
             "name": name,
-            **(written if name == AS_WRITTEN else found[name].knobs() if name in found else {}),
+            **knobs.get(name, {}),
             "kept": choice.kept[name],
             "half_a": choice.halves[name][0],
             "half_b": choice.halves[name][1],
@@ -97,7 +103,9 @@ def build(measured: Measurements, settings: PrecheckSettings, decision: Decision
         else {**dict(zip(("knowledge_weighted", "ties"), decision.against_ties)), "by": decision.against_ties_by},
         "configured_update": configured_update(spec.document),
         "method_choice": None if recommendation.choice is None else asdict(recommendation.choice),
-        "search": None if recommendation.choice is None else _search(recommendation.choice, spec.document),
+        "search": None
+        if recommendation.choice is None
+        else _search(recommendation.choice, spec.document, decision.cutoff),
     }
     predicted = {m["path"]: m["predicted_mergeability"] for m in models}
     rec["models"] = [
