@@ -2,8 +2,8 @@
 the mean merge, TIES, DARE-TIES, knowledge_weighted's defaults) and a grid over their knobs
 (``decide.tuning``: update scale, density, one expert's weight), each built in memory exactly as its
 ``recommended.yml`` would be written (mergekit's plan, ``planned``; ``dilution.as_written``), every
-member's own probe asked on each and read item by item as its task is scored: p(gold) where its
-options are listed, right or wrong otherwise.
+member's own probe asked on each and read item by item as its task is scored (``knowledge.read``):
+p(gold) where its options are listed or it gives a reference answer, right or wrong otherwise.
 
 ``decide.verdict.choose_method`` then picks the candidate whose members keep most, and checks the
 pick on items it was not made on (cross-fitted over two halves of every probe). Rehearsed where the

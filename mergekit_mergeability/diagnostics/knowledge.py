@@ -164,6 +164,8 @@ def as_read(model, tokenizer, instances, advance=None) -> List[float]:
 
 
 def read(instance, p_gold: float, correct: bool) -> float:
-    """An item as a rehearsal reads it: p(gold) where its options are listed or it is generation,
-    right or wrong otherwise."""
-    return p_gold if instance.format in (probes.OPTIONS, probes.GENERATION) else float(correct)
+    """An item as a rehearsal reads it: p(gold) where its options are listed or it is generation (a
+    JSONL answer or an lm-eval generate_until task's target: per token, the geometric mean, as graded
+    as the chrF, BLEU or exact match lm-eval reads off a generated text; every token right at once
+    would read a translation as wrong), right or wrong otherwise."""
+    return p_gold if instance.format == probes.OPTIONS or instance.kind == probes.GENERATION else float(correct)

@@ -156,7 +156,8 @@ class Measurer:
 
     def items(self, members: Sequence[int], merge: conditional.Merge) -> List[List[float]]:
         """Each member's probe items inside the merge of ``members``, read as the precheck's rehearsal
-        reads them: p(gold) where the options are listed, right or wrong otherwise."""
+        reads them (``knowledge.read``): p(gold) where the options are listed or an answer is given,
+        right or wrong otherwise."""
         names = self._set_merge(members, merge)
         recipe, make = self.trials.recipe(names), self.trials.merge(names)
         return self.trials.scorer().read_many(recipe, [self.probes[n] for n in names], make)
