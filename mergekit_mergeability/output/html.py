@@ -207,6 +207,8 @@ def _landscape_plot(rec: Dict[str, Any]) -> Optional[str]:
     chosen = next(c for c in search if c["name"] == choice["chosen"])
     on_density = chosen["density"] not in (None, menu_density)
 
+    colours: Dict[str, str] = {}
+
     def draw(fig, ax):
         ax.set_subplotspec(fig.add_gridspec(1, 2)[0])
         right = fig.add_subplot(1, 2, 2, sharey=ax)
@@ -214,13 +216,14 @@ def _landscape_plot(rec: Dict[str, Any]) -> Optional[str]:
             (ax, scales, "update scale (1: as the menu writes it)"),
             (right, densities, "density"),
         ):
-            for name, points in curves.items():
+            for name, points in curves.items():  # a method's line has one colour in both panels
                 points.sort()
-                panel.plot([x for x, _ in points], [y for _, y in points], marker="o", label=name)
+                colour = colours.setdefault(name, f"C{len(colours)}")
+                panel.plot([x for x, _ in points], [y for _, y in points], marker="o", label=name, color=colour)
             panel.axhline(choice["kept"]["as_written"], color="grey", linestyle="--", label="the config as written")
             if patch is not None:  # one model per expert: no scale, no density
                 named = f"layer patch at block {patch['cutoff']}, each expert its own model"
-                panel.axhline(patch["kept"], color="tab:purple", linestyle=":", label=named)
+                panel.axhline(patch["kept"], color="black", linestyle=":", label=named)
             panel.set_xlabel(label)
         if boosted:
             ax.plot([1.0] * len(boosted), boosted, "x", color="grey", label="mean, one expert ×2")
@@ -229,11 +232,13 @@ def _landscape_plot(rec: Dict[str, Any]) -> Optional[str]:
             [x], [chosen["kept"]], "*", markersize=18, markerfacecolor="none", markeredgecolor="black",
             markeredgewidth=1.5, zorder=3, label="recommended",
         )  # fmt: skip
-        for panel in (ax, right):
-            panel.legend(fontsize="small")
         ax.set_ylabel("mean kept on own probes")
+        # one legend for both panels, below them: inside, it hid the star where it sat high
+        shown = {label: handle for panel in (ax, right) for handle, label in zip(*panel.get_legend_handles_labels())}
+        fig.set_layout_engine("constrained")
+        fig.legend(shown.values(), shown.keys(), loc="outside lower center", ncol=4, fontsize="small")
 
-    return _figure(draw, "What each rehearsed merge keeps", width=10, height=4)
+    return _figure(draw, "What each rehearsed merge keeps", width=10, height=5)
 
 
 def _model_row(model: Dict[str, Any], report: Dict[str, Any]) -> str:

@@ -19,7 +19,8 @@ def png(draw: Callable, title: str, width: float = 8, height: float = 4) -> byte
     try:
         draw(fig, ax)
         ax.set_title(title)
-        fig.tight_layout()
+        if fig.get_layout_engine() is None:  # a draw may set its own (constrained, for a legend outside)
+            fig.tight_layout()
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=100)
     finally:
