@@ -117,9 +117,9 @@ def timed_rehearsal(config: Path, settings: PrecheckSettings):
     """Seconds in ``menu.rehearse`` and its per-item reads, over one whole precheck."""
     rehearse, spent = menu.rehearse, {}
 
-    def timing(measured, inputs):
+    def timing(*args):
         started = time.perf_counter()
-        result = rehearse(measured, inputs)
+        result = rehearse(*args)
         spent["seconds"], spent["items"] = time.perf_counter() - started, result.per_instance
         return result
 

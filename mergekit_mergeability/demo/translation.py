@@ -181,8 +181,16 @@ def compare(demo, name: str, path: Path, precheck: Dict[str, Any]) -> Dict[str, 
         "experts": {r["expert"]: {"alone": r["alone"], "base": r["base"]} for r in rows},
         "merges": [{k: v for k, v in r.items() if k not in ("alone", "base", "signatures")} for r in rows],
         "advice": "recommended" if any(label == "recommended" for label, _, _ in plan) else "task_arithmetic",
+        "chosen": _chosen(precheck["recommendation"]),
         "signatures": rows[0]["signatures"],
     }
+
+
+def _chosen(recommendation: Dict[str, Any]) -> Optional[str]:
+    """The rehearsed merge the precheck wrote (``method_by_rehearsal``: "mean", "ties d0.3" ...), else None."""
+    if recommendation["verdict"] != "method_by_rehearsal":
+        return None
+    return recommendation["method_choice"]["chosen"].replace("_", " ")
 
 
 def kept(result: Dict[str, Any], merge: str) -> Dict[str, float]:
@@ -376,9 +384,10 @@ def print_section(console, summary: Dict[str, Any], smoke_test: bool = False) ->
                 short, "alone", expert, f"{scores['alone']['chrf']:.1f}", f"{scores['alone']['bleu']:.1f}", "1.00"
             )
         for m in pair["merges"]:
+            written = " ".join(str(part) for part in (m["method"], m["cutoff"]) if part is not None)
             label = {
                 "layer patch": "patch",
-                "recommended": " ".join(str(part) for part in (m["method"], m["cutoff"]) if part is not None),
+                "recommended": f"{pair['chosen']} ({written})" if pair.get("chosen") else written,
             }.get(m["merge"], m["merge"])
             star = " ★" if m["merge"] == pair["advice"] else ""
             table.add_row(short, label + star, m["expert"], f"{m['chrf']:.1f}", f"{m['bleu']:.1f}", f"{m['kept']:.2f}")
