@@ -236,10 +236,16 @@ def runs(diagnostic, inputs: DiagnosticInputs, skip) -> bool:
 
 
 def costs(measured, inputs: DiagnosticInputs, diagnostics, skip) -> Cost:
+    """What the phases will cost (``cost.estimate``). The menu's count holds the layer patch at most
+    (``menu.passes``), so its merges are timed too: one a member, each taken to cost what the config
+    as written costs (which blocks each keeps is known only once the representations are read)."""
     from mergekit_mergeability import menu
+    from mergekit_mergeability.decide.verdict import AS_WRITTEN, PATCH
 
     rehearsed = 0 if menu.NAME in skip else menu.passes(inputs)
     built = menu.merges(measured, inputs, {m.name: None for m in inputs.models}) if rehearsed else {}
+    if AS_WRITTEN in built:
+        built.update({f"{PATCH}, {m.name}": built[AS_WRITTEN] for m in inputs.models})
     return estimate(inputs, diagnostics, rehearsed, [menu.said(inputs)] if rehearsed else [], built)
 
 
