@@ -54,7 +54,7 @@ def rehearse(measured, inputs: DiagnosticInputs, cutoff: Optional[int] = None) -
     names = set().union(*inputs.touched.values())
     sources = {m.name: m.path for m in (inputs.base, *models)}
     lines = _lines(inputs)
-    patched = patches(measured, inputs, cutoff) if cutoff else {}  # none, or 0: nothing shared
+    patched = patches(measured.spec, inputs, cutoff) if cutoff else {}  # none, or 0: nothing shared
     module, tokenizer = load_causal_lm(inputs.base.path, settings.device, inputs.base.load_dtype(settings))
     paths = list(sources.values())
     items: Dict[str, Dict[str, List[float]]] = {m.name: {} for m in models}
@@ -103,17 +103,17 @@ def merges(measured, inputs: DiagnosticInputs, knowledge: Dict[str, Optional[flo
     return plans
 
 
-def patches(measured, inputs: DiagnosticInputs, cutoff: int) -> Dict[str, dict]:
-    """Each member's layer patch at ``cutoff`` as mergekit plans it (``advice.patches``), by member;
-    empty where one cannot be built on the loaded base."""
+def patches(spec, inputs: DiagnosticInputs, cutoff: int) -> Dict[str, dict]:
+    """Each member's layer patch at ``cutoff`` on the config ``spec`` as mergekit plans it
+    (``advice.patches``), by member; empty where one cannot be built on the loaded base."""
     from mergekit_mergeability.decide.advice import patches as configs
     from mergekit_mergeability.merge_config import absolute
     from mergekit_mergeability.planned import plan
 
     sources = {m.name: m.path for m in (inputs.base, *inputs.models)}
     base, names = TensorReader(inputs.base.path), set().union(*inputs.touched.values())
-    written = configs(cutoff, measured.spec.document)
-    planned = {m.name: plan(absolute(written[m.name], sources), measured.spec.source) for m in inputs.models}
+    written = configs(cutoff, spec.document)
+    planned = {m.name: plan(absolute(written[m.name], sources), spec.source) for m in inputs.models}
     return planned if all(writable(p, base.index, names) for p in planned.values()) else {}
 
 

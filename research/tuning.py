@@ -216,6 +216,21 @@ def rehearse(document: dict):
     return measuring.measure(api._spec(document, pools=True), {}, settings)
 
 
+def asked_inputs(document: dict, asked: dict, members, limit: int):
+    """(spec, the precheck's inputs) of ``document`` with each member's probe ``asked`` (task -> probe
+    file), ``limit`` items, loaded in float32 on the CPU."""
+    from mergekit_mergeability import api, measuring
+    from mergekit_mergeability.diagnostics import DiagnosticInputs
+    from mergekit_mergeability.settings import PrecheckSettings
+
+    written = without_probes(document)
+    for entry, task in zip(written["models"], members):
+        entry["probe"] = str(asked[task])
+    spec = api._spec(written, pools=True)
+    base, models = measuring.load_inputs(spec, measuring.probe_specs(spec, {}), limit, "float32")
+    return spec, DiagnosticInputs(base, models, PrecheckSettings(device="cpu", dtype="float32"))
+
+
 class Truth:
     """A candidate's members' mean p(gold) on their unseen items (or other probes) in its merge, built in memory as
     the rehearsal builds it (``dilution.as_written`` on mergekit's plan, DARE drawn as the rehearsal
@@ -227,26 +242,19 @@ class Truth:
 
     def __call__(self, document: dict, merges: dict, unseen: dict, members) -> dict:
         """``merges``: name -> config; returns name -> task -> mean p(gold) on its unseen items."""
-        from mergekit_mergeability import api, measuring
         from mergekit_mergeability.decide.tuning import _merge_key
-        from mergekit_mergeability.diagnostics import DiagnosticInputs
         from mergekit_mergeability.diagnostics.dilution import as_written
         from mergekit_mergeability.diagnostics.knowledge import scores
         from mergekit_mergeability.diagnostics.shared_layers import shared_below
         from mergekit_mergeability.merge_config import absolute
         from mergekit_mergeability.planned import plan
-        from mergekit_mergeability.settings import PrecheckSettings
         from mergekit_mergeability.sources import load_causal_lm
 
         keys = {name: _merge_key(config) for name, config in merges.items()}
         left = {name: merges[name] for name, key in keys.items() if key not in self.cache}
         if left:
-            asked = without_probes(document)
-            for entry, task in zip(asked["models"], members):
-                entry["probe"] = str(unseen[task])
-            spec = api._spec(asked, pools=True)
-            base, models = measuring.load_inputs(spec, measuring.probe_specs(spec, {}), self.limit, "float32")
-            inputs = DiagnosticInputs(base, models, PrecheckSettings(device="cpu", dtype="float32"))
+            spec, inputs = asked_inputs(document, unseen, members, self.limit)
+            base, models = inputs.base, inputs.models
             touched = set().union(*inputs.touched.values())
             sources = {m.name: m.path for m in (base, *models)}
             module, tokenizer = load_causal_lm(base.path, "cpu", "float32")
@@ -615,34 +623,23 @@ def cutoffs(args) -> None:
 
 def patch_reads(document: dict, cutoff: int, asked: dict, members, limit: int) -> dict:
     """Each member's items of ``asked`` (task -> probe file) read on its own layer patch at ``cutoff``,
-    as the precheck's menu reads them (``menu.patches``: advice's per-expert configs, merged in
-    memory on mergekit's plan), float32: member task -> one read per item."""
-    from mergekit_mergeability import api, measuring
-    from mergekit_mergeability.decide.advice import patches
-    from mergekit_mergeability.diagnostics import DiagnosticInputs
+    as the precheck's menu builds and reads it (``menu.patches``), float32: member task -> one read
+    per item."""
+    from mergekit_mergeability import menu
     from mergekit_mergeability.diagnostics.dilution import as_written
     from mergekit_mergeability.diagnostics.knowledge import as_read
     from mergekit_mergeability.diagnostics.shared_layers import shared_below
-    from mergekit_mergeability.merge_config import absolute
-    from mergekit_mergeability.planned import plan
-    from mergekit_mergeability.settings import PrecheckSettings
     from mergekit_mergeability.sources import load_causal_lm
 
-    written = without_probes(document)
-    for entry, task in zip(written["models"], members):
-        entry["probe"] = str(asked[task])
-    spec = api._spec(written, pools=True)
-    base, models = measuring.load_inputs(spec, measuring.probe_specs(spec, {}), limit, "float32")
-    touched = set().union(*DiagnosticInputs(base, models, PrecheckSettings(device="cpu")).touched.values())
-    sources = {m.name: m.path for m in (base, *models)}
-    configs = patches(cutoff, spec.document)
-    module, tokenizer = load_causal_lm(base.path, "cpu", "float32")
+    spec, inputs = asked_inputs(document, asked, members, limit)
+    touched = set().union(*inputs.touched.values())
+    paths = [m.path for m in (inputs.base, *inputs.models)]
+    planned = menu.patches(spec, inputs, cutoff)
+    module, tokenizer = load_causal_lm(inputs.base.path, "cpu", "float32")
     found = {}
     with shared_below(module, touched):
-        for task, model in zip(members, models):
-            with as_written(
-                module, plan(absolute(configs[model.name], sources), spec.source), list(sources.values()), touched
-            ):
+        for task, model in zip(members, inputs.models):
+            with as_written(module, planned[model.name], paths, touched):
                 found[f"task_{task}"] = as_read(module, tokenizer, list(model.probes))
     return found
 

@@ -160,18 +160,16 @@ def _menu_table(choice: Optional[Dict[str, Any]], names: Dict[str, str]) -> str:
     )
     low, high = choice["gain_interval"]
     picks = " and ".join(f"half {h}: {esc(p.replace('_', ' '))}" for h, p in zip("AB", choice["picked"]))
-    baseline = "the config as written" if choice.get("baseline", "as_written") == "as_written" else "the layer patch"
+    patched = choice.get("baseline") == "layer patch"  # else the config as written (older reports: no key)
+    baseline = "the layer patch" if patched else "the config as written"
+    stays = choice["chosen"] == choice.get("baseline", "as_written")
     note = (
         f"Each half of every probe picked a merge ({picks}); read on the other half, the picks keep "
         f"{choice['gain']:+.3f} over {baseline} (95% {low:+.3f} to {high:+.3f}), so "
-        + (
-            "the best over all items is recommended"
-            if choice["chosen"] != choice.get("baseline", "as_written")
-            else f"{baseline} stays"
-        )
+        + (f"{baseline} stays" if stays else "the best over all items is recommended")
         + "; chosen in bold."
     )
-    if choice.get("baseline") == "layer patch":
+    if patched:
         note += " The layer patch: each model's probe on its own patched model (one model per expert)."
     if choice.get("items_to_separate"):
         note += (
