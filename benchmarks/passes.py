@@ -1,7 +1,7 @@
 """The menu's forward passes, each speed-up measured against a baseline run in the same process.
 
 The precheck of a config of three SmolLM2-135M LoRA experts spends most of its time rehearsing
-merges: every candidate asks every member's probe. Six speed-ups, each switched on in turn:
+merges: every candidate asks every member's probe. Seven speed-ups, each switched on in turn:
   - the prompt pass keeps the last position's logits only (``logits_to_keep=1``);
   - the options' common first tokens run with the prompt, and each option's last token is not run
     (what it predicts is not read; one-token options need no call at all);
@@ -12,7 +12,9 @@ merges: every candidate asks every member's probe. Six speed-ups, each switched 
   - the masks of mergekit's magnitude pruning are computed once for each update and density and
     kept for the candidates that prune it again (``planned.shared_masks``);
   - options of one prompt that share their tokens before the last share one row of the options
-    call (``activations.Asked.runs``: after " 36" and " 38"'s common space, both run "3").
+    call (``activations.Asked.runs``: after " 36" and " 38"'s common space, both run "3");
+  - an update is sorted once for the masks at each of the densities the menu prunes at
+    (``planned.SORTED_TOGETHER``), not once a density.
 Each variant's scores must equal the baseline's (printed: the largest difference over every item of
 every candidate). ``--bfloat16`` adds the shipped code run in bfloat16 on the CPU, kept only where
 it is faster and its scores agree with float32's to 1e-3. The config: the `tuning` family's first three-expert draw as task_arithmetic
@@ -49,6 +51,7 @@ VARIANTS = (
     "+ shared lower layers",
     "+ shared masks",
     "+ shared option rows",
+    "+ one sort, every density",
 )
 BFLOAT16 = "shipped, in bfloat16"
 
@@ -86,11 +89,15 @@ def variant(name: str):
     runs = activations.Asked.runs
     if keep < 6:  # a row for every option, as before
         activations.Asked.runs = property(lambda asked: [tuple(o[:-1]) for o in asked.rest if len(o) > 1])
+    together_sorted = planned.SORTED_TOGETHER
+    if keep < 7:
+        planned.SORTED_TOGETHER = ()
     try:
         yield
     finally:
         transformers.LlamaForCausalLM.forward, menu.shared_below = forward, shared_below
         planned.shared_masks, activations.Asked.runs = masks, runs
+        planned.SORTED_TOGETHER = together_sorted
         activations.split, activations.options_pass, activations.together = split, options_pass, together
 
 

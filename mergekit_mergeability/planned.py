@@ -27,6 +27,7 @@ from mergekit_mergeability.progress import quiet_config_warnings
 SEED = 0  # the random methods' seed, mixed with each tensor's name
 
 _planning = [0]  # the precheck's own plans of a merge in progress
+SORTED_TOGETHER = (0.3, 0.5, 0.7)  # the densities the menu and the plan prune at: one sort gives each mask
 MASK_BYTES = 1 << 30  # the magnitude masks kept across merges (one bit a value), the oldest let go first
 _masks: "OrderedDict[tuple, Any]" = OrderedDict()
 _kept = [0]  # their bytes
@@ -153,9 +154,10 @@ def merged(planned: Planned, read: Callable[[str, str], Optional[Any]]) -> Any:
 def shared_masks() -> Iterator[None]:
     """mergekit's magnitude pruning (TIES's, DELLA's base) sorts every update tensor it prunes, and
     the candidates a rehearsal builds prune the same updates at the same densities again and again.
-    While merging, each mask it computes on the CPU is kept by the update's bytes and the density and
-    used again: the mask mergekit computed, so the same merge. Masks are kept a bit a value, so
-    a plan's merges of a hundred adapters' updates keep every one of them."""
+    While merging, an update is sorted once, as mergekit sorts it, and the mask at the density asked
+    and at each of ``SORTED_TOGETHER`` is kept by the update's bytes and the density: each the sort's
+    first values, as mergekit keeps them, so the same merge. Masks are kept a bit a value, so a
+    plan's merges of a hundred adapters' updates keep every one of them."""
     import mergekit.sparsify as sparsify
     import numpy as np
     import torch
@@ -166,14 +168,17 @@ def shared_masks() -> Iterator[None]:
         if tensor.device.type != "cpu" or not 0 < density < 1 or tensor.numel() == 0:
             return computed(tensor, density, rescale_norm)
         bytes_ = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-        key = (hashlib.blake2b(bytes_, digest_size=16).digest(), tuple(tensor.shape), str(tensor.dtype), float(density))
-        bits = _masks.get(key)
-        if bits is None:  # kept where mergekit kept (a kept zero reads the same as one let go)
-            bits = _masks[key] = np.packbits((computed(tensor, density, None) != 0).reshape(-1).numpy())
-            _kept[0] += bits.nbytes
+        digest = (hashlib.blake2b(bytes_, digest_size=16).digest(), tuple(tensor.shape), str(tensor.dtype))
+        bits = _masks.get((*digest, float(density)))
+        if bits is None:  # the density asked comes last: the newest kept
+            others = [d for d in SORTED_TOGETHER if d != density and (*digest, d) not in _masks]
+            for each, bits in _kept_bits(tensor, [*others, density]):
+                _masks[(*digest, float(each))] = bits
+                _kept[0] += bits.nbytes
             while _kept[0] > MASK_BYTES:
                 _kept[0] -= _masks.popitem(last=False)[1].nbytes
-        _masks.move_to_end(key)
+        else:
+            _masks.move_to_end((*digest, float(density)))
         mask = torch.from_numpy(np.unpackbits(bits, count=tensor.numel())).view(tensor.shape)
         return sparsify.rescaled_masked_tensor(tensor, mask.to(tensor.dtype), rescale_norm)
 
@@ -182,6 +187,20 @@ def shared_masks() -> Iterator[None]:
         yield
     finally:
         sparsify.magnitude = computed
+
+
+def _kept_bits(tensor, densities) -> Iterator[Tuple[float, Any]]:
+    """The values mergekit's ``sparsify.magnitude`` keeps at each density, a bit a value, from one
+    sort: its lines (the same sort, so the same values kept where magnitudes tie), each density the
+    sort's first ``max(1, int(density × n))``."""
+    import numpy as np
+    import torch
+
+    order = torch.argsort(tensor.abs().reshape(-1).float(), descending=True)
+    for density in densities:
+        kept = torch.zeros(tensor.numel(), dtype=torch.bool)
+        kept[order[: max(1, int(density * tensor.numel()))]] = True
+        yield density, np.packbits(kept.numpy())
 
 
 def writable(plan: Optional[Dict[str, Planned]], base_tensors: Collection[str], names: Set[str]) -> bool:

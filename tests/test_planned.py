@@ -142,9 +142,10 @@ def test_a_config_mergekit_refuses_is_one_line_naming_the_file(three):
         planned.plan(config, "config.yml")
 
 
-def test_a_magnitude_mask_is_computed_once_for_the_same_update_and_density(monkeypatch):
+def test_an_update_is_sorted_once_for_the_masks_of_every_density_the_menu_prunes_at(monkeypatch):
     """TIES's pruning sorts each update; the rehearsal's candidates prune the same updates again and
-    again, so while merging each mask is kept by the update's bytes and the density: the same mask."""
+    again, at the menu's densities, so while merging an update is sorted once and each mask is kept
+    by the update's bytes and the density: the mask mergekit computes, ties and zeros included."""
     from collections import OrderedDict
 
     import mergekit.sparsify as sparsify
@@ -152,24 +153,24 @@ def test_a_magnitude_mask_is_computed_once_for_the_same_update_and_density(monke
 
     from mergekit_mergeability import planned
 
-    real, sorted_at = sparsify.magnitude, []
+    real, sort, sorted_at = sparsify.magnitude, planned._kept_bits, []
 
-    def counted(tensor, density, rescale_norm=None):
-        sorted_at.append(density)
-        return real(tensor, density, rescale_norm)
+    def counted(tensor, densities):
+        sorted_at.append(list(densities))
+        return sort(tensor, densities)
 
-    monkeypatch.setattr(sparsify, "magnitude", counted)
+    monkeypatch.setattr(planned, "_kept_bits", counted)
     monkeypatch.setattr(planned, "_masks", OrderedDict())
     monkeypatch.setattr(planned, "_kept", [0])
-    update = torch.randn(64, 32)
+    update = torch.randint(-3, 4, (64, 32)).float() / 8  # magnitudes tie, a seventh are zeros
+    asked = [(0.3, sparsify.RescaleNorm.l1), (0.3, None), (0.7, None), (0.5, sparsify.RescaleNorm.l2), (0.4, None)]
     with planned.shared_masks():
-        first = sparsify.magnitude(update, 0.3, sparsify.RescaleNorm.l1)
-        again = sparsify.magnitude(update.clone(), 0.3, sparsify.RescaleNorm.l1)  # the same bytes
-        denser = sparsify.magnitude(update, 0.7)
-    assert sorted_at == [0.3, 0.7] and sparsify.magnitude is counted  # put back on exit
-    assert torch.equal(first, real(update, 0.3, sparsify.RescaleNorm.l1)) and torch.equal(again, first)
-    assert torch.equal(denser, real(update, 0.7))
-    monkeypatch.setattr(planned, "MASK_BYTES", 64 * 32 // 8)  # room for one mask, a bit a value: the oldest is let go
+        masked = [sparsify.magnitude(update.clone(), density, norm) for density, norm in asked]
+    assert sparsify.magnitude is real  # put back on exit
+    assert sorted_at == [[0.5, 0.7, 0.3], [0.4]]  # 0.3's sort gave 0.7's and 0.5's masks
+    for (density, norm), ours in zip(asked, masked):
+        assert torch.equal(ours, real(update, density, norm)), (density, norm)
+    monkeypatch.setattr(planned, "MASK_BYTES", 64 * 32 // 8)  # room for one mask, a bit a value: the oldest are let go
     with planned.shared_masks():
-        sparsify.magnitude(update * 2, 0.3)
-    assert len(planned._masks) == 1 and planned._kept == [64 * 32 // 8]
+        kept = sparsify.magnitude(update * 2, 0.3)
+    assert len(planned._masks) == 1 and planned._kept == [64 * 32 // 8] and torch.equal(kept, real(update * 2, 0.3))
