@@ -13,8 +13,8 @@ merges: every candidate asks every member's probe. Seven speed-ups, each switche
     kept for the candidates that prune it again (``planned.shared_masks``);
   - options of one prompt that share their tokens before the last share one row of the options
     call (``activations.Asked.runs``: after " 36" and " 38"'s common space, both run "3");
-  - an update is sorted once for the masks at each of the densities the menu prunes at
-    (``planned.SORTED_TOGETHER``), not once a density.
+  - an update is sorted once for its masks at every density the menu prunes at
+    (``planned.sorted_together``, as ``menu.rehearse`` uses it), not once a density.
 Each variant's scores must equal the baseline's (printed: the largest difference over every item of
 every candidate). ``--bfloat16`` adds the shipped code run in bfloat16 on the CPU, kept only where
 it is faster and its scores agree with float32's to 1e-3. The config: the `tuning` family's first three-expert draw as task_arithmetic
@@ -89,15 +89,15 @@ def variant(name: str):
     runs = activations.Asked.runs
     if keep < 6:  # a row for every option, as before
         activations.Asked.runs = property(lambda asked: [tuple(o[:-1]) for o in asked.rest if len(o) > 1])
-    together_sorted = planned.SORTED_TOGETHER
+    sorted_together = menu.sorted_together
     if keep < 7:
-        planned.SORTED_TOGETHER = ()
+        menu.sorted_together = lambda densities: contextlib.nullcontext()
     try:
         yield
     finally:
         transformers.LlamaForCausalLM.forward, menu.shared_below = forward, shared_below
         planned.shared_masks, activations.Asked.runs = masks, runs
-        planned.SORTED_TOGETHER = together_sorted
+        menu.sorted_together = sorted_together
         activations.split, activations.options_pass, activations.together = split, options_pass, together
 
 

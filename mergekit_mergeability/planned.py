@@ -27,10 +27,10 @@ from mergekit_mergeability.progress import quiet_config_warnings
 SEED = 0  # the random methods' seed, mixed with each tensor's name
 
 _planning = [0]  # the precheck's own plans of a merge in progress
-SORTED_TOGETHER = (0.3, 0.5, 0.7)  # the densities the menu and the plan prune at: one sort gives each mask
 MASK_BYTES = 1 << 30  # the magnitude masks kept across merges (one bit a value), the oldest let go first
 _masks: "OrderedDict[tuple, Any]" = OrderedDict()
 _kept = [0]  # their bytes
+_together: list = [()]  # the densities an update's one sort gives masks at (``sorted_together``)
 
 
 def dry_running() -> bool:
@@ -154,10 +154,10 @@ def merged(planned: Planned, read: Callable[[str, str], Optional[Any]]) -> Any:
 def shared_masks() -> Iterator[None]:
     """mergekit's magnitude pruning (TIES's, DELLA's base) sorts every update tensor it prunes, and
     the candidates a rehearsal builds prune the same updates at the same densities again and again.
-    While merging, an update is sorted once, as mergekit sorts it, and the mask at the density asked
-    and at each of ``SORTED_TOGETHER`` is kept by the update's bytes and the density: each the sort's
-    first values, as mergekit keeps them, so the same merge. Masks are kept a bit a value, so a
-    plan's merges of a hundred adapters' updates keep every one of them."""
+    While merging, an update is sorted once, as mergekit sorts it, and its mask at the density asked
+    (and at each density ``sorted_together`` names) is kept by the update's bytes and the density:
+    the sort's first values, as mergekit keeps them, so the same merge. Masks are kept a bit a
+    value, so a plan's merges of a hundred adapters' updates keep every one of them."""
     import mergekit.sparsify as sparsify
     import numpy as np
     import torch
@@ -171,7 +171,7 @@ def shared_masks() -> Iterator[None]:
         digest = (hashlib.blake2b(bytes_, digest_size=16).digest(), tuple(tensor.shape), str(tensor.dtype))
         bits = _masks.get((*digest, float(density)))
         if bits is None:  # the density asked comes last: the newest kept
-            others = [d for d in SORTED_TOGETHER if d != density and (*digest, d) not in _masks]
+            others = [d for d in _together[-1] if d != density and (*digest, d) not in _masks]
             for each, bits in _kept_bits(tensor, [*others, density]):
                 _masks[(*digest, float(each))] = bits
                 _kept[0] += bits.nbytes
@@ -187,6 +187,17 @@ def shared_masks() -> Iterator[None]:
         yield
     finally:
         sparsify.magnitude = computed
+
+
+@contextlib.contextmanager
+def sorted_together(densities: Collection[float]) -> Iterator[None]:
+    """While in it, an update pruned by magnitude at one density is sorted once for its masks at
+    each of ``densities`` too: the densities the merges about to be built prune it at."""
+    _together.append(tuple(densities))
+    try:
+        yield
+    finally:
+        _together.pop()
 
 
 def _kept_bits(tensor, densities) -> Iterator[Tuple[float, Any]]:

@@ -144,8 +144,9 @@ def test_a_config_mergekit_refuses_is_one_line_naming_the_file(three):
 
 def test_an_update_is_sorted_once_for_the_masks_of_every_density_the_menu_prunes_at(monkeypatch):
     """TIES's pruning sorts each update; the rehearsal's candidates prune the same updates again and
-    again, at the menu's densities, so while merging an update is sorted once and each mask is kept
-    by the update's bytes and the density: the mask mergekit computes, ties and zeros included."""
+    again, at the menu's densities, so while merging an update is sorted once for the masks at each
+    density named, and each mask is kept by the update's bytes and the density: the mask mergekit
+    computes, ties and zeros included. Outside, only the density asked is kept."""
     from collections import OrderedDict
 
     import mergekit.sparsify as sparsify
@@ -164,13 +165,14 @@ def test_an_update_is_sorted_once_for_the_masks_of_every_density_the_menu_prunes
     monkeypatch.setattr(planned, "_kept", [0])
     update = torch.randint(-3, 4, (64, 32)).float() / 8  # magnitudes tie, a seventh are zeros
     asked = [(0.3, sparsify.RescaleNorm.l1), (0.3, None), (0.7, None), (0.5, sparsify.RescaleNorm.l2), (0.4, None)]
-    with planned.shared_masks():
+    with planned.sorted_together((0.3, 0.5, 0.7)), planned.shared_masks():
         masked = [sparsify.magnitude(update.clone(), density, norm) for density, norm in asked]
     assert sparsify.magnitude is real  # put back on exit
-    assert sorted_at == [[0.5, 0.7, 0.3], [0.4]]  # 0.3's sort gave 0.7's and 0.5's masks
+    assert sorted_at == [[0.5, 0.7, 0.3], [0.4]] and planned._together == [()]  # 0.3's sort gave 0.7's and 0.5's
     for (density, norm), ours in zip(asked, masked):
         assert torch.equal(ours, real(update, density, norm)), (density, norm)
     monkeypatch.setattr(planned, "MASK_BYTES", 64 * 32 // 8)  # room for one mask, a bit a value: the oldest are let go
     with planned.shared_masks():
         kept = sparsify.magnitude(update * 2, 0.3)
+    assert sorted_at[-1] == [0.3]
     assert len(planned._masks) == 1 and planned._kept == [64 * 32 // 8] and torch.equal(kept, real(update * 2, 0.3))
