@@ -61,7 +61,7 @@ def rehearse(measured, inputs: DiagnosticInputs, cutoff: Optional[int] = None) -
     paths = list(sources.values())
     items: Dict[str, Dict[str, List[float]]] = {m.name: {} for m in models}
     others = f"{len(plans) - 1} other merges" + (" and the layer patch" if patched else "")
-    said = f"menu: the config as written{',' if patched else ' and'} {others}"
+    said = f"menu: as written{',' if patched else ' and'} {others}"
     with (
         task(said, (len(plans) + bool(patched)) * lines, settings.quiet) as advance,
         shared_below(module, names),
