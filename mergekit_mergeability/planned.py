@@ -15,7 +15,6 @@ executor visits the tensors).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -154,13 +153,15 @@ def merged(planned: Planned, read: Callable[[str, str], Optional[Any]]) -> Any:
 def shared_masks() -> Iterator[None]:
     """mergekit's magnitude pruning (TIES's, DELLA's base) sorts every update tensor it prunes, and
     the candidates a rehearsal builds prune the same updates at the same densities again and again.
-    While merging, an update is sorted once, as mergekit sorts it, and its mask at the density asked
-    (and at each density ``sorted_together`` names) is kept by the update's bytes and the density:
-    the sort's first values, as mergekit keeps them, so the same merge. Masks are kept a bit a
-    value, so a plan's merges of a hundred adapters' updates keep every one of them."""
+    While merging, each mask the pruning in force computes on the CPU (mergekit's, or plan's
+    selection: ``inmemory.selected_magnitudes``) is kept by the update's bytes and the density and
+    used again, so the same merge; where ``sorted_together`` names more densities, one sort, as
+    mergekit's, gives the masks at all of them. Masks are kept a bit a value, so a plan's merges of
+    a hundred adapters' updates keep every one of them."""
     import mergekit.sparsify as sparsify
     import numpy as np
     import torch
+    import xxhash
 
     computed = sparsify.magnitude
 
@@ -168,11 +169,16 @@ def shared_masks() -> Iterator[None]:
         if tensor.device.type != "cpu" or not 0 < density < 1 or tensor.numel() == 0:
             return computed(tensor, density, rescale_norm)
         bytes_ = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-        digest = (hashlib.blake2b(bytes_, digest_size=16).digest(), tuple(tensor.shape), str(tensor.dtype))
+        digest = (xxhash.xxh3_128_digest(bytes_), tuple(tensor.shape), str(tensor.dtype))
         bits = _masks.get((*digest, float(density)))
         if bits is None:  # the density asked comes last: the newest kept
             others = [d for d in _together[-1] if d != density and (*digest, d) not in _masks]
-            for each, bits in _kept_bits(tensor, [*others, density]):
+            found = (  # kept where the pruning in force kept (a kept zero reads the same as one let go)
+                _kept_bits(tensor, [*others, density])
+                if others
+                else [(density, np.packbits((computed(tensor, density, None) != 0).reshape(-1).numpy()))]
+            )
+            for each, bits in found:
                 _masks[(*digest, float(each))] = bits
                 _kept[0] += bits.nbytes
             while _kept[0] > MASK_BYTES:
@@ -191,8 +197,9 @@ def shared_masks() -> Iterator[None]:
 
 @contextlib.contextmanager
 def sorted_together(densities: Collection[float]) -> Iterator[None]:
-    """While in it, an update pruned by magnitude at one density is sorted once for its masks at
-    each of ``densities`` too: the densities the merges about to be built prune it at."""
+    """While in it, an update pruned by magnitude at one density is sorted once, as mergekit's own
+    ``sparsify.magnitude`` sorts it, for its masks at each of ``densities`` too: the densities the
+    merges about to be built prune it at."""
     _together.append(tuple(densities))
     try:
         yield

@@ -160,19 +160,45 @@ def test_an_update_is_sorted_once_for_the_masks_of_every_density_the_menu_prunes
         sorted_at.append(list(densities))
         return sort(tensor, densities)
 
+    def one(tensor, density, rescale_norm=None):
+        sorted_at.append(density)
+        return real(tensor, density, rescale_norm)
+
     monkeypatch.setattr(planned, "_kept_bits", counted)
+    monkeypatch.setattr(sparsify, "magnitude", one)
     monkeypatch.setattr(planned, "_masks", OrderedDict())
     monkeypatch.setattr(planned, "_kept", [0])
     update = torch.randint(-3, 4, (64, 32)).float() / 8  # magnitudes tie, a seventh are zeros
     asked = [(0.3, sparsify.RescaleNorm.l1), (0.3, None), (0.7, None), (0.5, sparsify.RescaleNorm.l2), (0.4, None)]
     with planned.sorted_together((0.3, 0.5, 0.7)), planned.shared_masks():
         masked = [sparsify.magnitude(update.clone(), density, norm) for density, norm in asked]
-    assert sparsify.magnitude is real  # put back on exit
-    assert sorted_at == [[0.5, 0.7, 0.3], [0.4]] and planned._together == [()]  # 0.3's sort gave 0.7's and 0.5's
+    assert sparsify.magnitude is one  # put back on exit
+    assert sorted_at == [[0.5, 0.7, 0.3], 0.4] and planned._together == [()]  # 0.3's sort gave 0.7's and 0.5's
     for (density, norm), ours in zip(asked, masked):
         assert torch.equal(ours, real(update, density, norm)), (density, norm)
     monkeypatch.setattr(planned, "MASK_BYTES", 64 * 32 // 8)  # room for one mask, a bit a value: the oldest are let go
     with planned.shared_masks():
         kept = sparsify.magnitude(update * 2, 0.3)
-    assert sorted_at[-1] == [0.3]
+    assert sorted_at[-1] == 0.3  # mergekit's own, one density
     assert len(planned._masks) == 1 and planned._kept == [64 * 32 // 8] and torch.equal(kept, real(update * 2, 0.3))
+
+
+def test_a_plans_merges_keep_the_masks_of_its_own_selection_and_sort_nothing(monkeypatch):
+    """plan prunes by one selection (``inmemory.selected_magnitudes``), not mergekit's sort; the
+    shared masks keep what that selection keeps, and no density is sorted for."""
+    from collections import OrderedDict
+    from unittest import mock
+
+    import mergekit.sparsify as sparsify
+
+    from mergekit_mergeability import planned
+    from mergekit_mergeability.evaluation.inmemory import selected_magnitudes, top_magnitudes
+
+    monkeypatch.setattr(planned, "_masks", OrderedDict())
+    monkeypatch.setattr(planned, "_kept", [0])
+    update = torch.randint(-3, 4, (64, 32)).float()  # ties at the threshold: the selection keeps them all
+    with mock.patch.object(torch, "argsort", wraps=torch.argsort) as sort:
+        with selected_magnitudes(), planned.shared_masks():
+            kept = [sparsify.magnitude(update, 0.5) for _ in range(2)]
+    assert sort.call_count == 0 and len(planned._masks) == 1
+    assert all(torch.equal(k, top_magnitudes(update, 0.5)) for k in kept)
