@@ -29,9 +29,8 @@ from mergekit_mergeability.planned import sorted_together, writable
 from mergekit_mergeability.diagnostics.knowledge import as_read
 from mergekit_mergeability.diagnostics.shared_layers import shared_below
 from mergekit_mergeability.sources import TensorReader
-from mergekit_mergeability.decide.tuning import TIES_DENSITIES
+from mergekit_mergeability.decide.tuning import PRUNED_AT
 from mergekit_mergeability.decide.verdict import MENU, PATCH
-from mergekit_mergeability.methods.knowledge_weighted import DEFAULT_DENSITY
 from mergekit_mergeability.records import KnowledgeStats
 from mergekit_mergeability.settings import TUNE_CANDIDATES
 
@@ -65,7 +64,7 @@ def rehearse(measured, inputs: DiagnosticInputs, cutoff: Optional[int] = None) -
     with (
         task(said, (len(plans) + bool(patched)) * lines, settings.quiet) as advance,
         shared_below(module, names),
-        sorted_together((DEFAULT_DENSITY, *TIES_DENSITIES)),  # TIES's and knowledge_weighted's
+        sorted_together(PRUNED_AT),
     ):
         for name, candidate in plans.items():
             with as_written(module, candidate, paths, names):

@@ -170,21 +170,22 @@ def shared_masks() -> Iterator[None]:
             return computed(tensor, density, rescale_norm)
         bytes_ = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
         digest = (xxhash.xxh3_128_digest(bytes_), tuple(tensor.shape), str(tensor.dtype))
-        bits = _masks.get((*digest, float(density)))
+        key = lambda at: (*digest, float(at))  # noqa: E731
+        bits = _masks.get(key(density))
         if bits is None:  # the density asked comes last: the newest kept
-            others = [d for d in _together[-1] if d != density and (*digest, d) not in _masks]
+            others = [d for d in _together[-1] if d != density and key(d) not in _masks]
             found = (  # kept where the pruning in force kept (a kept zero reads the same as one let go)
                 _kept_bits(tensor, [*others, density])
                 if others
                 else [(density, np.packbits((computed(tensor, density, None) != 0).reshape(-1).numpy()))]
             )
             for each, bits in found:
-                _masks[(*digest, float(each))] = bits
+                _masks[key(each)] = bits
                 _kept[0] += bits.nbytes
             while _kept[0] > MASK_BYTES:
                 _kept[0] -= _masks.popitem(last=False)[1].nbytes
         else:
-            _masks.move_to_end((*digest, float(density)))
+            _masks.move_to_end(key(density))
         mask = torch.from_numpy(np.unpackbits(bits, count=tensor.numel())).view(tensor.shape)
         return sparsify.rescaled_masked_tensor(tensor, mask.to(tensor.dtype), rescale_norm)
 

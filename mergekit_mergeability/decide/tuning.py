@@ -30,6 +30,7 @@ from mergekit_mergeability.methods.knowledge_weighted import DEFAULT_DENSITY
 
 MEAN_SCALES = (1.5, 2.0)  # each update s/N: between the mean merge (1) and the sum of N updates (N)
 TIES_DENSITIES = (0.7, 0.3)
+PRUNED_AT = (DEFAULT_DENSITY, *TIES_DENSITIES)  # the densities the menu and grid prune by magnitude at
 LOWER_MEAN = 0.75
 TIES_LAMBDA = 1.5
 DARE_DENSITY = 0.7
