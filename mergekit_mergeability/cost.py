@@ -141,12 +141,14 @@ def estimate(inputs, diagnostics, menu_passes: int = 0, notes: Sequence[str] = (
 
 def _building(plans, inputs, dtype: str) -> float:
     """Seconds to build each of ``plans``' merges (tensor name -> mergekit's plan) on the tensors the
-    updates touch: each merge timed on random inputs for one touched tensor of middling size (its
-    shape from the base's headers; its first TIMED_MERGE values' rows), scaled to the values of them all. Reading the models' tensors is
-    not counted."""
+    updates touch: the merges built in turn as the menu builds them (each update sorted once for
+    every density pruned at, ``planned.sorted_together``), on random inputs for one touched tensor
+    of middling size (its shape from the base's headers; its first TIMED_MERGE values' rows), the
+    faster of two turns, scaled to the values of them all. Reading the models' tensors is not counted."""
     import torch
 
-    from mergekit_mergeability.planned import merged
+    from mergekit_mergeability.decide.tuning import PRUNED_AT
+    from mergekit_mergeability.planned import merged, sorted_together
     from mergekit_mergeability.sources import TensorReader
 
     index = TensorReader(inputs.base.path).index
@@ -157,17 +159,17 @@ def _building(plans, inputs, dtype: str) -> float:
     middle = names[len(names) // 2]
     shape = list(index[middle].shape)
     shape[0] = min(shape[0], max(1, TIMED_MERGE // math.prod(shape[1:])))  # its first rows, at a 7B shape
-    drawn = {}  # one random tensor a model
+    models = {str(model) for plan in plans.values() for model, _, _ in plan[middle].reads}
 
-    def read(model: str, name: str):
-        return drawn.setdefault(model, torch.randn(shape, dtype=getattr(torch, dtype or "float32")))
-
-    def timed(plan) -> float:
-        started = time.perf_counter()
-        merged(plan[middle], read)
+    def built() -> float:  # every merge in turn, as the menu builds them: each update sorted once for all
+        drawn = {model: torch.randn(shape, dtype=getattr(torch, dtype or "float32")) for model in models}
+        started = time.perf_counter()  # (fresh values each turn: no mask kept from the one before)
+        with sorted_together(PRUNED_AT):
+            for plan in plans.values():
+                merged(plan[middle], lambda model, name: drawn[model])
         return time.perf_counter() - started
 
-    return sum(min(timed(plan), timed(plan)) for plan in plans.values()) * sum(map(size, names)) / math.prod(shape)
+    return min(built(), built()) * sum(map(size, names)) / math.prod(shape)
 
 
 TIMED = (1, 8, 16, 32, 64, 128, 512, 2048)  # tokens in one forward call, where the pace is timed

@@ -100,3 +100,36 @@ def test_a_probes_items_are_timed_as_run_together_and_lm_evals_whole_requests_ar
     assert found["knowledge"] == pytest.approx((12 / 4, 0.0))
     # and once, lm-eval's 4 rows of 6, 6, 8 and 6 tokens, 2 at a time: 2 calls of 13 tokens, over its 8 passes
     assert found["dilution"] == pytest.approx((12 / 4 + 26 / 8, 0.0))
+
+
+def test_the_menus_merges_are_timed_as_it_builds_them_each_update_sorted_once_in_every_turn(monkeypatch):
+    """The cost line times the menu's merges in turn, as the menu builds them: TIES sorts each update
+    once for its masks at every density the menu prunes at, and the candidates after it reuse them.
+    Every timed turn draws fresh values, so each pays those sorts; a turn that found the masks of
+    the turn before would leave them out of the estimate."""
+    from types import SimpleNamespace
+
+    import mergekit.sparsify as sparsify
+
+    from mergekit_mergeability import cost, planned, sources
+    from mergekit_mergeability.decide.tuning import PRUNED_AT
+    from mergekit_mergeability.planned import Planned
+
+    class Prunes:  # a merge that prunes each input by magnitude, as TIES does
+        def __init__(self, density):
+            self.density = density
+
+        def execute(self, tensors):
+            return sum(sparsify.magnitude(t, self.density) for t in tensors.values())
+
+    sort, sorts = planned._kept_bits, []
+    monkeypatch.setattr(
+        planned, "_kept_bits", lambda tensor, densities: sorts.append(tuple(densities)) or sort(tensor, densities)
+    )
+    header = SimpleNamespace(shape=(16, 8))
+    monkeypatch.setattr(sources, "TensorReader", lambda path: SimpleNamespace(index={"w": header}))
+    inputs = SimpleNamespace(base=SimpleNamespace(path="base"), touched={"a": frozenset({"w"}), "b": frozenset({"w"})})
+    reads = tuple((model, ("w",), False) for model in ("a", "b"))
+    plans = {d: {"w": Planned("w", reads, Prunes(d), None, None, True)} for d in PRUNED_AT}
+    assert cost._building(plans, inputs, "float32") > 0
+    assert len(sorts) == 2 * 2 and all(sorted(s) == sorted(PRUNED_AT) for s in sorts), sorts  # 2 turns × 2 updates
