@@ -29,7 +29,7 @@ import torch
 from _models import build_models, workdir
 from mergekit_mergeability.sources import TensorReader, load_causal_lm
 from mergekit_mergeability.diagnostics import DiagnosticInputs, ModelInput
-from mergekit_mergeability.diagnostics.activations import encode, pad, score
+from mergekit_mergeability.diagnostics.activations import encode, hidden_means, pad
 from mergekit_mergeability.diagnostics.weights import WeightStatistics
 from mergekit_mergeability.settings import PrecheckSettings
 from mergekit_mergeability.tiny import train_tokenizer
@@ -124,7 +124,7 @@ def plain_forward(model, tokenizer, batch_size: int = 16) -> None:
 
 
 def activation_pass(model, tokenizer) -> None:
-    for _ in score(model, tokenizer, PROMPTS, batch_size=16, hidden_states=True):
+    for _ in hidden_means(model, tokenizer, PROMPTS, batch_size=16):
         pass
 
 

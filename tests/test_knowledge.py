@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mergekit_mergeability.sources import load_causal_lm
-from mergekit_mergeability.diagnostics.activations import choice_logprobs, score
+from mergekit_mergeability.diagnostics.activations import choice_logprobs, hidden_means, score
 from mergekit_mergeability.maths import choice_scores
 from mergekit_mergeability.tasks.probes import GENERATION, Instance
 
@@ -132,10 +132,10 @@ def test_adapter_generation_distribution_and_empty_prompt():
 
 def test_pooled_spans_average_the_right_positions():
     model, tok = BigramLM(TABLE), CharTokenizer()
-    (scored,) = score(model, tok, [("ab", "cd")], hidden_states=True)
+    ((prompt, answer),) = hidden_means(model, tok, [("ab", "cd")])
     one_hot = torch.eye(V)
-    assert torch.allclose(scored.prompt_pool[0], (one_hot[1] + one_hot[2]) / 2)
-    assert torch.allclose(scored.continuation_pool[1], (one_hot[3] + one_hot[4]))  # layer 1 is 2 × embedding
+    assert torch.allclose(prompt[0], (one_hot[1] + one_hot[2]) / 2)
+    assert torch.allclose(answer[1], (one_hot[3] + one_hot[4]))  # layer 1 is 2 × embedding
 
 
 def test_batched_scoring_with_padding_equals_one_at_a_time(llama):
@@ -145,13 +145,17 @@ def test_batched_scoring_with_padding_equals_one_at_a_time(llama):
         ("Water", " boils at one hundred degrees."),
         ("The quick brown fox", " jumps"),
     ]
-    together = list(score(model, tok, pairs, batch_size=3, hidden_states=True))
-    alone = [next(score(model, tok, [pair], batch_size=1, hidden_states=True)) for pair in pairs]
+    together = list(score(model, tok, pairs, batch_size=3))
+    alone = [next(score(model, tok, [pair], batch_size=1)) for pair in pairs]
     assert len(together) == len(pairs)
     for a, b in zip(together, alone):
         assert torch.allclose(a.continuation_logprobs, b.continuation_logprobs, atol=1e-5)
-        assert torch.allclose(a.continuation_pool, b.continuation_pool, atol=1e-5)
-        assert torch.allclose(a.prompt_pool, b.prompt_pool, atol=1e-5)
+    pools = zip(
+        hidden_means(model, tok, pairs, batch_size=3),
+        (next(hidden_means(model, tok, [pair], batch_size=1)) for pair in pairs),
+    )
+    for (prompt_a, answer_a), (prompt_b, answer_b) in pools:
+        assert torch.allclose(answer_a, answer_b, atol=1e-5) and torch.allclose(prompt_a, prompt_b, atol=1e-5)
 
 
 OPTION_SETS = {

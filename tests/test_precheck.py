@@ -700,7 +700,7 @@ def test_a_rerun_with_cache_dir_reads_each_models_passes_back(tmp_path, pool, mo
     def never(*args, **kwargs):
         raise AssertionError("a model pass ran again")
 
-    monkeypatch.setattr(representations, "score", never)
+    monkeypatch.setattr(representations, "hidden_means", never)
     monkeypatch.setattr(selectivity, "activation_probabilities", never)
     again = precheck_cli(config, tmp_path / "again", "--cache-dir", tmp_path / "kept")
     assert again.exit_code == 0, again.output

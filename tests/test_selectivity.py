@@ -18,8 +18,8 @@ from mergekit_mergeability.diagnostics.selectivity import (
     Selectivity,
     activation_modules,
     activation_probabilities,
-    probe_groups,
 )
+from mergekit_mergeability.diagnostics.rows import probe_groups
 from mergekit_mergeability.maths import lape
 from mergekit_mergeability.decide.verdict import cutoff_from_curve, decide_cutoff, divergence_curve
 from mergekit_mergeability.output.precheck_report import SCHEMA
@@ -334,3 +334,58 @@ def test_precheck_cutoff_from_selectivity_says_so(keyed, tmp_path):
         "group-specific neurons (LAPE overlap) diverge from the first block" in report["recommendation"]["reasons"][0]
     )
     assert "Layer cut-off set by: selectivity" in (out / "report.html").read_text()
+
+
+def test_a_probe_set_two_models_share_is_counted_once_in_its_group():
+    from collections import namedtuple
+    from types import SimpleNamespace
+
+    from mergekit_mergeability.diagnostics.rows import probe_rows, row_groups
+
+    Line = namedtuple("Line", "prompt gold group")
+
+    def probe(*groups):
+        return tuple(Line(f"p{i}", f"g{i}", g) for i, g in enumerate(groups))
+
+    digits, letters = probe("digits", "digits"), probe("letters", None)
+    models = [SimpleNamespace(name=n, probes=p) for n, p in (("a", digits), ("b", letters), ("c", digits), ("d", None))]
+    assert len(probe_rows(models)) == 6
+    assert row_groups(models) == ([0, 0, 1, 2, None, None], ["digits", "letters", "b"])
+    rows, labels, groups = probe_groups(models)
+    assert rows == [("p0", "g0"), ("p1", "g1"), ("p0", "g0"), ("p1", "g1")] and labels == [0, 0, 1, 2]
+
+
+def test_the_representations_pass_counts_what_the_selectivitys_own_pass_counts(llama, keyed, monkeypatch):
+    """Where both run, one teacher-forced pass a model serves both: the representations' pass counts
+    the active neurons as it reads the rows (every model's, a probe set two share among them), and
+    the selectivity, run after it, runs no pass of its own and finds what its own pass finds."""
+    from mergekit_mergeability.diagnostics import selectivity
+    from mergekit_mergeability.diagnostics.representations import Representations
+
+    root = keyed["root"]
+
+    def inputs(**settings):
+        experts = [
+            ModelInput(str(path), path, load(str(root / spec)))
+            for path, spec in (
+                (llama["expert0"], "digits.jsonl"),
+                (llama["expert1"], "letters.jsonl"),
+                (keyed["same"], "digits.jsonl"),
+            )
+        ]
+        return DiagnosticInputs(
+            ModelInput(str(llama["base"]), llama["base"]), tuple(experts), PrecheckSettings(quiet=True, **settings)
+        )
+
+    alone = Selectivity().run(inputs(skip=("representations",)))
+    assert alone.per_layer
+    together = inputs()
+    assert Selectivity().passes(together) == 0 < Selectivity().passes(inputs(skip=("representations",)))
+    Representations().run(together)
+    assert len(together.passed_on) == 4  # the base and each expert
+
+    def never(*args, **kwargs):
+        raise AssertionError("the selectivity ran a pass of its own")
+
+    monkeypatch.setattr(selectivity, "activation_probabilities", never)
+    assert Selectivity().run(together).per_layer == alone.per_layer and not together.passed_on

@@ -91,6 +91,13 @@ class DiagnosticInputs:
         return {m.name: frozenset(changed(base, m.path)) for m in self.models}
 
     @cached_property
+    def passed_on(self) -> Dict[Tuple[str, str], Any]:
+        """What one built-in signal's pass computed for another that runs after it, by (that signal,
+        model name): the representations' pass counts the selectivity's active neurons
+        (``rows.counted_together``). Taken by the one it is for; kept for this precheck alone."""
+        return {}
+
+    @cached_property
     def names(self) -> Dict[str, str]:
         """Each model's short name (``names.short_names``: an adapter's folder name), for progress lines."""
         from mergekit_mergeability.names import short_names

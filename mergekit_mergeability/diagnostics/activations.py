@@ -22,8 +22,6 @@ class Scored:
     continuation_logprobs: torch.Tensor  # (continuation tokens,) log p of each actual token
     distribution: Optional[torch.Tensor]  # (continuation tokens, vocab) log-softmax, if asked for
     continuation_ids: torch.Tensor
-    prompt_pool: Optional[torch.Tensor]  # (layers + 1, hidden)
-    continuation_pool: Optional[torch.Tensor]
 
 
 def encode(tokenizer, prompt: str, continuation: str) -> Tuple[List[int], List[int]]:
@@ -48,36 +46,62 @@ def pad(encoded: Sequence[Tuple[List[int], List[int]]]) -> Tuple[torch.Tensor, t
     return ids, mask
 
 
+def batches(tokenizer, sequences: Sequence[Tuple[str, str]], batch_size: int):
+    """(prompt, continuation) pairs tokenised (``encode``), ``batch_size`` at a time: each batch's
+    (prompt ids, continuation ids) and its right-padded ids and attention mask (``pad``)."""
+    encoded = [encode(tokenizer, p, c) for p, c in sequences]
+    for start in range(0, len(encoded), batch_size):
+        batch = encoded[start : start + batch_size]
+        yield (batch, *pad(batch))
+
+
 @torch.inference_mode()
 def score(
     model,
     tokenizer,
     sequences: Sequence[Tuple[str, str]],
     batch_size: int = 16,
-    hidden_states: bool = False,
     distribution: bool = False,
     progress=None,
 ) -> Iterator[Scored]:
     """Score (prompt, continuation) pairs in batches, in order."""
     device = next(model.parameters()).device
-    encoded = [encode(tokenizer, p, c) for p, c in sequences]
-    for start in range(0, len(encoded), batch_size):
-        batch = encoded[start : start + batch_size]
-        ids, mask = pad(batch)
-        out = model(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=hidden_states)
+    for batch, ids, mask in batches(tokenizer, sequences, batch_size):
+        out = model(input_ids=ids.to(device), attention_mask=mask.to(device))
         logprobs = torch.log_softmax(out.logits.float(), dim=-1)
-        layers = torch.stack(out.hidden_states).float() if hidden_states else None  # (L+1, B, T, H)
         for row, (p, c) in enumerate(batch):
-            span = slice(len(p), len(p) + len(c))
             predicting = logprobs[row, len(p) - 1 : len(p) + len(c) - 1]  # position t predicts token t+1
             answer = torch.tensor(c, device=predicting.device)
             yield Scored(
                 continuation_logprobs=predicting.gather(1, answer[:, None]).squeeze(1).cpu(),
                 distribution=predicting.cpu() if distribution else None,
                 continuation_ids=answer.cpu(),
-                prompt_pool=layers[:, row, : len(p)].mean(dim=1).cpu() if hidden_states else None,
-                continuation_pool=layers[:, row, span].mean(dim=1).cpu() if hidden_states else None,
             )
+        if progress is not None:
+            progress(len(batch))
+
+
+@torch.inference_mode()
+def hidden_means(
+    model, tokenizer, sequences: Sequence[Tuple[str, str]], batch_size: int = 16, progress=None, before=None
+) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+    """Per (prompt, continuation) pair, in order: its hidden states at the embedding output and after
+    every decoder block, mean-pooled over the prompt span and over the continuation span, each
+    (layers + 1, hidden). No position's logits are computed but the last one's. ``before(batch,
+    ids)``, where given, is told each batch (``batches``) before its forward pass."""
+    device = next(model.parameters()).device
+    for batch, ids, mask in batches(tokenizer, sequences, batch_size):
+        if before is not None:
+            before(batch, ids)
+        out = model(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            output_hidden_states=True,
+            **_given(model, "logits_to_keep", 1),
+        )
+        layers = torch.stack(out.hidden_states).float()  # (L+1, B, T, H)
+        for row, (p, c) in enumerate(batch):
+            yield layers[:, row, : len(p)].mean(dim=1).cpu(), layers[:, row, len(p) : len(p) + len(c)].mean(dim=1).cpu()
         if progress is not None:
             progress(len(batch))
 

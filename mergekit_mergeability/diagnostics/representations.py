@@ -19,13 +19,13 @@ import torch
 
 from mergekit_mergeability import distributed
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need, stored
-from mergekit_mergeability.diagnostics.activations import score
+from mergekit_mergeability.diagnostics.activations import hidden_means
+from mergekit_mergeability.diagnostics.rows import MIN_ROWS, SELECTIVITY, counted_together, probe_rows, row_groups
+from mergekit_mergeability.diagnostics.selectivity import ActiveNeurons, activation_modules, as_kept
 from mergekit_mergeability.maths.cka import layerwise
 from mergekit_mergeability.progress import task
 from mergekit_mergeability.records import PairLayers
 from mergekit_mergeability.sources import load_causal_lm, merged, patched, update_of
-
-MIN_ROWS = 4  # the unbiased estimator's minimum; fewer rows say little anyway
 
 
 class Representations:
@@ -40,7 +40,7 @@ class Representations:
 
     def run(self, inputs: DiagnosticInputs) -> DiagnosticResult:
         result = DiagnosticResult()
-        rows = [(i.prompt, i.gold) for m in inputs.models for i in (m.probes or ())]
+        rows = probe_rows(inputs.models)
         if len(rows) < MIN_ROWS:
             result.findings.append(
                 Finding(
@@ -82,20 +82,35 @@ class Representations:
 
 
 def pooled_states(member: ModelInput, rows, inputs: DiagnosticInputs, loaded: Optional["_Loaded"] = None):
-    """``member``'s hidden states over ``rows``, mean-pooled over the answer and over the prompt:
-    two (layers, rows, hidden) tensors. ``loaded`` keeps bases loaded between models."""
+    """``member``'s hidden states over ``rows`` (``rows.probe_rows``), mean-pooled over the answer and
+    over the prompt: two (layers, rows, hidden) tensors. ``loaded`` keeps bases loaded between
+    models. Where the selectivity runs after it (``rows.counted_together``), the same pass counts
+    its active neurons, passed on to it (``DiagnosticInputs.passed_on``)."""
     settings = inputs.settings
 
     def compute():
         answers: List[torch.Tensor] = []
         prompts: List[torch.Tensor] = []
         with (loaded or _Loaded(inputs, set())).model(member.path, member.load_dtype(settings)) as (model, tokenizer):
-            with task(
-                f"representations: {inputs.names.get(member.name, member.name)}", len(rows), settings.quiet
-            ) as advance:
-                for scored in score(model, tokenizer, rows, settings.batch_size, hidden_states=True, progress=advance):
-                    answers.append(scored.continuation_pool)
-                    prompts.append(scored.prompt_pool)
+            modules = activation_modules(model) if counted_together(inputs) else None
+            labels, groups = row_groups(inputs.models)
+            counting = (
+                ActiveNeurons(model, modules, labels, len(groups), settings.selectivity_span)
+                if modules
+                else contextlib.nullcontext()
+            )
+            with (
+                task(
+                    f"representations: {inputs.names.get(member.name, member.name)}", len(rows), settings.quiet
+                ) as advance,
+                counting,
+            ):
+                before = counting.before if modules else None
+                for prompt, answer in hidden_means(model, tokenizer, rows, settings.batch_size, advance, before):
+                    answers.append(answer)
+                    prompts.append(prompt)
+            if modules:
+                inputs.passed_on[SELECTIVITY, member.name] = as_kept(counting.probabilities())
         return {"answers": torch.stack(answers, dim=1), "prompts": torch.stack(prompts, dim=1)}
 
     computed_from = (rows, member.load_dtype(settings), settings.batch_size)

@@ -33,9 +33,9 @@ import torch
 
 from mergekit_mergeability import distributed
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need, stored
-from mergekit_mergeability.diagnostics.activations import encode, pad
+from mergekit_mergeability.diagnostics.activations import batches
+from mergekit_mergeability.diagnostics.rows import SELECTIVITY, counted_together, probe_groups
 from mergekit_mergeability.maths import lape
-from mergekit_mergeability.names import short_names
 from mergekit_mergeability.progress import task
 from mergekit_mergeability.records import PairLayers
 from mergekit_mergeability.settings import SELECTIVITY_SPANS as SPANS
@@ -52,9 +52,12 @@ class Selectivity:
     needs = frozenset({Need.PROBES})
 
     def passes(self, inputs: DiagnosticInputs, tokenizer=None) -> int:
-        """Every probe row through the base and each model (0 where fewer than two groups)."""
+        """Every probe row through the base and each model (0 where fewer than two groups, or where
+        the representations' pass counts them: ``rows.counted_together``)."""
         rows, _, groups = probe_groups(inputs.models)
-        return 0 if len(groups) < 2 else len(rows) * len([m for m in (inputs.base, *inputs.models) if m is not None])
+        if len(groups) < 2 or counted_together(inputs):
+            return 0
+        return len(rows) * len([m for m in (inputs.base, *inputs.models) if m is not None])
 
     def run(self, inputs: DiagnosticInputs) -> DiagnosticResult:
         settings = inputs.settings
@@ -119,37 +122,24 @@ class Selectivity:
 def member_probabilities(
     member: ModelInput, rows, labels, groups: int, inputs: DiagnosticInputs
 ) -> Optional[np.ndarray]:
-    """``member``'s activation probabilities (``activation_probabilities``), the model loaded for this pass alone."""
+    """``member``'s activation probabilities (``activation_probabilities``): counted by the
+    representations' pass where it ran first (``rows.counted_together``), else the model loaded for
+    this pass alone."""
     settings = inputs.settings
     base_path = inputs.base.path if inputs.base else None
     span = settings.selectivity_span
 
     def compute():
+        if (SELECTIVITY, member.name) in inputs.passed_on:
+            return inputs.passed_on.pop((SELECTIVITY, member.name))
         model, tokenizer = load_causal_lm(member.path, settings.device, member.load_dtype(settings), base_path)
         with task(f"selectivity: {inputs.names.get(member.name, member.name)}", len(rows), settings.quiet) as advance:
             p = activation_probabilities(model, tokenizer, rows, labels, groups, span, settings.batch_size, advance)
-        return {} if p is None else {"probabilities": torch.from_numpy(p)}
+        return as_kept(p)
 
     computed_from = (rows, list(labels), groups, span, member.load_dtype(settings), settings.batch_size)
     found = stored.kept(settings.cache_dir, "selectivity", member.path, computed_from, compute)
     return found["probabilities"].numpy() if "probabilities" in found else None
-
-
-def probe_groups(models: Sequence[ModelInput]) -> Tuple[List[Tuple[str, str]], List[int], List[str]]:
-    """(rows: prompt, gold), each row's group index, and the group names (first seen first)."""
-    names = short_names([m.name for m in models])
-    rows: List[Tuple[str, str]] = []
-    labels: List[int] = []
-    groups: Dict[str, int] = {}
-    seen = set()
-    for model in models:
-        if not model.probes or tuple(model.probes) in seen:
-            continue
-        seen.add(tuple(model.probes))
-        for instance in model.probes:
-            rows.append((instance.prompt, instance.gold))
-            labels.append(groups.setdefault(instance.group or names[model.name], len(groups)))
-    return rows, labels, list(groups)
 
 
 def colliding_layers(collided: Sequence[float], specific: Sequence[float]) -> List[int]:
@@ -165,6 +155,68 @@ def activation_modules(model) -> Optional[List[torch.nn.Module]]:
     return [found[i] for i in range(len(found))]
 
 
+def as_kept(probabilities: Optional[np.ndarray]) -> dict:
+    """A member's pass as kept (``stored.kept``): its probabilities, or nothing (no activation module)."""
+    return {} if probabilities is None else {"probabilities": torch.from_numpy(probabilities)}
+
+
+class ActiveNeurons:
+    """While in use, counts on ``model``'s forward passes, per group, layer and neuron, the span
+    tokens on which each MLP neuron is active (> 0); ``before(rows, ids)`` names each batch's rows
+    (their prompt and continuation ids) and right-padded ids before its forward pass. ``labels``:
+    each row's group, in the order the rows come (None: not counted). Counts are summed per batch
+    inside forward hooks: no activation outlives its batch."""
+
+    def __init__(self, model, modules, labels, groups: int, span: str = "answer"):
+        if span not in SPANS:
+            raise ValueError(f"span must be one of {SPANS}, got {span!r}")
+        self.model, self.modules, self.span, self.groups = model, modules, span, groups
+        self.owned = iter(labels)
+        self.device = next(model.parameters()).device
+        # MPS has no float64: exact to 2^24 tokens
+        self.exact = torch.float32 if self.device.type == "mps" else torch.float64
+        self.active: List[Optional[torch.Tensor]] = [None] * len(modules)
+        self.tokens = torch.zeros(groups, dtype=self.exact, device=self.device)
+        self.batch: Dict[str, torch.Tensor] = {}  # the span tokens' flat positions and their groups (one-hot)
+
+    def counter(self, layer: int):
+        def count(module, args, output):
+            flat = output.reshape(-1, output.shape[-1])[self.batch["positions"]]
+            # counts per batch stay below 2^24: exact in float32
+            counts = (self.batch["onehot"] @ (flat > 0).float()).to(self.exact)
+            self.active[layer] = counts if self.active[layer] is None else self.active[layer] + counts
+
+        return count
+
+    def __enter__(self) -> "ActiveNeurons":
+        self.handles = [m.register_forward_hook(self.counter(i)) for i, m in enumerate(self.modules)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    def before(self, rows, ids: torch.Tensor) -> None:
+        positions, owners = [], []
+        for row, (p, c) in enumerate(rows):
+            label = next(self.owned)
+            low, high = (len(p), len(p) + len(c)) if self.span == "answer" else (0, len(p))
+            if label is not None:
+                positions.extend(range(row * ids.shape[1] + low, row * ids.shape[1] + high))
+                owners.extend([label] * (high - low))
+        onehot = torch.zeros(self.groups, len(positions))
+        onehot[owners, range(len(positions))] = 1
+        self.batch.update(
+            positions=torch.tensor(positions, dtype=torch.long, device=self.device), onehot=onehot.to(self.device)
+        )
+        self.tokens += onehot.sum(dim=1).to(self.device, self.exact)
+
+    def probabilities(self) -> np.ndarray:
+        """(groups, layers, neurons): the share of each group's span tokens each neuron is active on."""
+        counts = torch.stack(self.active, dim=1)
+        return (counts / self.tokens.clamp(min=1)[:, None, None]).cpu().numpy()
+
+
 @torch.inference_mode()
 def activation_probabilities(
     model,
@@ -176,53 +228,19 @@ def activation_probabilities(
     batch_size: int = 16,
     progress=None,
 ) -> Optional[np.ndarray]:
-    """(groups, layers, neurons): the share of each group's span tokens on which each MLP neuron is active (> 0).
-
-    Counts are summed per batch inside forward hooks; memory stays one batch's
-    activations however many rows there are."""
-    if span not in SPANS:
-        raise ValueError(f"span must be one of {SPANS}, got {span!r}")
+    """(groups, layers, neurons): the share of each group's span tokens on which each MLP neuron is
+    active (> 0), counted by ``ActiveNeurons``; memory stays one batch's activations however many
+    rows there are. None where the model has no activation module per block."""
     modules = activation_modules(model)
     if modules is None:
         return None
-    device = next(model.parameters()).device
-    exact = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64: exact to 2^24 tokens
-    active: List[Optional[torch.Tensor]] = [None] * len(modules)
-    tokens = torch.zeros(groups, dtype=exact, device=device)
-    batch: Dict[str, torch.Tensor] = {}  # the span tokens' flat positions and their groups (one-hot)
-
-    def counter(layer: int):
-        def count(module, args, output):
-            flat = output.reshape(-1, output.shape[-1])[batch["positions"]]
-            # counts per batch stay below 2^24: exact in float32
-            counts = (batch["onehot"] @ (flat > 0).float()).to(exact)
-            active[layer] = counts if active[layer] is None else active[layer] + counts
-
-        return count
-
     keep = (
         {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     )  # the span needs no logits
-    encoded = [encode(tokenizer, p, c) for p, c in rows]
-    handles = [m.register_forward_hook(counter(i)) for i, m in enumerate(modules)]
-    try:
-        for start in range(0, len(encoded), batch_size):
-            chunk = encoded[start : start + batch_size]
-            ids, mask = pad(chunk)
-            positions, owners = [], []
-            for row, (p, c) in enumerate(chunk):
-                low, high = (len(p), len(p) + len(c)) if span == "answer" else (0, len(p))
-                positions.extend(range(row * ids.shape[1] + low, row * ids.shape[1] + high))
-                owners.extend([labels[start + row]] * (high - low))
-            onehot = torch.zeros(groups, len(positions))
-            onehot[owners, range(len(positions))] = 1
-            batch.update(positions=torch.tensor(positions, dtype=torch.long, device=device), onehot=onehot.to(device))
-            tokens += onehot.sum(dim=1).to(device, exact)
-            model(input_ids=ids.to(device), attention_mask=mask.to(device), **keep)
+    with ActiveNeurons(model, modules, labels, groups, span) as counted:
+        for chunk, ids, mask in batches(tokenizer, rows, batch_size):
+            counted.before(chunk, ids)
+            model(input_ids=ids.to(counted.device), attention_mask=mask.to(counted.device), **keep)
             if progress is not None:
                 progress(len(chunk))
-    finally:
-        for handle in handles:
-            handle.remove()
-    counts = torch.stack(active, dim=1)  # (groups, layers, neurons)
-    return (counts / tokens.clamp(min=1)[:, None, None]).cpu().numpy()
+    return counted.probabilities()
