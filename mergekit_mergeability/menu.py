@@ -24,14 +24,14 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult
-from mergekit_mergeability.diagnostics.dilution import PARTNERS, as_written
+from mergekit_mergeability.diagnostics.dilution import PARTNERS, Dilution, as_written
 from mergekit_mergeability.planned import sorted_together, writable
-from mergekit_mergeability.diagnostics.knowledge import as_read
+from mergekit_mergeability.diagnostics.knowledge import as_read, read
 from mergekit_mergeability.diagnostics.shared_layers import shared_below
 from mergekit_mergeability.sources import TensorReader
 from mergekit_mergeability.decide.tuning import PRUNED_AT
-from mergekit_mergeability.decide.verdict import MENU, PATCH
-from mergekit_mergeability.records import KnowledgeStats
+from mergekit_mergeability.decide.verdict import AS_WRITTEN, MENU, PATCH
+from mergekit_mergeability.records import DilutionStats, KnowledgeStats
 from mergekit_mergeability.settings import TUNE_CANDIDATES
 
 NAME = "menu"  # its results sit beside the diagnostics' in precheck.json
@@ -58,15 +58,20 @@ def rehearse(measured, inputs: DiagnosticInputs, cutoff: Optional[int] = None) -
     patched = patches(measured.spec, inputs, cutoff) if cutoff else {}  # none, or 0: nothing shared
     module, tokenizer = load_causal_lm(inputs.base.path, settings.device, inputs.base.load_dtype(settings))
     paths = list(sources.values())
-    items: Dict[str, Dict[str, List[float]]] = {m.name: {} for m in models}
+    read_before = written_reads(measured, models)  # the config as written: the dilution read it
+    items: Dict[str, Dict[str, List[float]]] = {
+        m.name: {AS_WRITTEN: read_before[m.name]} if read_before else {} for m in models
+    }
     others = f"{len(plans) - 1} other merges" + (" and the layer patch" if patched else "")
     said = f"menu: as written{',' if patched else ' and'} {others}"
     with (
-        task(said, (len(plans) + bool(patched)) * lines, settings.quiet) as advance,
+        task(said, (len(plans) - bool(read_before) + bool(patched)) * lines, settings.quiet) as advance,
         shared_below(module, names),
         sorted_together(PRUNED_AT),
     ):
         for name, candidate in plans.items():
+            if name == AS_WRITTEN and read_before:
+                continue
             with as_written(module, candidate, paths, names):
                 for model in models:
                     items[model.name][name] = as_read(module, tokenizer, list(model.probes), advance)
@@ -80,12 +85,30 @@ def rehearse(measured, inputs: DiagnosticInputs, cutoff: Optional[int] = None) -
     return result
 
 
+def written_reads(measured, models) -> Optional[Dict[str, List[float]]]:
+    """Each member's probe items on the config as written, as the dilution's partnered pass read them
+    where it rehearsed that merge (``Dilution.rehearsed``: "written"; it does wherever the menu is
+    rehearsed, unless skipped): the same merge, asked the same, so not built again. None elsewhere."""
+    found = measured.results.get(Dilution.name)
+    if found is None or any(
+        DilutionStats.of(found.per_model.get(m.name)).rehearsed != "written"
+        or len(found.per_instance.get(m.name) or ()) != len(m.probes)
+        for m in models
+    ):
+        return None
+    return {
+        m.name: [
+            read(i, r["partnered_p_gold"], r["partnered_correct"]) for i, r in zip(m.probes, found.per_instance[m.name])
+        ]
+        for m in models
+    }
+
+
 def merges(measured, inputs: DiagnosticInputs, knowledge: Dict[str, Optional[float]]) -> Dict[str, dict]:
     """The merges ``rehearse`` builds, by candidate, each mergekit's plan (``planned.plan``): the
     config as written, the menu, then the grid as far as ``--tune-budget`` pays, each where it can
     be built on the loaded base. ``knowledge``: each member's base knowledge (None: not measured)."""
     from mergekit_mergeability.decide.tuning import candidates
-    from mergekit_mergeability.decide.verdict import AS_WRITTEN
     from mergekit_mergeability.merge_config import absolute
     from mergekit_mergeability.planned import plan
 
@@ -143,18 +166,27 @@ def passes(inputs: DiagnosticInputs) -> int:
     if not _rehearsed(inputs):
         return 0
     lines = _lines(inputs)
-    grid = min(_budget(inputs, lines) // max(lines, 1), GRID_SIZE + len(inputs.models))
-    return (1 + MENU_SIZE + grid + 1) * lines
+    return (_as_written(inputs) + MENU_SIZE + _grid(inputs, lines) + 1) * lines
+
+
+def _as_written(inputs: DiagnosticInputs) -> int:
+    """The config as written's passes, in candidates: none where the dilution reads it (``written_reads``)."""
+    return int(Dilution.name in inputs.settings.skip)
+
+
+def _grid(inputs: DiagnosticInputs, lines: int) -> int:
+    return min(_budget(inputs, lines) // max(lines, 1), GRID_SIZE + len(inputs.models))
 
 
 def said(inputs: DiagnosticInputs) -> str:
     """What the menu's count is made of, for the cost line."""
     lines = _lines(inputs)
-    grid = passes(inputs) // max(lines, 1) - 2 - MENU_SIZE
+    grid = _grid(inputs, lines)
     budget = "default" if inputs.settings.tune_budget is None else f"{inputs.settings.tune_budget:,}"
     searched = f"up to {grid} of the knob grid" if grid > 0 else "no knob grid"
+    written = "the config as written" + ("" if _as_written(inputs) else " (read in the dilution's pass)")
     return (
-        f"menu: the config as written, {MENU_SIZE} other merges, {searched} and a layer patch where one is"
+        f"menu: {written}, {MENU_SIZE} other merges, {searched} and a layer patch where one is"
         f" found ({lines:,} passes each; --tune-budget {budget})"
     )
 

@@ -277,3 +277,27 @@ def test_a_sound_config_keeps_its_method_unless_another_keeps_more_beyond_noise(
     (tmp_path / "untuned").mkdir()
     untuned = _precheck(tmp_path / "untuned", base, experts, probes, 1.0, "--tune-budget", "0")
     assert set(untuned["recommendation"]["method_choice"]["kept"]) == {AS_WRITTEN, *MENU}  # the menu alone
+
+
+def test_the_config_as_written_is_built_once_the_menu_reading_it_off_the_dilutions_pass(pair, tmp_path, monkeypatch):
+    """The dilution's partnered pass already asks every member's probe on the merge as written; the
+    menu takes those reads and builds no merge twice. Without the dilution it builds that one too,
+    and reads the same."""
+    from mergekit_mergeability import menu
+    from mergekit_mergeability.diagnostics import dilution
+
+    base, experts, probes = pair
+    built, build = [], dilution.as_written
+
+    def counted(module, plan, models, names):
+        built.append(id(plan))
+        return build(module, plan, models, names)
+
+    monkeypatch.setattr(dilution, "as_written", counted)
+    monkeypatch.setattr(menu, "as_written", counted)
+    report = _precheck(tmp_path, base, experts, probes, -1.0)
+    read = report["recommendation"]["method_choice"]["per_model"][AS_WRITTEN]
+    assert len(built) == len(set(built)) == len(report["recommendation"]["method_choice"]["kept"])
+    (tmp_path / "alone").mkdir()
+    alone = _precheck(tmp_path / "alone", base, experts, probes, -1.0, "--skip", "dilution")
+    assert alone["recommendation"]["method_choice"]["per_model"][AS_WRITTEN] == read
