@@ -1,4 +1,4 @@
-"""Multiple-choice tasks read without lm-eval's run (``scorer.score_all``) against lm-eval's own run
+"""Multiple-choice tasks read without lm-eval's run (``task_scores.score_all``) against lm-eval's own run
 of each (``harness.score``), on one model in one process: seconds, their ratio, and whether every
 result is the same.
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from mergekit_mergeability.files import default_cache_dir
 from mergekit_mergeability.sources import load_causal_lm
-from mergekit_mergeability.evaluation.scorer import score_all
+from mergekit_mergeability.diagnostics.task_scores import score_all
 from mergekit_mergeability.tasks import harness, lmeval
 
 SMOLLM2 = default_cache_dir() / "demo" / "smollm2"

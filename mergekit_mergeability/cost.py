@@ -303,7 +303,9 @@ def _seconds(inputs, diagnostics, passes, tokenizer, at: Pace) -> Dict[str, Tupl
     one option of an item whose prompt runs once for all its options (a PROMPT call of the prompt,
     an OPTIONS call of all its options), among the requests the diagnostic says it asks (``asked``) or
     else the models' probes, with the items lm-eval's own requests score whole besides (``whole``)
-    spread over them; a row is a prompt and its answer whole, in batches; a window is the shipped text's."""
+    spread over them; a row is a prompt and its answer whole, in batches, the logits of the last
+    position alone (a PROMPT call: the passes read hidden states and activations); a window is the
+    shipped text's."""
     from mergekit_mergeability.diagnostics.fluency import WINDOW as WINDOW_TOKENS
 
     batch = max(1, inputs.settings.batch_size)
@@ -320,7 +322,7 @@ def _seconds(inputs, diagnostics, passes, tokenizer, at: Pace) -> Dict[str, Tupl
             found[name] = at.call(FULL, WINDOW_TOKENS)
         elif unit == ROW and items:
             row = sum(count(i.prompt) + count(i.gold, add_special_tokens=False) for i in items) / len(items)
-            found[name] = tuple(part / batch for part in at.call(FULL, batch * row))
+            found[name] = tuple(part / batch for part in at.call(PROMPT, batch * row))
         elif items:
             counted = sum(i.sequences for i in items)  # every option and letter, as its passes count them
             found[name] = tuple(part / counted for part in _asked(items, tokenizer, at))

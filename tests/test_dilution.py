@@ -229,9 +229,12 @@ def test_a_config_of_few_models_rehearses_the_merge_mergekit_writes(expert, tmp_
     assert mean["partnered_mean_p_gold"] != pytest.approx(p_gold, rel=1e-3)
 
 
-def test_an_lm_eval_task_probe_is_rehearsed_through_lm_eval_with_its_own_metric(expert, tmp_path):
-    """A probe that is an lm-eval task YAML: on the merge as written, lm-eval's own requests in
-    memory score what lm-eval scores on the merge mergekit writes, read with the task's metric."""
+def test_an_lm_eval_task_probe_is_rehearsed_and_read_with_its_own_metric_as_lm_eval_reads_it(
+    expert, tmp_path, monkeypatch
+):
+    """A probe that is an lm-eval task YAML: on the merge as written, it scores what lm-eval scores
+    on the merge mergekit writes, read with the task's metric. A multiple-choice task read by acc
+    is read off its choices' log-probs, without lm-eval's own run."""
     import json
 
     from mergekit.config import MergeConfiguration
@@ -268,7 +271,14 @@ def test_an_lm_eval_task_probe_is_rehearsed_through_lm_eval_with_its_own_metric(
     task = scoring_task(str(task_yaml))
     models = (ModelInput("m", folder, tasks.load(str(task_yaml)), task=task), ModelInput("second", second))
     inputs = DiagnosticInputs(ModelInput("base", base), models, merge=plan(document, "config.yml"))
+    real = harness.score
+
+    def never(*args, **kwargs):
+        raise AssertionError("lm-eval's own run scored a task the choices' log-probs read")
+
+    monkeypatch.setattr(harness, "score", never)
     found = Dilution().run(inputs).per_model["m"]
+    monkeypatch.setattr(harness, "score", real)
     written = derive(base, tmp_path / "written", lambda name, t: state_dict(tmp_path / "out")[name] - t)
     model, tokenizer = load_causal_lm(written)
     expected = harness.score(model, tokenizer, task)

@@ -1,4 +1,4 @@
-"""Multiple-choice tasks scored without lm-eval's run (``scorer.score_all``) give lm-eval's own
+"""Multiple-choice tasks scored without lm-eval's run (``task_scores.score_all``) give lm-eval's own
 result, field by field: JSONL probes in both formats, a task YAML with acc and acc_norm and shots
 drawn by lm-eval's seed; what only lm-eval's run scores as it does is left to it."""
 
@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from mergekit_mergeability.sources import load_causal_lm
-from mergekit_mergeability.evaluation.scorer import score_all
+from mergekit_mergeability.diagnostics.task_scores import score_all
 from mergekit_mergeability.tasks import harness, lmeval
 from mergekit_mergeability.tiny import derive, state_dict
 

@@ -199,16 +199,18 @@ def partnered(
     module, tokenizer, model: ModelInput, advance, settings, items_out: Optional[list] = None
 ) -> Dict[str, Any]:
     """A model's own probe on the rehearsed merge ``module`` is: asked as the precheck asks it
-    (``partnered_*``), and where the probe is an lm-eval task, also run through lm-eval's own
-    requests on the module in memory and read with the task's own metric (``partnered_task_score``,
-    ``task_metric``: acc, acc_norm, exact_match, bleu or chrF through sacrebleu, the last two over
-    100 so that every score lies in [0, 1]), ``--limit`` items.
+    (``partnered_*``), and where the probe is an lm-eval task, also scored with the task's own metric
+    on the module in memory (``partnered_task_score``, ``task_metric``: acc, acc_norm, exact_match,
+    bleu or chrF through sacrebleu, the last two over 100 so that every score lies in [0, 1]),
+    ``--limit`` items: a multiple-choice task read by acc or acc_norm from its choices' summed
+    log-probs as lm-eval reads them, any other through lm-eval's own requests (``task_scores.score_all``).
 
     Each score's noise over the probe's items is kept twice: its standard error (``*_stderr``, as
     lm-eval reports it; 0 where every item is right) and a 95% interval that a probe of that many
     items honestly allows (``*_interval``: Wilson's for a share of items right, ``maths.stats``)."""
+    from mergekit_mergeability.diagnostics.task_scores import score_all
     from mergekit_mergeability.maths.stats import mean_score_interval, standard_error
-    from mergekit_mergeability.tasks.harness import TRANSLATION_METRICS, score
+    from mergekit_mergeability.tasks.harness import TRANSLATION_METRICS
 
     items = scores(module, tokenizer, list(model.probes), advance)
     if items_out is not None:  # item by item, as the report's diagnostics keep them
@@ -224,7 +226,7 @@ def partnered(
         partnered_items=len(items),
     )
     if model.task is not None:
-        scored = score(module, tokenizer, model.task, settings.limit, settings.batch_size, str(module.device))
+        (scored,) = score_all(module, tokenizer, [model.task], settings.limit, settings.batch_size, str(module.device))
         scale = 100 if scored["primary"] in TRANSLATION_METRICS else 1
         stderr = scored["stderr"] and scored["stderr"] / scale
         value = scored["score"] / scale
@@ -322,17 +324,28 @@ class Dilution:
         return merge, in_sum, extra, compare, passes
 
     def passes(self, inputs: DiagnosticInputs, tokenizer=None) -> int:
-        """The sequences it scores (``measure``'s cost line)."""
+        """The sequences it scores (``measure``'s cost line), a plain task's second read included."""
         lines = sum(i.sequences for m in inputs.models if m.probes for i in m.probes)
-        return lines and lines * self.schedule(inputs)[-1]
+        return lines and lines * self.schedule(inputs)[-1] + sum(i.sequences for i in self.scored_again(inputs)[0])
 
     def whole(self, inputs: DiagnosticInputs) -> list:
-        """The items lm-eval's own requests score besides its counted passes (the cost line): a model
-        whose probe is an lm-eval task has it scored by the task's metric on its rehearsed merge
-        (``partnered``)."""
+        """The items lm-eval's own requests score besides its counted passes (the cost line)."""
+        return self.scored_again(inputs)[1]
+
+    def scored_again(self, inputs: DiagnosticInputs) -> Tuple[list, list]:
+        """The items of each member's lm-eval task probe, scored again by the task's metric on its
+        rehearsed merge (``partnered``): (those of a multiple-choice task read by acc or acc_norm,
+        which its choices' log-probs give: ``lmeval.plain``; those of any other, which lm-eval's own
+        requests score, each option whole)."""
+        from mergekit_mergeability.tasks.lmeval import plain
+
         merge, in_sum, *_ = self.schedule(inputs)
-        rehearsed = bool(in_sum) or merge == "written"
-        return [i for m in inputs.models if rehearsed and m.probes and m.task is not None for i in m.probes]
+        tasks = [m for m in inputs.models if (in_sum or merge == "written") and m.probes and m.task is not None]
+        read = {m.name for m in tasks if plain(m.task, inputs.settings.limit) is not None}
+        return (
+            [i for m in tasks if m.name in read for i in m.probes],
+            [i for m in tasks if m.name not in read for i in m.probes],
+        )
 
     def run(self, inputs: DiagnosticInputs) -> DiagnosticResult:
         result = DiagnosticResult()

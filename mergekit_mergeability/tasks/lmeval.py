@@ -346,7 +346,7 @@ PLAIN_METRICS = ("acc", "acc_norm")  # in the order lm-eval reports them
 @dataclass(frozen=True)
 class Plain:
     """A multiple-choice task whose every metric is a mean of acc or acc_norm, which this package
-    reads as lm-eval does from the choices' summed log-probs alone (``evaluation.scorer.score_all``): its
+    reads as lm-eval does from the choices' summed log-probs alone (``diagnostics.task_scores.score_all``): its
     first ``limit`` items, its metrics, each item's choices' lengths in characters (acc_norm's divisor)."""
 
     instances: Tuple[Instance, ...]
