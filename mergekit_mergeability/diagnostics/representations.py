@@ -6,6 +6,7 @@ embedding output, then one per decoder block) each row is the mean hidden state
 over the continuation span, and separately over the prompt span. Linear CKA is
 computed for every pair, biased and unbiased. Adapters run on their base, loaded once:
 each adapter's update is added in place for its pass, then the base's tensors restored.
+Where the neuron selectivity runs too, the same pass counts its active neurons (``rows``).
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ class Representations:
             )
         else:
             loaded = _Loaded(inputs, {str(update_of(m.path)) for m in members if update_of(m.path) is not None})
-            pooled = {m.name: pooled_states(m, rows, inputs, loaded) for m in members}
+            counting = counted_together(inputs)  # the selectivity's neurons, counted in the same pass
+            pooled = {m.name: pooled_states(m, rows, inputs, loaded, counting) for m in members}
         selected: Optional[Set[int]] = inputs.settings.layers
         batch = inputs.settings.cka_batch_size
         for a, b in itertools.combinations(pooled, 2):
@@ -81,18 +83,20 @@ class Representations:
         return result
 
 
-def pooled_states(member: ModelInput, rows, inputs: DiagnosticInputs, loaded: Optional["_Loaded"] = None):
+def pooled_states(
+    member: ModelInput, rows, inputs: DiagnosticInputs, loaded: Optional["_Loaded"] = None, selectivity: bool = False
+):
     """``member``'s hidden states over ``rows`` (``rows.probe_rows``), mean-pooled over the answer and
     over the prompt: two (layers, rows, hidden) tensors. ``loaded`` keeps bases loaded between
-    models. Where the selectivity runs after it (``rows.counted_together``), the same pass counts
-    its active neurons, passed on to it (``DiagnosticInputs.passed_on``)."""
+    models. ``selectivity`` (the selectivity runs after it in this process: ``rows.counted_together``):
+    the same pass counts its active neurons, passed on to it (``DiagnosticInputs.passed_on``)."""
     settings = inputs.settings
 
     def compute():
         answers: List[torch.Tensor] = []
         prompts: List[torch.Tensor] = []
         with (loaded or _Loaded(inputs, set())).model(member.path, member.load_dtype(settings)) as (model, tokenizer):
-            modules = activation_modules(model) if counted_together(inputs) else None
+            modules = activation_modules(model) if selectivity else None
             labels, groups = row_groups(inputs.models)
             counting = (
                 ActiveNeurons(model, modules, labels, len(groups), settings.selectivity_span)
