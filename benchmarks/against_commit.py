@@ -71,7 +71,9 @@ def main() -> None:
     with workdir(args.work, "against-commit-") as work:
         earlier = work.resolve() / "earlier"
         if not earlier.exists():
-            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(earlier), args.commit], check=True)
+            subprocess.run(
+                ["git", "-C", str(REPO), "worktree", "add", "--detach", str(earlier), args.commit], check=True
+            )
         sides = {args.commit: earlier, "this checkout": REPO}
         seconds = {side: [] for side in sides}
         reports = []
