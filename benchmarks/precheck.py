@@ -5,9 +5,9 @@
    vs touching the already-mapped blocks once, a floor no real reader reaches.
    Peak anonymous memory (RssAnon, sampled) above the idle process, for models of
    8 and 16 layers: it must stay at a few tensors and not grow with the model.
-2. Activation pass (hidden states at every layer, pooled over spans, plus
-   continuation log-probs) vs plain forward passes over the same padded batches.
-   Target <= 1.3x.
+2. Activation pass (hidden states at every layer, pooled over spans; the last
+   position's logits alone, as the representations run it) vs plain forward passes
+   (every position's logits) over the same padded batches. Target <= 1.3x.
 
 Each measurement is the median of --repeats runs, in one process, alternating.
 
