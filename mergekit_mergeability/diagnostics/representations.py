@@ -22,7 +22,7 @@ from mergekit_mergeability import distributed
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need, stored
 from mergekit_mergeability.diagnostics.activations import hidden_means
 from mergekit_mergeability.diagnostics.rows import MIN_ROWS, SELECTIVITY, counted_together, probe_rows, row_groups
-from mergekit_mergeability.diagnostics.selectivity import ActiveNeurons, activation_modules, as_kept
+from mergekit_mergeability.diagnostics.selectivity import ActiveNeurons, as_kept
 from mergekit_mergeability.maths.cka import layerwise
 from mergekit_mergeability.progress import task
 from mergekit_mergeability.records import PairLayers
@@ -96,24 +96,19 @@ def pooled_states(
         answers: List[torch.Tensor] = []
         prompts: List[torch.Tensor] = []
         with (loaded or _Loaded(inputs, set())).model(member.path, member.load_dtype(settings)) as (model, tokenizer):
-            modules = activation_modules(model) if selectivity else None
             labels, groups = row_groups(inputs.models)
-            counting = (
-                ActiveNeurons(model, modules, labels, len(groups), settings.selectivity_span)
-                if modules
-                else contextlib.nullcontext()
-            )
+            counting = ActiveNeurons.on(model, labels, len(groups), settings.selectivity_span) if selectivity else None
             with (
                 task(
                     f"representations: {inputs.names.get(member.name, member.name)}", len(rows), settings.quiet
                 ) as advance,
-                counting,
+                counting or contextlib.nullcontext(),
             ):
-                before = counting.before if modules else None
+                before = counting and counting.before
                 for prompt, answer in hidden_means(model, tokenizer, rows, settings.batch_size, advance, before):
                     answers.append(answer)
                     prompts.append(prompt)
-            if modules:
+            if counting:
                 inputs.passed_on[SELECTIVITY, member.name] = as_kept(counting.probabilities())
         return {"answers": torch.stack(answers, dim=1), "prompts": torch.stack(prompts, dim=1)}
 

@@ -170,7 +170,7 @@ class ActiveNeurons:
     def __init__(self, model, modules, labels, groups: int, span: str = "answer"):
         if span not in SPANS:
             raise ValueError(f"span must be one of {SPANS}, got {span!r}")
-        self.model, self.modules, self.span, self.groups = model, modules, span, groups
+        self.modules, self.span, self.groups = modules, span, groups
         self.owned = iter(labels)
         self.device = next(model.parameters()).device
         # MPS has no float64: exact to 2^24 tokens
@@ -178,6 +178,12 @@ class ActiveNeurons:
         self.active: List[Optional[torch.Tensor]] = [None] * len(modules)
         self.tokens = torch.zeros(groups, dtype=self.exact, device=self.device)
         self.batch: Dict[str, torch.Tensor] = {}  # the span tokens' flat positions and their groups (one-hot)
+
+    @classmethod
+    def on(cls, model, labels, groups: int, span: str = "answer") -> Optional["ActiveNeurons"]:
+        """A counter on ``model``'s MLP activation modules; None where it has none per block."""
+        modules = activation_modules(model)
+        return None if modules is None else cls(model, modules, labels, groups, span)
 
     def counter(self, layer: int):
         def count(module, args, output):
@@ -231,13 +237,13 @@ def activation_probabilities(
     """(groups, layers, neurons): the share of each group's span tokens on which each MLP neuron is
     active (> 0), counted by ``ActiveNeurons``; memory stays one batch's activations however many
     rows there are. None where the model has no activation module per block."""
-    modules = activation_modules(model)
-    if modules is None:
+    counted = ActiveNeurons.on(model, labels, groups, span)
+    if counted is None:
         return None
     keep = (
         {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     )  # the span needs no logits
-    with ActiveNeurons(model, modules, labels, groups, span) as counted:
+    with counted:
         for chunk, ids, mask in batches(tokenizer, rows, batch_size):
             counted.before(chunk, ids)
             model(input_ids=ids.to(counted.device), attention_mask=mask.to(counted.device), **keep)
