@@ -51,6 +51,30 @@ def test_reader_and_loaded_model_are_base_plus_scaled_product(llama, adapter):
     assert torch.equal(reader[untouched], base[untouched]) and torch.equal(loaded_state[untouched], base[untouched])
 
 
+def test_readers_of_one_base_share_its_mapping_until_the_last_goes(llama, adapter, tmp_path):
+    import gc
+
+    from safetensors.torch import save_file
+
+    from mergekit_mergeability.sources import folder
+
+    name = TARGETS[0]
+    readers = [tensors(resolve(str(adapter))) for _ in range(3)] + [tensors(resolve(str(llama["base"])))]
+    assert len({id(r._handle(name)) for r in readers}) == 1  # a pool of adapters maps its base once
+    copy = shutil.copytree(llama["base"], tmp_path / "base")
+    first = tensors(resolve(str(copy)))
+    before = first[name].clone()
+    state = state_dict(copy)
+    state[name] = state[name] + 1
+    for file in copy.glob("*.safetensors"):  # rewritten while a reader still maps the old file
+        file.unlink()
+    save_file(state, str(first.index[name].file), metadata={"format": "pt"})
+    assert torch.equal(tensors(resolve(str(copy)))[name], before + 1)
+    del first
+    gc.collect()
+    assert not any(key[0].startswith(str(copy)) for key in folder._mapped.keys())  # unmapped with its last reader
+
+
 @pytest.mark.parametrize(
     "arch,settings,modules",
     [
