@@ -501,6 +501,11 @@ def test_budget_evals_measure_the_best_candidates_and_keep_the_best_measured(can
     assert [sorted(m["members"]) for m in plan["models"]] == [sorted(m["members"]) for m in chosen["models"]]
     for candidate in found["candidates"]:
         assert 0 <= candidate["measured"] <= len(plan["experts"])
+    # the report leads with what decided: the chosen plan's measured keep, then the rehearsal's table
+    page = (tmp_path / "checked" / "report.html").read_text()
+    headline = page[page.index("<h1>") : page.index("</h1>")]
+    assert f"{chosen['measured']:.2f} of {len(plan['experts'])} tasks kept on the probes, measured" in headline
+    assert page.index("checked by rehearsal") < page.index("Planned models")
 
 
 class Rehearsed:

@@ -347,6 +347,20 @@ def print_plan(document: Mapping[str, Any], out: Optional[Path] = None) -> None:
         )
 
 
+def _headline(objective: Mapping[str, Any], checked: Mapping[str, Any]) -> str:
+    """What the plan keeps: measured on the probes where the rehearsal chose it (that decided),
+    else predicted."""
+    tasks = objective["tasks"]
+    chosen = next((c for c in checked.get("candidates", []) if c["label"] == checked.get("chosen")), None)
+    if chosen is None:
+        return f"plan: {objective['planned']:.2f} of {tasks} tasks kept (predicted)"
+    label = chosen["label"].removeprefix(REFERENCE)
+    return (
+        f"plan: {label}: {chosen['measured']:.2f} of {tasks} tasks kept on the probes, measured"
+        f" ({objective['planned']:.2f} predicted)"
+    )
+
+
 def _checked_title(checked: Mapping[str, Any]) -> str:
     return (
         f"checked by rehearsal: {checked['spent']} merged models built and scored in memory, and merging"
@@ -375,7 +389,8 @@ def _choice_said(checked: Mapping[str, Any]) -> str:
         said = f"{baseline} measured best and is written."
     if choice.get("items_to_separate"):
         said += (
-            f" The probes cannot tell {choice['best']} from {choice['runner_up']};"
+            f" The probes cannot tell {choice['best'].removeprefix(REFERENCE)}"
+            f" from {choice['runner_up'].removeprefix(REFERENCE)};"
             f" about {choice['items_to_separate']} items per probe would."
         )
     return said
@@ -449,12 +464,12 @@ def render(document: Mapping[str, Any]) -> str:
     return f"""<!doctype html><html><head><meta charset='utf-8'><title>mergekit-mergeability plan</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:auto;padding:1em}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:2px 6px}}img{{max-width:100%}}</style></head><body>
-<h1>plan: {objective["planned"]:.2f} of {objective["tasks"]} tasks kept (predicted)</h1>
-<p>Objective: {esc(objective["definition"])}.</p><ul>{references}</ul>
+<h1>{esc(_headline(objective, checked))}</h1>{rehearsed}
+<h2>Predicted</h2><p>Objective: {esc(objective["definition"])}.</p><ul>{references}</ul>
 <h2>Planned models</h2><ul>{models}</ul>{images}
 <h2>Experts</h2><table><thead><tr><th>expert</th><th>planned model</th><th>predicted there</th><th>alone</th>
 <th>everything, as configured</th><th>everything, TIES</th></tr></thead><tbody>{rows}</tbody></table>
-{footnote}{rehearsed}
+{footnote}
 <h2>How good the prediction is (out of sample, on measured merges)</h2><ul>{"".join(judged) or "<li>no out-of-sample numbers in this calibration</li>"}</ul>
 <h2>Notes</h2><ul>{notes or "<li>none</li>"}</ul></body></html>
 """
