@@ -315,7 +315,7 @@ def print_plan(document: Mapping[str, Any], out: Optional[Path] = None) -> None:
         console.print("[dim]* the merge's features lie outside what the prediction was fitted on: a rough guide[/dim]")
     objective = document["objective"]
     console.print(f"[bold]objective[/bold]: {objective['definition']}")
-    console.print(f"  planned: [bold]{objective['planned']:.2f}[/bold] of {objective['tasks']} tasks")
+    console.print(f"  planned: [bold]{objective['planned']:.2f}[/bold] of {objective['tasks']} tasks (predicted)")
     for key in ("configured", "ties", "alone", "base"):
         if key in references:
             r = references[key]
@@ -330,8 +330,9 @@ def print_plan(document: Mapping[str, Any], out: Optional[Path] = None) -> None:
         console.print(
             f"  {model['file']}: {model['method']}, {len(model['members'])} experts, {model['expected_tasks']:.2f} tasks{fallback}"
         )
-    for note in document["search"]["notes"]:
-        console.print(f"[dim]{note}[/dim]")
+    for note in [_fitted(document), *document["search"]["notes"]]:
+        if note:
+            console.print(f"[dim]{note}[/dim]")
     checked = document.get("checked")
     if checked and checked["chosen"]:
         rows = Table("plan", "tasks predicted", "measured", title=_checked_title(checked))
@@ -363,8 +364,17 @@ def _headline(objective: Mapping[str, Any], checked: Mapping[str, Any]) -> str:
 
 def _checked_title(checked: Mapping[str, Any]) -> str:
     return (
-        f"checked by rehearsal: {checked['spent']} merged models built and scored in memory, and merging"
-        f" everything beside them ({checked.get('seconds', 0):.0f} s)"
+        f"checked by rehearsal: {len(checked['candidates'])} plans, {checked['spent']} merged models"
+        f" of the budget's {checked['budget']}, {checked.get('seconds', 0):.0f} s"
+    )
+
+
+def _fitted(document: Mapping[str, Any]) -> str:
+    """The merge sizes the prediction was fitted on, by method: beyond them it extrapolates."""
+    rules = document["calibration"].get("rules") or {}
+    sizes = ", ".join(f"{rule} {max(r['sizes'])}" for rule, r in rules.items() if r.get("sizes"))
+    return (
+        f"The prediction was fitted on merges of up to {sizes} fine-tunes; of more, it extrapolates." if sizes else ""
     )
 
 
@@ -465,7 +475,7 @@ def render(document: Mapping[str, Any]) -> str:
 <style>body{{font-family:sans-serif;max-width:1100px;margin:auto;padding:1em}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:2px 6px}}img{{max-width:100%}}</style></head><body>
 <h1>{esc(_headline(objective, checked))}</h1>{rehearsed}
-<h2>Predicted</h2><p>Objective: {esc(objective["definition"])}.</p><ul>{references}</ul>
+<h2>Predicted</h2><p>Objective: {esc(objective["definition"])}. {esc(_fitted(document))}</p><ul>{references}</ul>
 <h2>Planned models</h2><ul>{models}</ul>{images}
 <h2>Experts</h2><table><thead><tr><th>expert</th><th>planned model</th><th>predicted there</th><th>alone</th>
 <th>everything, as configured</th><th>everything, TIES</th></tr></thead><tbody>{rows}</tbody></table>
