@@ -288,12 +288,15 @@ def print_plan(document: Mapping[str, Any], out: Optional[Path] = None) -> None:
         "expert",
         "model",
         "predicted",
-        "alone",
-        "everything, "
+        _alone(document),
+        "all merged\n"
         + (_short(references["configured"]["method"]) if "configured" in references else "as configured"),
-        "everything, TIES",
+        "all merged\nTIES",
         title="plan: which experts share a merged model",
     )
+    table.columns[0].no_wrap = True  # a name whole; the numbers' headers fold instead
+    for column in table.columns[3:]:
+        column.overflow = "fold"
     table.columns[0].overflow = "fold"  # a narrow terminal wraps an expert's name rather than cutting it
     for expert in document["experts"]:
         flag = "*" if expert["outside_domain"] else ""
@@ -346,6 +349,11 @@ def print_plan(document: Mapping[str, Any], out: Optional[Path] = None) -> None:
         console.print(
             f"wrote {out}/plan.json, {out}/report.html and {len(document['models'])} config(s) under {out}/{MODELS}/"
         )
+
+
+def _alone(document: Mapping[str, Any]) -> str:
+    """The 'alone' column's header: each fine-tune's own score, measured (``--measured``) or assumed 1."""
+    return "alone" if (document.get("settings") or {}).get("measured") else "alone\n(assumed)"
 
 
 def _headline(objective: Mapping[str, Any], checked: Mapping[str, Any]) -> str:
@@ -477,7 +485,7 @@ td,th{{border:1px solid #ccc;padding:2px 6px}}img{{max-width:100%}}</style></hea
 <h1>{esc(_headline(objective, checked))}</h1>{rehearsed}
 <h2>Predicted</h2><p>Objective: {esc(objective["definition"])}. {esc(_fitted(document))}</p><ul>{references}</ul>
 <h2>Planned models</h2><ul>{models}</ul>{images}
-<h2>Experts</h2><table><thead><tr><th>expert</th><th>planned model</th><th>predicted there</th><th>alone</th>
+<h2>Experts</h2><table><thead><tr><th>expert</th><th>planned model</th><th>predicted there</th><th>{esc(_alone(document))}</th>
 <th>everything, as configured</th><th>everything, TIES</th></tr></thead><tbody>{rows}</tbody></table>
 {footnote}
 <h2>How good the prediction is (out of sample, on measured merges)</h2><ul>{"".join(judged) or "<li>no out-of-sample numbers in this calibration</li>"}</ul>
