@@ -13,9 +13,11 @@ defaults otherwise: 100 evaluations (``--max-fevals``), CMA-ES from sigma 1/6, s
 merged to disk and scored with lm-eval in bfloat16. Its best config (``best_config.yaml``).
 Then the config as written, the precheck's recommendation and evolve's best are each merged with
 mergekit in float32, and each member's held-out items read on the merge (mean p(gold), the reader
-of the precheck's own probes). Printed: each one's held-out keep, each side's seconds, their ratio.
+of the precheck's own probes). ``--precheck-dtype bfloat16`` has the precheck read its rehearsal in
+the dtype evolve's evaluations use (its default reads in the config's, float32 here). Printed: each one's held-out keep, each side's seconds, their ratio.
 
     python benchmarks/vs_evolve.py [--config CONFIG.yml --held-out A.jsonl B.jsonl ...] [--work DIR] [--max-fevals 100]
+        [--precheck-dtype bfloat16]
 
 The default config is the `tuning3` family's first three-expert draw written as task_arithmetic
 (``python research/run.py tuning measure --family tuning3`` writes it and the held-out items);
@@ -94,13 +96,13 @@ def held_out(document: dict, probes: List[list], name: str, work: Path) -> List[
     return [sum(s.p_gold for s in member) / len(member) for member in read]
 
 
-def precheck(config: Path, out: Path):
-    """The precheck with its defaults: (recommended.yml as a mergekit config, its seconds)."""
+def precheck(config: Path, dtype: str, out: Path):
+    """The precheck with its defaults but ``dtype``: (recommended.yml as a mergekit config, its seconds)."""
     from mergekit_mergeability import api, merge_config
     from mergekit_mergeability.settings import PrecheckSettings
 
     started = time.perf_counter()
-    api.precheck(config, settings=PrecheckSettings(device="cpu", quiet=True), out=out)
+    api.precheck(config, settings=PrecheckSettings(device="cpu", dtype=dtype, quiet=True), out=out)
     seconds = time.perf_counter() - started
     if json.loads((out / "precheck.json").read_text())["recommendation"]["verdict"] == "layer_selective":
         raise SystemExit(
@@ -118,6 +120,13 @@ def main() -> None:
     )
     parser.add_argument("--work", type=Path, default=None, help="keep everything here (default: a temporary folder)")
     parser.add_argument("--max-fevals", type=int, default=100, help="mergekit-evolve's budget (its default: 100)")
+    parser.add_argument(
+        "--precheck-dtype",
+        default="auto",
+        choices=["auto", "bfloat16"],
+        help="what the precheck reads its rehearsal in: auto, its default (here the config's dtype: float32), "
+        "or bfloat16, what evolve's evaluations use",
+    )
     args = parser.parse_args()
     from mergekit_mergeability import merge_config, tasks
     from mergekit_mergeability.errors import UserError
@@ -139,7 +148,7 @@ def main() -> None:
         if len(args.held_out) != len(names):
             raise SystemExit(f"--held-out: {len(names)} members, {len(args.held_out)} files")
         console.print(f"{args.config}: {len(names)} members; (1) the precheck ...")
-        recommended, precheck_seconds = precheck(config, work / "precheck")
+        recommended, precheck_seconds = precheck(config, args.precheck_dtype, work / "precheck")
         console.print(f"(1) {precheck_seconds:.1f} s; (2) mergekit-evolve, {args.max_fevals} evaluations ...")
         best, evolve_seconds = evolve(config, names, include, args.max_fevals, work)
         console.print(f"(2) {evolve_seconds:.1f} s; the three merges read on the held-out items ...")
@@ -150,6 +159,7 @@ def main() -> None:
             "config": str(args.config),
             "held_out": {name: dict(zip(names.values(), values)) for name, values in kept.items()},
             "seconds": {"precheck": precheck_seconds, "evolve": evolve_seconds},
+            "precheck_dtype": args.precheck_dtype,
             "merges": merges,
         }
         (work / "comparison.json").write_text(json.dumps(result, indent=1))
