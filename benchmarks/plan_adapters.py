@@ -65,6 +65,9 @@ def main() -> None:
     parser.add_argument("--work", type=Path, help="keep the adapters here (default: a temporary folder)")
     parser.add_argument("--limit", type=int, help="items per probe (default: the precheck's)")
     parser.add_argument("--budget-evals", type=int, help="default: plan's")
+    parser.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16"], help="what plan loads the models in"
+    )
     args = parser.parse_args()
     with workdir(args.work, "plan-adapters-") as work:
         base, adapters, probes = pool(work, args.adapters)
@@ -72,7 +75,7 @@ def main() -> None:
         shutil.rmtree(out, ignore_errors=True)
         command = [str(Path(sys.executable).parent / "mergekit-mergeability"), "plan", "--pool", str(adapters)]
         command += ["--base", str(base), "--probes", str(probes), "--out", str(out), "--device", "cpu"]
-        command += ["--dtype", "float32", "--no-cache"]
+        command += ["--dtype", args.dtype, "--no-cache"]
         command += ["--limit", str(args.limit)] * (args.limit is not None)
         command += ["--budget-evals", str(args.budget_evals)] * (args.budget_evals is not None)
         log = work / "plan.log"
@@ -86,7 +89,9 @@ def main() -> None:
     checked = plan.get("checked") or {}
     rehearsal = checked.get("seconds", 0.0)
     planned = [len(m["members"]) for m in plan["models"]]
-    print(f"plan on {args.adapters} LoRA adapters of SmolLM2-135M-Instruct, rehearsal budget {checked.get('budget')}:")
+    print(
+        f"plan on {args.adapters} LoRA adapters of SmolLM2-135M-Instruct in {args.dtype}, rehearsal budget {checked.get('budget')}:"
+    )
     measured = len(checked.get("candidates", []))
     print(
         f"  whole plan {seconds:6.0f} s: precheck and search {seconds - rehearsal:4.0f} s, rehearsal {rehearsal:4.0f} s"
