@@ -59,11 +59,14 @@ def task(description: str, total: int, quiet: bool = False) -> Iterator[Callable
 @contextmanager
 def lines(description: str, total: int, stream: TextIO, every: float = EVERY) -> Iterator[Callable[[int], None]]:
     """``advance(n)``, while a thread writes ``description: done/total (elapsed)`` to ``stream``
-    every ``every`` seconds (long single steps included), and a last line at the end."""
+    every ``every`` seconds (long single steps included), with the time left at the pace so far once
+    a step is done, and a last line at the end."""
     started, done, stop = time.monotonic(), [0], threading.Event()
 
     def say() -> None:
-        stream.write(f"{description}: {done[0]}/{total} ({time.monotonic() - started:.0f} s)\n")
+        elapsed = time.monotonic() - started
+        left = f", about {elapsed / done[0] * (total - done[0]):.0f} s left" if 0 < done[0] < total else ""
+        stream.write(f"{description}: {done[0]}/{total} ({elapsed:.0f} s{left})\n")
         stream.flush()
 
     def tick() -> None:

@@ -2,7 +2,9 @@
 
 import io
 import time
+import types
 
+from mergekit_mergeability import progress
 from mergekit_mergeability.progress import lines
 
 
@@ -15,7 +17,23 @@ def test_a_log_gets_lines_while_one_long_step_runs_and_one_at_the_end():
     written = stream.getvalue().splitlines()
     assert len(written) >= 4
     assert written[0].startswith("experts: 1/3 (")
-    assert written[-1].startswith("experts: 3/3 (")
+    assert written[-1].startswith("experts: 3/3 (") and "left" not in written[-1]
+
+
+def test_a_log_line_says_the_time_left_at_the_pace_so_far(monkeypatch):
+    clock = types.SimpleNamespace(now=100.0)
+    monkeypatch.setattr(progress, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
+    stream = io.StringIO()
+    with lines("merges", 4, stream, every=0.02) as advance:
+        time.sleep(0.1)  # nothing done yet: no estimate
+        advance(1)
+        clock.now = 130.0  # one of four took 30 s: three more take 90
+        time.sleep(0.1)
+        advance(3)
+    written = stream.getvalue().splitlines()
+    assert "merges: 0/4 (0 s)" in written
+    assert "merges: 1/4 (30 s, about 90 s left)" in written
+    assert written[-1] == "merges: 4/4 (30 s)"
 
 
 def test_a_short_task_writes_its_last_line_only():
