@@ -6,6 +6,7 @@
     python research/run.py tuning report [--markdown]       # its tables (a fresh clone reads the archive)
     python research/run.py tuning plan-check [--models 1]   # issue 53: plan on its ten experts, scored unseen
     python research/run.py tuning plan-check --fresh --random 20   # issue 53's fresh pool, ten other tasks
+    python research/run.py tuning plan-check --family tuning3 --random 20   # tuning3's experts as a pool (prereg/plan_tuning3.txt)
     python research/run.py tuning measure --family tuning2 --archive # the second fresh family (prereg/tuning2.txt)
     python research/run.py tuning report --family tuning2            # every rule read off its archive
     python research/run.py tuning items --family tuning2             # every rule on 4, 8, 12 of the 16 items
@@ -556,7 +557,7 @@ def items(args, draws: int = 6) -> None:
 
 
 def plan_check(args) -> None:
-    """issue 53 on this family: its ten experts as one pool, planned and scored on their unseen items
+    """issue 53 on ``--family``'s ten experts as one pool, planned and scored on their unseen items
     as ``configs plan-check`` does for the `configs` family's (its docstring says how)."""
     from configs import plan_check as check_family
 
@@ -564,7 +565,8 @@ def plan_check(args) -> None:
         fresh = lambda: task_rows(FRESH_TASKS, "plan53", TRAIN, FRESH_ROWS, FRESH_SCORED)  # noqa: E731
         check_family(args, FRESH, FRESH_TASKS, FRESH_ROWS, fresh)
     else:
-        check_family(args, SETTINGS, TASKS, ROWS, write_rows)
+        family = FAMILIES[args.family]
+        check_family(args, family.settings, family.tasks, family.rows, lambda: write_rows(family))
 
 
 def merge(args) -> None:
@@ -746,7 +748,7 @@ def main() -> None:
     parser.add_argument("command", choices=COMMANDS)
     parser.add_argument("--cache-dir", type=Path, default=default_cache_dir() / "demo")
     parser.add_argument(
-        "--family", choices=FAMILIES, default="tuning", help="measure, report: which small-config family"
+        "--family", choices=FAMILIES, default="tuning", help="measure, report, plan-check: which small-config family"
     )
     parser.add_argument("--out", type=Path, default=None, help="default: pools-out/<family> (plan53 with --fresh)")
     parser.add_argument("--archive", action="store_true", help="measure: keep the records in research/pools/measured")
