@@ -506,6 +506,12 @@ def test_budget_evals_measure_the_best_candidates_and_keep_the_best_measured(can
     headline = page[page.index("<h1>") : page.index("</h1>")]
     assert f"{chosen['measured']:.2f} of {len(plan['experts'])} tasks kept on the probes, measured" in headline
     assert page.index("checked by rehearsal") < page.index("Planned models")
+    # a pool whose every pair is predicted alike gets a sentence, not a graph that shows nothing
+    pairs = plan["compatibility"]
+    alike = reports.render({**plan, "compatibility": [{**p, "predicted": 0.5} for p in pairs]})
+    apart = reports.render({**plan, "compatibility": [{**p, "predicted": 0.5 + 0.1 * i} for i, p in enumerate(pairs)]})
+    assert "Every pair of experts is predicted to keep 0.50 merged alone" in alike and "alt='the pool" not in alike
+    assert "alt='the pool: each expert" in apart and "Every pair" not in apart
 
 
 class Rehearsed:
@@ -788,14 +794,17 @@ def test_the_conditional_model_reads_only_what_plans_precheck_measures():
     assert "dilution" in planning.SKIPPED and not any(name.startswith("diluted_") for name in conditional.FEATURES)
 
 
-def test_the_pool_graphs_colour_bar_spans_the_pairs_predicted_and_none_when_they_are_alike(monkeypatch):
-    """Matplotlib widens a constant's range to ±0.1: a bar up to 1.10 for scores that end at 1."""
+def test_the_pool_graphs_colour_bar_spans_the_pairs_predicted_and_no_graph_when_they_are_alike(monkeypatch):
+    """Matplotlib widens a constant's range to ±0.1: a bar up to 1.10 for scores that end at 1. Where
+    every pair is predicted alike the graph would show nothing, and the page says so instead."""
     from matplotlib.figure import Figure
 
     bars = []
     monkeypatch.setattr(Figure, "colorbar", lambda self, mappable, **kw: bars.append(mappable.norm))
     experts = [{"path": f"e{i}", "name": f"e{i}", "model": 1} for i in range(3)]
-    for scores in ([0.6, 0.7, 0.9], [1.0, 1.0, 1.0]):
+    drawn = {}
+    for scores in ([0.6, 0.7, 0.9], [1.0, 0.998, 1.0]):
         pairs = [{"a": f"e{a}", "b": f"e{b}", "predicted": v} for (a, b), v in zip([(0, 1), (0, 2), (1, 2)], scores)]
-        assert reports._graph({"experts": experts, "compatibility": pairs}) is not None
+        drawn[scores[1]] = reports._graph({"experts": experts, "compatibility": pairs})
+    assert drawn[0.7] is not None and drawn[0.998] is None
     assert [(n.vmin, n.vmax) for n in bars] == [(0.6, 0.9)]

@@ -430,6 +430,15 @@ def render(document: Mapping[str, Any]) -> str:
     images = "".join(
         f"<img alt='{esc(t)}' src='data:image/png;base64,{base64.b64encode(p).decode()}'>" for t, p in figures
     )
+    alike = _alike(document)
+    if alike is not None:
+        said = (
+            f"The two experts are predicted to keep {alike:.2f} merged together"
+            if len(document["experts"]) == 2
+            else f"Every pair of experts is predicted to keep {alike:.2f} merged alone: the prediction does not"
+            " tell them apart"
+        )
+        images = f"<p>{esc(said)}, so no graph of the pool is drawn.</p>{images}"
     footnote = (
         "<p><small>(base): in no merged model, the base's own score on its task. "
         + (
@@ -493,6 +502,13 @@ td,th{{border:1px solid #ccc;padding:2px 6px}}img{{max-width:100%}}</style></hea
 """
 
 
+def _alike(document: Mapping[str, Any]) -> Optional[float]:
+    """The score every pair is predicted merged alone, where all are within 0.005 of one another (a
+    graph of the pool would then show nothing); None otherwise."""
+    values = [p["predicted"] for p in document["compatibility"] if _number(p["predicted"]) is not None]
+    return values[0] if values and max(values) - min(values) < 0.005 else None
+
+
 def _graph(document: Mapping[str, Any]):
     """The pool on a circle, grouped by planned model (left-out experts last), each group in the
     order classical MDS on 1 − pairwise compatibility gives it; edges are each expert's strongest
@@ -501,7 +517,7 @@ def _graph(document: Mapping[str, Any]):
 
     experts = document["experts"]
     n = len(experts)
-    if n < 2:
+    if n < 2 or _alike(document) is not None:
         return None
     index = {e["path"]: i for i, e in enumerate(experts)}
     table = np.full((n, n), np.nan)
@@ -560,8 +576,6 @@ def _graph(document: Mapping[str, Any]):
         if high > low:
             mappable = cm.ScalarMappable(norm=Normalize(low, high), cmap="viridis")
             fig.colorbar(mappable, ax=ax, label="predicted mean score of the pair merged", shrink=0.6)
-        elif shown.any():  # one value: a colour bar would draw a range of scores around it that no pair has
-            ax.text(0, -1.9, f"every pair shown is predicted {low:.2f} merged", ha="center", fontsize=9)
 
     title = "the pool: each expert's strongest pairs, grouped by planned model"
     return title, png(draw, title, 10, 8)
