@@ -14,7 +14,8 @@ merged to disk and scored with lm-eval in bfloat16. Its best config (``best_conf
 Then the config as written, the precheck's recommendation and evolve's best are each merged with
 mergekit in float32, and each member's held-out items read on the merge (mean p(gold), the reader
 of the precheck's own probes). ``--precheck-dtype bfloat16`` has the precheck read its rehearsal in
-the dtype evolve's evaluations use (its default reads in the config's, float32 here). Printed: each one's held-out keep, each side's seconds, their ratio.
+the dtype evolve merges and scores in (by default it reads in the config's, float32 in the
+`tuning3` configs). Printed: each one's held-out keep, each side's seconds, their ratio.
 
     python benchmarks/vs_evolve.py [--config CONFIG.yml --held-out A.jsonl B.jsonl ...] [--work DIR] [--max-fevals 100]
         [--precheck-dtype bfloat16]
@@ -124,8 +125,8 @@ def main() -> None:
         "--precheck-dtype",
         default="auto",
         choices=["auto", "bfloat16"],
-        help="what the precheck reads its rehearsal in: auto, its default (here the config's dtype: float32), "
-        "or bfloat16, what evolve's evaluations use",
+        help="what the precheck reads its rehearsal in: auto, its default (the config's dtype:), "
+        "or bfloat16, what evolve merges and scores in",
     )
     args = parser.parse_args()
     from mergekit_mergeability import merge_config, tasks
