@@ -698,7 +698,10 @@ def plan_check(args, settings: Settings = SETTINGS, names=TASKS, rows: Path = RO
     # the rehearsed plan's models, each of its size and method, drawn anew
     written = [yaml.safe_load(Path(path).read_text()) for _, path in rehearsed]
     parameters = [as_planned(w, path, task_of) for w, (_, path) in zip(written, rehearsed)]
-    for r in range(args.random if rehearsed else 0):
+    whole = len(rehearsed) == 1 and len(rehearsed[0][0]) == len(tasks)  # every draw is the plan itself
+    if whole and args.random:
+        console.print(f"--random {args.random}: not drawn, the rehearsed plan merges every expert in one model")
+    for r in range(args.random if rehearsed and not whole else 0):
         drawn = draw.sample(tasks, sum(len(members) for members, _ in rehearsed))
         arms[f"random #{r + 1}"] = []
         for i, (members, _) in enumerate(rehearsed):
