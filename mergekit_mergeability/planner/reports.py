@@ -294,10 +294,9 @@ def print_plan(document: Mapping[str, Any], out: Optional[Path] = None) -> None:
         "all merged\nTIES",
         title="plan: which experts share a merged model",
     )
-    table.columns[0].no_wrap = True  # a name whole; the numbers' headers fold instead
-    for column in table.columns[3:]:
+    for column in (table.columns[0], *table.columns[3:]):  # names and numbers' headers fold, never cut
         column.overflow = "fold"
-    table.columns[0].overflow = "fold"  # a narrow terminal wraps an expert's name rather than cutting it
+    table.columns[0].no_wrap = True  # a name on one line wherever it fits; the headers give way first
     for expert in document["experts"]:
         flag = "*" if expert["outside_domain"] else ""
         where = (

@@ -111,7 +111,8 @@ class _Mapped:
     """One safetensors file, memory-mapped once for every reader of it in the process: a pool of a
     hundred adapters reads its base through a hundred readers, and each mapping of the same pages
     counts again in the process's resident size (a plan of a hundred SmolLM2-135M adapters peaked
-    at 8.0 GB resident with a mapping each, 2.6 GB with one)."""
+    at 8.0 GB resident with a mapping each, 2.6 GB with one). A class of its own because safetensors'
+    handles take no weak reference."""
 
     def __init__(self, file: Path):
         from safetensors import safe_open
