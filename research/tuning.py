@@ -13,6 +13,7 @@
     python research/run.py tuning measure --family tuning3 --archive # the third (prereg/tuning3.txt)
     python research/run.py tuning cutoffs --family tuning3           # where a CKA cut-off would preempt the menu
     python research/run.py tuning patch --family tuning2 --archive   # the layer patch as a candidate (prereg/patch.txt)
+    python research/run.py tuning lengths --family tuning           # every rule on probes of 8 to 32 items (prereg/probe_length.txt)
 
 The `tuning` family: ten task-level experts of SmolLM2-135M-Instruct on tasks the `configs` family
 does not use, LoRA rank 4 on the attention projections of layers 15-29, trained on 16 items with the
@@ -237,12 +238,13 @@ class Truth:
     the rehearsal builds it (``dilution.as_written`` on mergekit's plan, DARE drawn as the rehearsal
     draws it), cached by the merge."""
 
-    def __init__(self, out: Path, name: str = "truth.json", limit: int = SCORED):
-        self.path, self.limit = out / name, limit
+    def __init__(self, out: Path, name: str = "truth.json", limit: int = SCORED, each: bool = False):
+        self.path, self.limit, self.each = out / name, limit, each
         self.cache = json.loads(self.path.read_text()) if self.path.is_file() else {}
 
     def __call__(self, document: dict, merges: dict, unseen: dict, members) -> dict:
-        """``merges``: name -> config; returns name -> task -> mean p(gold) on its unseen items."""
+        """``merges``: name -> config; returns name -> task -> mean p(gold) on its unseen items (with
+        ``each``, every item's p(gold))."""
         from mergekit_mergeability.decide.tuning import _merge_key
         from mergekit_mergeability.diagnostics.dilution import as_written
         from mergekit_mergeability.diagnostics.knowledge import scores
@@ -264,19 +266,45 @@ class Truth:
                     planned = plan(absolute(config, sources), spec.source)
                     with as_written(module, planned, list(sources.values()), touched):
                         read = {m.name: scores(module, tokenizer, list(m.probes), None) for m in models}
+                    each = {f"task_{t}": [s.p_gold for s in read[m.name]] for t, m in zip(members, models)}
                     self.cache[keys[name]] = {
-                        f"task_{t}": sum(s.p_gold for s in read[m.name]) / len(read[m.name])
-                        for t, m in zip(members, models)
+                        t: [round(v, 6) for v in values] if self.each else sum(values) / len(values)
+                        for t, values in each.items()
                     }
             write_atomic(self.path, json.dumps(self.cache, indent=1))
         return {name: self.cache[key] for name, key in keys.items()}
 
 
-def measure(args) -> None:
+def rehearsed(document: dict, members, label: str):
+    """The precheck's rehearsal of ``document``: (each model's knowledge, each candidate's reads of its
+    probe items, each candidate's advice, what the archive keeps: each candidate's line and every
+    item's read by task, so that any rule can be read off it)."""
     from mergekit_mergeability import menu
-    from mergekit_mergeability.decide.tuning import candidates, methods
-    from mergekit_mergeability.decide.verdict import AS_WRITTEN, choose_method
+    from mergekit_mergeability.decide.tuning import candidates
+    from mergekit_mergeability.decide.verdict import AS_WRITTEN
     from mergekit_mergeability.records import KnowledgeStats
+
+    measured = rehearse(document)
+    if "menu" not in measured.results:
+        raise SystemExit(f"{label}: the menu was not rehearsed ({measured.errors()})")
+    known = measured.results["knowledge"].per_model
+    knowledge = {m: KnowledgeStats.of(known.get(m)).scored_mean_p_gold for m in known}
+    reads = menu.scored(measured.results["menu"])
+    offered = candidates(document, knowledge)
+    tasks = {m["model"]: f"task_{t}" for m, t in zip(document["models"], members)}
+    archived = {
+        "lines": {c: offered[c].line for c in reads if c != AS_WRITTEN},
+        "reads": {
+            c: {tasks[m]: [round(v, 6) for v in items] for m, items in by_model.items()}
+            for c, by_model in reads.items()
+        },
+    }
+    return knowledge, reads, offered, archived
+
+
+def measure(args) -> None:
+    from mergekit_mergeability.decide.tuning import methods
+    from mergekit_mergeability.decide.verdict import AS_WRITTEN, choose_method
 
     family = FAMILIES[args.family]
     if not family.rows.is_file():
@@ -300,24 +328,11 @@ def measure(args) -> None:
         begun = time.perf_counter()
         document = config(demo, experts, members, method, probes)
         demo.write_config(f"{label}_{method}", document)  # what a user would run, and benchmarks/tuning.py
-        measured = rehearse(document)
-        if "menu" not in measured.results:
-            raise SystemExit(f"{label} {method}: the menu was not rehearsed ({measured.errors()})")
-        known = measured.results["knowledge"].per_model
-        knowledge = {m: KnowledgeStats.of(known.get(m)).scored_mean_p_gold for m in known}
-        reads = menu.scored(measured.results["menu"])
+        knowledge, reads, offered, archived = rehearsed(document, members, f"{label} {method}")
         kinds = methods(document, knowledge)
         tuned = choose_method(reads, knowledge, kinds)
         untuned = choose_method({c: v for c, v in reads.items() if c in (AS_WRITTEN, *MENU)}, knowledge, kinds)
-        offered = candidates(document, knowledge)
         tasks = {m["model"]: f"task_{t}" for m, t in zip(document["models"], members)}
-        archived = {  # any rule can be read off the archive: each candidate's parent and every item's read
-            "lines": {c: offered[c].line for c in reads if c != AS_WRITTEN},
-            "reads": {
-                c: {tasks[m]: [round(v, 6) for v in items] for m, items in by_model.items()}
-                for c, by_model in reads.items()
-            },
-        }
         needed = reads if family.every else (AS_WRITTEN, *(c for c in MENU if c in reads), *rules(archived).values())
         merges = {c: document if c == AS_WRITTEN else offered[c].advice.config for c in dict.fromkeys(needed)}
         measured_truth = truth(document, merges, unseen, members)
@@ -556,6 +571,98 @@ def items(args, draws: int = 6) -> None:
     show(table, args.markdown)
 
 
+LENGTHS = (8, 16, 24, 32)  # items a probe (research/pools/prereg/probe_length.txt)
+SHOWN = ("lower bound", "cross-fitted", "stepped", "ungated", "lower bound, budget 0", "cross-fitted, budget 0")
+
+
+def lengths(args) -> None:
+    """research/pools/prereg/probe_length.txt: the rehearsal of every written config of ``--family``
+    and every rehearsed candidate's read of every unseen item (``--part`` as ``measure``'s), then each
+    rule on n of 32 items that may be probed (the 16 probe items and the first 16 unseen), judged on
+    the last 32 unseen items. ``--report`` reads what is measured."""
+    from mergekit_mergeability.decide.verdict import AS_WRITTEN
+
+    family = FAMILIES[args.family]
+    saved = args.out / "lengths.json"
+    records = json.loads(saved.read_text()) if saved.is_file() else []
+    if not args.report:
+        demo = Demo(family.settings, args.cache_dir, args.out, console, quiet=False)
+        experts = demo.fact_experts()
+        probes = {t: experts[f"task_{t}"]["probe"] for t in family.tasks}
+        unseen, truth = unseen_probes(demo, family), Truth(args.out, "items.json", family.scored, each=True)
+        done = {(r["config"], r["method"]) for r in records}
+        part, parts = args.part
+        for label, members, method in written_configs(family):
+            if (label, method) in done or int(label.split("_")[1]) % parts != part:
+                continue
+            begun = time.perf_counter()
+            document = config(demo, experts, members, method, probes)
+            _, reads, offered, archived = rehearsed(document, members, f"{label} {method}")
+            merges = {c: document if c == AS_WRITTEN else offered[c].advice.config for c in reads}
+            records.append(
+                {"config": label, "method": method, "members": [f"task_{m}" for m in members]}
+                | archived
+                | {"unseen": truth(document, merges, unseen, members)}
+                | {"seconds": round(time.perf_counter() - begun, 1)}
+            )
+            write_atomic(saved, json.dumps(records, indent=1))
+            console.print(f"{label}_{method}: {len(reads)} candidates ({records[-1]['seconds']:.0f} s)")
+    lengths_report(records, args.markdown)
+
+
+def lengths_report(records, markdown: bool, draws: int = 6) -> None:
+    """Each rule's pick on n of each member's 32 probe-able items (``draws`` seeded draws; all 32 once;
+    "16 probe" the precheck's own 16), its truth on the last 32 unseen items: the mean over configs
+    and draws of (pick − best of the menu) and, in brackets, the worst (pick − as written); then the
+    intervals over configs (draws averaged within a config) at 16 and 32 items."""
+    from mergekit_mergeability.decide.verdict import AS_WRITTEN
+    from mergekit_mergeability.maths.stats import mean_interval
+
+    if not records:
+        return
+    rng, judged = random.Random(0), []
+    for r in records:
+        held = {c: {m: items[PROBE:] for m, items in by.items()} for c, by in r["unseen"].items()}
+        pool = {c: {m: r["reads"][c][m] + items[:PROBE] for m, items in by.items()} for c, by in r["unseen"].items()}
+        judged.append(
+            (r | {"measured": {c: {m: statistics.fmean(v) for m, v in by.items()} for c, by in held.items()}}, pool)
+        )
+    settings = {"16 probe": None, **{str(n): n for n in LENGTHS}}
+    over, under = {}, {}  # (rule, n) -> per config: its draws' differences
+    for name, n in settings.items():
+        for r, pool in judged:
+            count = 1 if n in (None, 2 * PROBE) else draws
+            chosen = []
+            for _ in range(count):
+                keep = {m: range(PROBE) if n is None else sorted(rng.sample(range(2 * PROBE), n)) for m in r["members"]}
+                reads = {c: {m: [v[i] for i in keep[m]] for m, v in by.items()} for c, by in pool.items()}
+                chosen.append(picks(r | {"reads": reads}))
+            for rule in (*SHOWN, "ceiling: best of every candidate"):
+                menu = [kept(r, c[rule]) - kept(r, c["ceiling: best of the menu"]) for c in chosen]
+                written = [kept(r, c[rule]) - kept(r, AS_WRITTEN) for c in chosen]
+                over.setdefault((rule, name), []).append(statistics.fmean(menu))
+                under.setdefault((rule, name), []).append(min(written))
+    table = Table(
+        title=f"{len(records)} written configs, pick's truth on 32 unseen items − the best of the menu's"
+        " (worst − as written), by items a probe"
+    )
+    for column in ("rule", *settings):
+        table.add_column(column)
+    for rule in (*SHOWN, "ceiling: best of every candidate"):
+        table.add_row(rule, *(f"{statistics.fmean(over[rule, n]):+.3f} ({min(under[rule, n]):+.3f})" for n in settings))
+    show(table, markdown)
+    table = Table(title="the same, − the best of the menu, 95% intervals over configs")
+    for column in ("rule", "16 items", "32 items"):
+        table.add_column(column)
+    for rule in SHOWN:
+        cells = []
+        for n in ("16", "32"):
+            mean, (low, high) = mean_interval(over[rule, n])
+            cells.append(f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]")
+        table.add_row(rule, *cells)
+    show(table, markdown)
+
+
 def plan_check(args) -> None:
     """issue 53 on ``--family``'s ten experts as one pool, planned and scored on their unseen items
     as ``configs plan-check`` does for the `configs` family's (its docstring says how)."""
@@ -740,6 +847,7 @@ COMMANDS = {
     "plan-check": plan_check,
     "cutoffs": cutoffs,
     "patch": patch,
+    "lengths": lengths,
 }
 
 
@@ -762,6 +870,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", default=[], help="measure: these written configs alone (n2_6_ties ...)")
     parser.add_argument("--from", dest="parts_from", type=Path, nargs="+", default=[], help="merge: the parts' --out")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--report", action="store_true", help="lengths: read what is measured, measure nothing")
     parser.add_argument("--models", type=int, nargs="+", default=[1], help="plan-check: K, the merged models planned")
     parser.add_argument(
         "--random", type=int, default=0, help="plan-check: random subsets of the rehearsed plan's size and method"
