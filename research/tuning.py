@@ -585,7 +585,11 @@ def lengths(args) -> None:
     family = FAMILIES[args.family]
     saved = args.out / "lengths.json"
     records = json.loads(saved.read_text()) if saved.is_file() else []
-    if not args.report:
+    if args.report:
+        found = [args.out / "lengths.json", *(folder / "lengths.json" for folder in args.parts_from)]
+        records = [r for path in found if path.is_file() for r in json.loads(path.read_text())]
+        records = [r for r in records if args.draws is None or int(r["config"].split("_")[1]) < args.draws]
+    else:
         demo = Demo(family.settings, args.cache_dir, args.out, console, quiet=False)
         experts = demo.fact_experts()
         probes = {t: experts[f"task_{t}"]["probe"] for t in family.tasks}
@@ -868,9 +872,14 @@ def main() -> None:
         " then `merge`)",
     )
     parser.add_argument("--only", nargs="+", default=[], help="measure: these written configs alone (n2_6_ties ...)")
-    parser.add_argument("--from", dest="parts_from", type=Path, nargs="+", default=[], help="merge: the parts' --out")
+    parser.add_argument(
+        "--from", dest="parts_from", type=Path, nargs="+", default=[], help="merge, lengths --report: the parts' --out"
+    )
     parser.add_argument("--markdown", action="store_true")
-    parser.add_argument("--report", action="store_true", help="lengths: read what is measured, measure nothing")
+    parser.add_argument(
+        "--report", action="store_true", help="lengths: read what --out and --from hold, measure nothing"
+    )
+    parser.add_argument("--draws", type=int, default=None, help="lengths --report: the first N draws of each size")
     parser.add_argument("--models", type=int, nargs="+", default=[1], help="plan-check: K, the merged models planned")
     parser.add_argument(
         "--random", type=int, default=0, help="plan-check: random subsets of the rehearsed plan's size and method"
