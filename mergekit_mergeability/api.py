@@ -346,13 +346,14 @@ def plan(
     """
     from dataclasses import replace
 
+    from mergekit_mergeability import measuring
     from mergekit_mergeability.diagnostics.knowledge import LETTERED
     from mergekit_mergeability.errors import UserError
     from mergekit_mergeability.planner import planning
     from mergekit_mergeability.settings import PrecheckSettings
 
     if isinstance(pool, (str, os.PathLike)) and Path(pool).is_dir():
-        spec = planning.pool_spec(Path(pool), base and Path(base), probe_folder and Path(probe_folder))
+        spec = planning.pool_spec(Path(pool), base and Path(base), probe_folder and Path(probe_folder), probes or {})
     else:
         spec = _spec(pool)
     settings = _resolved(settings or PrecheckSettings())
@@ -370,8 +371,9 @@ def plan(
             raise UserError(f"{spec.source}: the precheck found a problem with the pool: {errors[0]}")
         return report
 
+    asked = measuring.probe_specs(spec, probes or {})  # --probe over the pool's, for the rehearsal too
     document, _ = planning.run(
-        spec,
+        replace(spec, probes=asked),
         Path(out),
         measure,
         settings=settings,
@@ -383,7 +385,7 @@ def plan(
         budget_evals=budget_evals,
         measured=measured and Path(measured),
         cache=_cache(cache_dir),
-        probes=lambda: probe_items(spec, settings),
+        probes=lambda: probe_items(spec, settings, asked),
     )
     return Plan.from_json(document)
 
@@ -454,8 +456,10 @@ def _against_ties(report: Dict[str, Any]) -> Optional[Tuple[float, float]]:
     return deciding.knowledge_weighted_against_ties(report, conditional_fit.load())
 
 
-def probe_items(spec, settings) -> Dict[str, List[Any]]:
-    """Each member's probe items as the precheck loads them (plan's rehearsal reads them)."""
+def probe_items(spec, settings, asked: Optional[Mapping[str, str]] = None) -> Dict[str, List[Any]]:
+    """Each member's probe items as the precheck loads them (plan's rehearsal reads them); ``asked``:
+    the probe specs with ``--probe``'s applied (default: the config's)."""
     from mergekit_mergeability import measuring
 
-    return {m.name: list(m.probes) for m in measuring.load_inputs(spec, spec.probes, settings.limit, settings.dtype)[1]}
+    inputs = measuring.load_inputs(spec, spec.probes if asked is None else asked, settings.limit, settings.dtype)
+    return {m.name: list(m.probes) for m in inputs[1]}

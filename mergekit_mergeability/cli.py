@@ -305,7 +305,7 @@ def ray_option(command):
     "probes",
     multiple=True,
     metavar="MODEL=SPEC",
-    help="Probe data for a model (path as written in the config, or its folder name): a .jsonl file, an lm-eval task YAML or task name. Repeatable; overrides the config's probe: key.",
+    help="Probe data for a model (path as written in the config, or its folder name): a .jsonl file of probe lines, an lm-eval task YAML or task name, or its fine-tuning data (JSONL, JSON, Parquet, CSV or a saved datasets folder). Repeatable; overrides the config's probe: key.",
 )
 @setting(
     "--fewshot",
@@ -381,7 +381,7 @@ def ray_option(command):
 @click.option(
     "--cache-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Keep each model's pass results here: a killed precheck (or a lost Ray worker) restarts where it stopped. Off unless given.",
+    help="Keep each model's representation and selectivity passes here: a killed precheck (or a lost Ray worker) restarts where it stopped. Off unless given (not the score cache of plan, evaluate and mergeability).",
 )
 @click.option(
     "--probes-from-card",

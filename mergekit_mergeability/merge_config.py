@@ -144,7 +144,7 @@ def from_document(document: Any, source: Path) -> MergeSpec:
         if name not in names and name != base:
             names.append(name)
         for key, found, what in (
-            (PROBE_KEY, probes, "a .jsonl file, an lm-eval task YAML or task name"),
+            (PROBE_KEY, probes, "a .jsonl file, an lm-eval task YAML or task name, or fine-tuning data"),
             (FEWSHOT_KEY, fewshot, "a .jsonl file"),
         ):
             if key in entry:

@@ -463,6 +463,27 @@ def test_a_pool_folder_without_a_probe_for_a_member_is_refused(llama, tmp_path):
         ],
     )
     assert result.exit_code == 2 and "no probe for e0" in result.output and not (tmp_path / "o").exists()
+    assert "--probe e0=SPEC" in result.output
+
+
+def test_a_probe_given_on_the_command_line_stands_in_for_a_pool_folders_missing_file(llama, tmp_path):
+    adapters, probes = tmp_path / "adapters", tmp_path / "probes"
+    probes.mkdir()
+    for i in range(2):
+        make_adapter(llama["base"], adapters / f"e{i}", [LORA_TARGETS[0].format(i)], seed=i)
+    ranked_probes(probes / "e1.jsonl", llama["base"], QUESTIONS, CHOICES, pick=1)
+    elsewhere = ranked_probes(tmp_path / "e0-items.jsonl", llama["base"], QUESTIONS, CHOICES, pick=0)
+    out = tmp_path / "o"
+    pool = ["plan", "--pool", str(adapters), "--probes", str(probes), "--out", str(out), "--budget-evals", "1", "-q"]
+    result = CliRunner().invoke(cli, [*pool, "--probe", f"e0={elsewhere}"])
+    assert result.exit_code == 0, result.output
+    probed = {
+        Path(m["path"].split("+")[-1]).name: m["probe"]
+        for m in json.loads((out / "precheck.json").read_text())["models"]
+    }
+    assert Path(probed["e0"]).name == "e0-items.jsonl" and Path(probed["e1"]).name == "e1.jsonl"
+    checked = json.loads((out / "plan.json").read_text())["checked"]["candidates"]  # the rehearsal asked both
+    assert checked and all(c["measured"] is not None for c in checked)
 
 
 def test_decide_states_the_objective_and_its_references(cancelling):

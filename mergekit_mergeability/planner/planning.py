@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Collection, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -31,15 +31,18 @@ CUT_OFF = "representations"  # layer-wise CKA: only layer_selective's cut-off (`
 PROBE_SUFFIXES = (".jsonl", ".yaml", ".yml")
 
 
-def pool_spec(folder: Path, base: Optional[Path], probes: Optional[Path]) -> merge_config.MergeSpec:
+def pool_spec(
+    folder: Path, base: Optional[Path], probes: Optional[Path], given: Collection[str] = ()
+) -> merge_config.MergeSpec:
     """A folder of peft adapters or model folders, each with a probe ``PROBES/<name>.jsonl``
-    (or .yaml, .yml), as the config that merges them all: task_arithmetic, equal weights."""
+    (or .yaml, .yml), or named in ``given`` (``--probe NAME=SPEC``, applied later), as the config
+    that merges them all: task_arithmetic, equal weights."""
     from mergekit_mergeability.sources import adapter
 
     folder = Path(folder)
     if not folder.is_dir():
         raise UserError(f"--pool {folder}: no such folder")
-    if probes is None:
+    if probes is None and not given:
         raise UserError(f"--pool {folder}: name --probes DIR, a probe file per member (DIR/<member>.jsonl)")
     base_path = Path(base).resolve() if base else None
     members = sorted(
@@ -51,16 +54,15 @@ def pool_spec(folder: Path, base: Optional[Path], probes: Optional[Path]) -> mer
         raise UserError(f"--pool {folder}: no adapter or model folders in it")
     entries = []
     for member in members:
-        probe = next(
-            (
-                Path(probes) / f"{member.name}{s}"
-                for s in PROBE_SUFFIXES
-                if (Path(probes) / f"{member.name}{s}").is_file()
-            ),
-            None,
-        )
-        if probe is None:
-            raise UserError(f"--probes {probes}: no probe for {member.name} ({member.name}.jsonl, .yaml or .yml)")
+        found = (Path(probes) / f"{member.name}{s}" for s in PROBE_SUFFIXES) if probes else ()
+        probe = next((p for p in found if p.is_file()), None)
+        if probe is None and member.name not in given:
+            where = f"--probes {probes}" if probes else f"--pool {folder}"
+            raise UserError(
+                f"{where}: no probe for {member.name}"
+                + (f" ({member.name}.jsonl, .yaml or .yml in --probes DIR" if probes else " (name --probes DIR")
+                + f", or --probe {member.name}=SPEC)"
+            )
         if adapter.is_adapter(member):
             reference = f"{base_path}+{member.resolve()}" if base_path else str(member.resolve())
         elif base_path is None:
@@ -68,11 +70,8 @@ def pool_spec(folder: Path, base: Optional[Path], probes: Optional[Path]) -> mer
         else:
             reference = str(member.resolve())
         entries.append(
-            {
-                "model": reference,
-                "probe": str(Path(probe).resolve()),
-                "parameters": {"weight": round(1 / len(members), 6)},
-            }
+            {"model": reference, "parameters": {"weight": round(1 / len(members), 6)}}
+            | ({"probe": str(probe.resolve())} if probe else {})
         )
     if base_path is None:
         bases = {str(adapter.read_config(m).get("base_model_name_or_path") or "") for m in members}

@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from mergekit_mergeability.errors import UserError, not_yaml
+from mergekit_mergeability.errors import UserError
 
 MULTIPLE_CHOICE, GENERATION = "multiple_choice", "generation"
 CLOZE, OPTIONS, LM_EVAL = "cloze", "options", "lm-eval"  # how an instance is scored
@@ -334,20 +334,3 @@ def _label(where: str, label, choices: Sequence[str]) -> int:
     if not isinstance(label, int) or isinstance(label, bool) or not 0 <= label < len(choices) or len(choices) < 2:
         raise UserError(f"{where}: label must index one of at least 2 choices, got {label!r}")
     return label
-
-
-def task_name(path: Path) -> str:
-    """The ``task:`` name an lm-eval task YAML declares."""
-    import yaml
-
-    try:
-        name = (yaml.safe_load(path.read_text()) or {}).get("task")
-    except yaml.constructor.ConstructorError:  # lm-eval's !function tags: read the line instead
-        name = next(
-            (line.split(":", 1)[1].strip() for line in path.read_text().splitlines() if line.startswith("task:")), None
-        )
-    except yaml.YAMLError as error:
-        raise not_yaml(path, error) from None
-    if not isinstance(name, str):
-        raise UserError(f"{path}: an lm-eval task YAML needs a `task:` name")
-    return name
