@@ -13,7 +13,7 @@
     python research/run.py tuning measure --family tuning3 --archive # the third (prereg/tuning3.txt)
     python research/run.py tuning cutoffs --family tuning3           # where a CKA cut-off would preempt the menu
     python research/run.py tuning patch --family tuning2 --archive   # the layer patch as a candidate (prereg/patch.txt)
-    python research/run.py tuning lengths --family tuning           # every rule on probes of 8 to 32 items (prereg/probe_length.txt)
+    python research/run.py tuning lengths --family tuning --report --draws 4   # every rule on probes of 8 to 32 items (prereg/probe_length.txt)
 
 The `tuning` family: ten task-level experts of SmolLM2-135M-Instruct on tasks the `configs` family
 does not use, LoRA rank 4 on the attention projections of layers 15-29, trained on 16 items with the
@@ -579,16 +579,21 @@ def lengths(args) -> None:
     """research/pools/prereg/probe_length.txt: the rehearsal of every written config of ``--family``
     and every rehearsed candidate's read of every unseen item (``--part`` as ``measure``'s), then each
     rule on n of 32 items that may be probed (the 16 probe items and the first 16 unseen), judged on
-    the last 32 unseen items. ``--report`` reads what is measured."""
+    the last 32 unseen items. ``--report`` reads what is measured (``--out`` and ``--from``, else the
+    archive; ``--archive`` keeps it there)."""
     from mergekit_mergeability.decide.verdict import AS_WRITTEN
 
     family = FAMILIES[args.family]
     saved = args.out / "lengths.json"
     records = json.loads(saved.read_text()) if saved.is_file() else []
+    archive = ARCHIVE.parent / "lengths" / f"{family.name}.json"
     if args.report:
         found = [args.out / "lengths.json", *(folder / "lengths.json" for folder in args.parts_from)]
-        records = [r for path in found if path.is_file() for r in json.loads(path.read_text())]
+        found = [path for path in found if path.is_file()] or [archive]  # a fresh clone reads the archive
+        records = [r for path in found for r in json.loads(path.read_text())]
         records = [r for r in records if args.draws is None or int(r["config"].split("_")[1]) < args.draws]
+        if args.archive:
+            write_atomic(archive, json.dumps(records))
     else:
         demo = Demo(family.settings, args.cache_dir, args.out, console, quiet=False)
         experts = demo.fact_experts()
@@ -665,6 +670,34 @@ def lengths_report(records, markdown: bool, draws: int = 6) -> None:
             cells.append(f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]")
         table.add_row(rule, *cells)
     show(table, markdown)
+    console.print(ceiling_bias(judged))
+
+
+def ceiling_bias(judged, draws: int = 20) -> str:
+    """Read after the table, not pre-registered: how much a ceiling gains from being read on the items
+    it was chosen on. The 32 truth items split in halves (``draws`` seeded splits, each way round):
+    the best candidate on one half, read on the other, against the best read on that other half."""
+    from mergekit_mergeability.decide.verdict import AS_WRITTEN
+
+    rng, found = random.Random(0), {"the menu": [], "every candidate": []}
+    for r, _ in judged:
+        truth = r["unseen"]
+
+        def kept_on(c, items):
+            return statistics.fmean(statistics.fmean(truth[c][m][PROBE + i] for i in items) for m in r["members"])
+
+        for _ in range(draws):
+            order = rng.sample(range(2 * PROBE), 2 * PROBE)
+            for chosen_on, read_on in ((order[:PROBE], order[PROBE:]), (order[PROBE:], order[:PROBE])):
+                for name, among in (
+                    ("the menu", [c for c in truth if c in (AS_WRITTEN, *MENU)]),
+                    ("every candidate", list(truth)),
+                ):
+                    pick = max(among, key=lambda c: kept_on(c, chosen_on))
+                    found[name].append(max(kept_on(c, read_on) for c in among) - kept_on(pick, read_on))
+    return "selection bias of a ceiling read on the items it is chosen on, 16 truth items (÷√2 for 32): " + ", ".join(
+        f"{name} {statistics.fmean(v):+.4f}" for name, v in found.items()
+    )
 
 
 def plan_check(args) -> None:
