@@ -43,7 +43,9 @@ def pool_spec(
     if not folder.is_dir():
         raise UserError(f"--pool {folder}: no such folder")
     if probes is None and not given:
-        raise UserError(f"--pool {folder}: name --probes DIR, a probe file per member (DIR/<member>.jsonl)")
+        raise UserError(
+            f"--pool {folder}: name --probes DIR, a probe file per member (DIR/<member>.jsonl), or --probe MEMBER=SPEC"
+        )
     base_path = Path(base).resolve() if base else None
     members = sorted(
         p
