@@ -59,11 +59,11 @@ def pool_spec(
         found = (Path(probes) / f"{member.name}{s}" for s in PROBE_SUFFIXES) if probes else ()
         probe = next((p for p in found if p.is_file()), None)
         if probe is None and member.name not in given:
-            where = f"--probes {probes}" if probes else f"--pool {folder}"
+            name = member.name
             raise UserError(
-                f"{where}: no probe for {member.name}"
-                + (f" ({member.name}.jsonl, .yaml or .yml in --probes DIR" if probes else " (name --probes DIR")
-                + f", or --probe {member.name}=SPEC)"
+                f"--probes {probes}: no probe for {name} ({name}.jsonl, .yaml or .yml); add one, or give --probe {name}=SPEC"
+                if probes
+                else f"--pool {folder}: no probe for {name}; name --probes DIR, or give --probe {name}=SPEC"
             )
         if adapter.is_adapter(member):
             reference = f"{base_path}+{member.resolve()}" if base_path else str(member.resolve())
