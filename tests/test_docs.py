@@ -61,3 +61,19 @@ def test_cli_reference_is_current():
 
 def test_cli_reference_is_in_the_site():
     assert re.search(r"^\s*- .*: cli\.md$", (REPO / "mkdocs.yml").read_text(encoding="utf-8"), re.MULTILINE)
+
+
+def test_nested_lists_are_indented_as_mkdocs_reads_them():
+    """Python-Markdown nests a list only under four spaces: a bullet indented one to three spaces, or a
+    fenced block inside a list item, comes out flat (an item of the outer list, a line of inline code)."""
+    found = []
+    for page in [*USER_PAGES, "docs/evaluation.md", "docs/prediction.md"]:
+        fenced = False
+        for number, line in enumerate((REPO / page).read_text(encoding="utf-8").splitlines(), 1):
+            if line.lstrip().startswith("```"):
+                if line.startswith(" ") and not fenced:
+                    found.append(f"{page}:{number}: a fenced block indented inside a list item")
+                fenced = not fenced
+            elif not fenced and re.match(r" {1,3}[-*] ", line):
+                found.append(f"{page}:{number}: {line.strip()[:40]!r}")
+    assert not found, "indent nested bullets by four spaces; put code blocks outside lists:\n" + "\n".join(found)
