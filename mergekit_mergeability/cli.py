@@ -433,27 +433,31 @@ def precheck(
             probe: probes/math.jsonl    # {"question", "choices", "label"}
                                         # or {"prompt", "answer"}; "group"
             fewshot: probes/shots.jsonl # optional: solved examples
+
     \b
     A model may be a peft LoRA adapter: BASE+ADAPTER (mergekit's syntax) or the
     adapter folder alone (its adapter_config.json names the base). --pool DIR
     checks a folder of adapter folders as their task_arithmetic mean. Adapters
     are measured from their low-rank factors, on the base loaded once.
+
     \b
     Signals: the base model's knowledge of each probe set, asked in the format
     its lines say the task is scored in ("format": cloze, the default, or
     options with "shots"), beside Will it Merge?'s lettered few-shot view
-    (arXiv 2601.06672); task-vector statistics streamed from
-    the safetensors files (update size, top singular value, interference),
-    layer-wise unbiased CKA between the models' hidden states, and which MLP
+    (arXiv 2601.06672); task-vector statistics streamed from the safetensors
+    files (update size, top singular value, interference), layer-wise unbiased
+    CKA between the models' hidden states, and which MLP
     neurons fire for one probe group only (LAPE; groups: the lines' "group",
     else one per model's probe set) and whether the models share them. Writes
     OUT/precheck.json, OUT/report.html and, unless the verdict is do_not_merge,
     OUT/recommended.yml (runs as is with mergekit-yaml; layer_selective adds
     OUT/recommended/<expert>.yml, one model per expert).
+
     \b
     Before its heavy passes it says how many forward passes it will run and
     roughly how long on this device (and on a GPU, where one is here);
     --dry-run says only that, phase by phase, and reads no weights.
+
     \b
     Exit status: 0 merge (as configured or as recommended); 1 do_not_merge or
     a plugin asks to stop; 2 a usage error; 3 the precheck could not measure
@@ -610,7 +614,8 @@ def plan(
     POOL_FILE is a mergekit config whose models each carry a probe: (their task),
     as for precheck and mergeability; or name a folder of adapters/models:
         mergekit-mergeability plan pool.yml --out plan/ --models 2
-        mergekit-mergeability plan --pool ./adapters --base ./base --probes ./probes
+        mergekit-mergeability plan --pool ./adapters --probes ./probes
+
     \b
     From one precheck (weights and knowledge; no forward pass per candidate) it
     predicts each expert's own-task score inside any candidate merge (subset and
@@ -622,6 +627,7 @@ def plan(
     candidates and the merges of everything in memory, reads each expert's probe
     on them, and writes a plan over the best merge of everything only where it
     keeps more on probe items its choice was not made on.
+
     \b
     Writes OUT/plan.json, OUT/models/model<k>.yml (each runs with the stock
     mergekit-yaml), OUT/precheck.json (reuse with --precheck) and report.html.
@@ -1085,8 +1091,9 @@ def demo(quick: bool, cache_dir: Path, out: Path, quiet: bool, sweep_only: bool)
     3. runs precheck on mergekit configs of them;
     4. measures mergeability (8 partners × 4 trials) with task_arithmetic, ties
        and knowledge_weighted; merges each translator pair with task_arithmetic,
-       ties, as the precheck recommends and with the layer patch of arXiv 2604.02881, and
-       scores chrF and BLEU (sacrebleu) on 40 held-out sentences each;
+       ties, as the precheck recommends and with the layer patch of arXiv
+       2604.02881, and scores chrF and BLEU (sacrebleu) on 40 held-out
+       sentences each;
     5. prints predicted vs measured mergeability with Spearman, its bootstrap
        interval and permutation p-value, the translators' per-block CKA and
        LAPE overlap and which of paper 3's findings reproduce, and writes the

@@ -42,10 +42,6 @@ def pool_spec(
     folder = Path(folder)
     if not folder.is_dir():
         raise UserError(f"--pool {folder}: no such folder")
-    if probes is None and not given:
-        raise UserError(
-            f"--pool {folder}: name --probes DIR, a probe file per member (DIR/<member>.jsonl), or --probe MEMBER=SPEC"
-        )
     base_path = Path(base).resolve() if base else None
     members = sorted(
         p
@@ -54,6 +50,10 @@ def pool_spec(
     )
     if not members:
         raise UserError(f"--pool {folder}: no adapter or model folders in it")
+    if probes is None and not given:
+        raise UserError(
+            f"--pool {folder}: name --probes DIR, a probe file per member (DIR/<member>.jsonl), or --probe MEMBER=SPEC"
+        )
     entries = []
     for member in members:
         found = (Path(probes) / f"{member.name}{s}" for s in PROBE_SUFFIXES) if probes else ()
