@@ -275,6 +275,11 @@ class Truth:
         return {name: self.cache[key] for name, key in keys.items()}
 
 
+def task_of(document: dict, members) -> dict:
+    """Each model of ``document`` as written -> its task's name in the records (task_<member>)."""
+    return {m["model"]: f"task_{t}" for m, t in zip(document["models"], members)}
+
+
 def rehearsed(document: dict, members, label: str):
     """The precheck's rehearsal of ``document``: (each model's knowledge, each candidate's reads of its
     probe items, each candidate's advice, what the archive keeps: each candidate's line and every
@@ -291,7 +296,7 @@ def rehearsed(document: dict, members, label: str):
     knowledge = {m: KnowledgeStats.of(known.get(m)).scored_mean_p_gold for m in known}
     reads = menu.scored(measured.results["menu"])
     offered = candidates(document, knowledge)
-    tasks = {m["model"]: f"task_{t}" for m, t in zip(document["models"], members)}
+    tasks = task_of(document, members)
     archived = {
         "lines": {c: offered[c].line for c in reads if c != AS_WRITTEN},
         "reads": {
@@ -332,7 +337,7 @@ def measure(args) -> None:
         kinds = methods(document, knowledge)
         tuned = choose_method(reads, knowledge, kinds)
         untuned = choose_method({c: v for c, v in reads.items() if c in (AS_WRITTEN, *MENU)}, knowledge, kinds)
-        tasks = {m["model"]: f"task_{t}" for m, t in zip(document["models"], members)}
+        tasks = task_of(document, members)
         needed = reads if family.every else (AS_WRITTEN, *(c for c in MENU if c in reads), *rules(archived).values())
         merges = {c: document if c == AS_WRITTEN else offered[c].advice.config for c in dict.fromkeys(needed)}
         measured_truth = truth(document, merges, unseen, members)
@@ -585,16 +590,16 @@ def lengths(args) -> None:
 
     family = FAMILIES[args.family]
     saved = args.out / "lengths.json"
-    records = json.loads(saved.read_text()) if saved.is_file() else []
     archive = ARCHIVE.parent / "lengths" / f"{family.name}.json"
     if args.report:
-        found = [args.out / "lengths.json", *(folder / "lengths.json" for folder in args.parts_from)]
+        found = [saved, *(folder / "lengths.json" for folder in args.parts_from)]
         found = [path for path in found if path.is_file()] or [archive]  # a fresh clone reads the archive
         records = [r for path in found for r in json.loads(path.read_text())]
         records = [r for r in records if args.draws is None or int(r["config"].split("_")[1]) < args.draws]
         if args.archive:
             write_atomic(archive, json.dumps(records))
     else:
+        records = json.loads(saved.read_text()) if saved.is_file() else []
         demo = Demo(family.settings, args.cache_dir, args.out, console, quiet=False)
         experts = demo.fact_experts()
         probes = {t: experts[f"task_{t}"]["probe"] for t in family.tasks}
@@ -636,9 +641,9 @@ def lengths_report(records, markdown: bool, draws: int = 6) -> None:
         judged.append(
             (r | {"measured": {c: {m: statistics.fmean(v) for m, v in by.items()} for c, by in held.items()}}, pool)
         )
-    settings = {"16 probe": None, **{str(n): n for n in LENGTHS}}
+    counts = {"16 probe": None, **{str(n): n for n in LENGTHS}}  # column -> items drawn (None: its own 16)
     over, under = {}, {}  # (rule, n) -> per config: its draws' differences
-    for name, n in settings.items():
+    for name, n in counts.items():
         for r, pool in judged:
             count = 1 if n in (None, 2 * PROBE) else draws
             chosen = []
@@ -655,10 +660,10 @@ def lengths_report(records, markdown: bool, draws: int = 6) -> None:
         title=f"{len(records)} written configs, pick's truth on 32 unseen items − the best of the menu's"
         " (worst − as written), by items a probe"
     )
-    for column in ("rule", *settings):
+    for column in ("rule", *counts):
         table.add_column(column)
     for rule in (*SHOWN, "ceiling: best of every candidate"):
-        table.add_row(rule, *(f"{statistics.fmean(over[rule, n]):+.3f} ({min(under[rule, n]):+.3f})" for n in settings))
+        table.add_row(rule, *(f"{statistics.fmean(over[rule, n]):+.3f} ({min(under[rule, n]):+.3f})" for n in counts))
     show(table, markdown)
     table = Table(title="the same, − the best of the menu, 95% intervals over configs")
     for column in ("rule", "16 items", "32 items"):
