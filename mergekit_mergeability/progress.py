@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator, TextIO
 
 EVERY = 10.0  # seconds between a log's progress lines
+WIDTH = 80  # a log line's columns: a long description is cut (…) so that its counts always show
 
 
 def note(message: str, quiet: bool = False) -> None:
@@ -60,13 +61,15 @@ def task(description: str, total: int, quiet: bool = False) -> Iterator[Callable
 def lines(description: str, total: int, stream: TextIO, every: float = EVERY) -> Iterator[Callable[[int], None]]:
     """``advance(n)``, while a thread writes ``description: done/total (elapsed)`` to ``stream``
     every ``every`` seconds (long single steps included), with the time left at the pace so far once
-    a step is done, and a last line at the end."""
+    a step is done, and a last line at the end; each line within ``WIDTH`` columns."""
     started, done, stop = time.monotonic(), [0], threading.Event()
 
     def say() -> None:
         elapsed = time.monotonic() - started
         left = f", about {elapsed / done[0] * (total - done[0]):.0f} s left" if 0 < done[0] < total else ""
-        stream.write(f"{description}: {done[0]}/{total} ({elapsed:.0f} s{left})\n")
+        counts = f": {done[0]}/{total} ({elapsed:.0f} s{left})"
+        room = WIDTH - len(counts)
+        stream.write((description if len(description) <= room else description[: room - 1] + "…") + counts + "\n")
         stream.flush()
 
     def tick() -> None:

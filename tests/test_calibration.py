@@ -150,6 +150,17 @@ def test_the_rehearsal_is_the_prediction_where_measured_and_the_fitted_model_els
     assert fitted.predict({**knows, "rehearsal": 0.25})[0] == alone
 
 
+def test_the_terminal_table_says_a_rehearsed_prediction_by_its_interval_and_keeps_other_reasons_whole():
+    from mergekit_mergeability.output.terminal import brief
+
+    reasons = [
+        "rehearsed merge: its own task scores 0.69 there (95% interval 0.64–0.74 over its probe's items)",
+        "x: 1",
+    ]
+    assert brief({"reasons": reasons, "predicted_interval": [0.64, 0.74]}) == "rehearsed 0.64–0.74; x: 1"
+    assert brief({"reasons": ["↑ p(gold) 0.30"], "predicted_interval": [0.1, 0.5]}) == "↑ p(gold) 0.30"
+
+
 def test_the_rehearsal_is_read_as_the_task_is_scored():
     """Options listed: the rehearsal is the partnered p(gold); cloze (or a report that does not say):
     the partnered accuracy; a format it was never decided on (an lm-eval task's): none."""

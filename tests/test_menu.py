@@ -108,6 +108,25 @@ def test_the_verdict_says_what_the_pick_kept_on_the_held_out_halves():
     assert recommend("ties", {}, {}, {}, None, [], choice=grid).method == "task_arithmetic"
 
 
+def test_the_report_sets_a_tasks_own_metric_beside_the_item_by_item_read_of_the_same_merge():
+    from dataclasses import asdict
+
+    from mergekit_mergeability.output.html import _menu_table
+
+    choice = asdict(
+        choose_method(
+            {AS_WRITTEN: {"/m/a": [0.5, 0.7], "/m/b": [0.6] * 2}, "mean": {"/m/a": [0.8] * 2, "/m/b": [0.7] * 2}}
+        )
+    )
+    names = {"/m/a": "a", "/m/b": "b"}
+    knowledge = {"scored_format": "lm-eval"}
+    translated = {"rehearsed": "written", "task_metric": "chrf", "partnered_task_score": 0.69}
+    described = [{"path": "/m/a", "knowledge": knowledge, "dilution": translated}, {"path": "/m/b", "dilution": {}}]
+    page = _menu_table(choice, names, described)
+    assert "a chrf 0.69 there, 0.600 here" in page and " b " not in page.split("task's own metric:")[1]
+    assert "own metric" not in _menu_table(choice, names, [{"path": "/m/a", "dilution": {}}])
+
+
 def test_a_rehearsed_layer_patch_stands_unless_a_merge_beats_it_on_held_out_items():
     """Where the representations part (cut-off 20) and the patch was rehearsed beside the merges, it
     is the choice's baseline: a merge replaces it only where it keeps more on both halves; where the

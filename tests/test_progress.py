@@ -41,3 +41,13 @@ def test_a_short_task_writes_its_last_line_only():
     with lines("probes", 2, stream, every=60) as advance:
         advance(2)
     assert stream.getvalue() == "probes: 2/2 (0 s)\n"
+
+
+def test_a_long_description_is_cut_so_that_the_line_fits_80_columns_with_its_counts():
+    stream = io.StringIO()
+    with lines(
+        "menu: as written, 14 other merges and the layer patch and " + "more " * 10, 1200, stream, every=60
+    ) as advance:
+        advance(1200)
+    (line,) = stream.getvalue().splitlines()
+    assert len(line) == 80 and line.startswith("menu: as written, 14 other") and line.endswith("…: 1200/1200 (0 s)")

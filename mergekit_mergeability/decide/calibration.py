@@ -39,6 +39,7 @@ DEFAULT = Path(__file__).with_name("calibration.json")
 # or a small config's merge as configured). Decided on a family defined before it was trained
 # (docs/prediction.md, "a rehearsal of the merge").
 REHEARSAL = "rehearsal"
+REHEARSED = "rehearsed merge: "  # the first reason of a prediction that is the rehearsal
 PRECHECK_FIELDS = ("path", "role", "knowledge", "weights")
 
 
@@ -84,7 +85,7 @@ class Calibration:
         if first is None:
             return self.fitted(values)
         alone, _ = self.fitted(values)
-        reasons = [f"rehearsed merge: {say(self.reads_first, first)}"]
+        reasons = [REHEARSED + say(self.reads_first, first)]
         if alone is not None:
             reasons.append(f"knowledge and weights alone: {alone:.2f}")
         return float(np.clip(first, 0.0, 1.0)), reasons

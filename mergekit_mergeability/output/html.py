@@ -43,12 +43,12 @@ COLUMNS = {  # header: what it means (the header's tooltip)
     "accuracy": "the base's accuracy on the probe, likewise",
     "lettered": "p(gold) asked as Will it Merge? asks it: few-shot, options lettered",
     "at 1/9": "p(gold) on its own probe, as the task scores it, with a ninth of its update: the share a mean merge of 9 gives it",
-    "rehearsal": "its own probe, as its task is scored (p(gold) where the options are listed, accuracy where cloze), on a rehearsal of the merge: a ninth of its update and the rest split among the config's other models (paper 1's expected partner; under 9 models, the merge as configured): the prediction, where measured",
+    "rehearsal": "its own probe, as its task is scored (p(gold) where the options are listed, accuracy where cloze, the task's own metric, such as chrF, where it is an lm-eval task), on a rehearsal of the merge: a ninth of its update and the rest split among the config's other models (paper 1's expected partner; under 9 models, the merge as configured): the prediction, where measured",
     "‖τ‖": "update norm",
     "σ_max": "top singular value of the update",
     "cos(rest)": "cosine between this update and the sum of the others",
     "kept": "what the configured merge keeps of this update along its direction: 1 untouched, >1 reinforced, 0 cancelled",
-    "predicted": "predicted mergeability: own-task score after a mean merge with 8 random partners",
+    "predicted": "predicted mergeability: own-task score after merging (a pool: a mean merge with 8 random partners; a config of 2 to 8 models: the merge as written)",
     "why": "the two features that moved the prediction most",
 }
 SORT_SCRIPT = """
@@ -120,7 +120,7 @@ base <code>{esc(str(report["base_model"]))}</code>.</p>
 {f"<p><b>Stop:</b></p><ul>{stop}</ul>" if stop else ""}
 <h2>Recommended models</h2>
 <ul>{advice}</ul>
-{_menu_table(rec.get("method_choice"), names)}
+{_menu_table(rec.get("method_choice"), names, report["models"])}
 {_landscape_plot(rec) or ""}
 <h2>Models</h2>
 <p><small>Click a column to sort. Predicted mergeability: the expected own-task score after merging (a pool: with 8 random partners; a config of 2 to 8 models: in the merge as written),
@@ -137,9 +137,11 @@ leave-one-out Spearman {number(calibration.get("leave_one_out_spearman"))}); cap
 """
 
 
-def _menu_table(choice: Optional[Dict[str, Any]], names: Dict[str, str]) -> str:
+def _menu_table(choice: Optional[Dict[str, Any]], names: Dict[str, str], described: List[Dict[str, Any]] = ()) -> str:
     """The config as written, the menu and the knob grid, each rehearsed: what each model kept on
-    its own probe, on each half of it and on all of it."""
+    its own probe, on each half of it and on all of it, item by item; where a model's task is scored
+    by its own metric (the Models table's rehearsal column), the two reads of the config as written
+    side by side."""
     if not choice:
         return ""
     esc = html.escape
@@ -178,8 +180,42 @@ def _menu_table(choice: Optional[Dict[str, Any]], names: Dict[str, str]) -> str:
         )
     return (
         "<h2>The merge to write, by rehearsal</h2><p><small>Each merge built in memory as its config would be written, "
-        "every model's own probe asked on it, read as its task is scored. " + note + "</small></p>"
+        "every model's own probe asked on it, read item by item: p(gold) where the options are listed, "
+        "accuracy where cloze, and where the answer is generated, the reference's p(gold) per token "
+        "(chrF and BLEU score a whole corpus, not an item). "
+        + note
+        + _two_reads(choice, names, described)
+        + "</small></p>"
         f"<table class='sortable'><thead><tr><th>merge</th><th>mean kept</th><th>half A</th><th>half B</th>{head}</tr></thead><tbody>{rows}</tbody></table>"
+    )
+
+
+def _two_reads(choice: Dict[str, Any], names: Dict[str, str], models: List[Dict[str, Any]]) -> str:
+    """Where the Models table reads a model's rehearsal with its task's own metric, a sentence that
+    sets it beside this table's item-by-item read of the same merge, so that the two numbers for
+    the config as written are not taken for a disagreement."""
+    written = choice["per_model"]["as_written"]
+    both = [
+        (
+            names.get(m["path"], m["path"]),
+            (m.get("dilution") or {}).get("task_metric"),
+            rehearsal(m),
+            written[m["path"]],
+        )
+        for m in models
+        if m["path"] in written
+        and (m.get("dilution") or {}).get("rehearsed") == "written"
+        and (m.get("dilution") or {}).get("task_metric")
+        and rehearsal(m) is not None
+    ]
+    if not both:
+        return ""
+    return (
+        " The Models table reads the config as written with each task's own metric: "
+        + "; ".join(
+            f"{html.escape(name)} {metric} {task:.2f} there, {item:.3f} here" for name, metric, task, item in both
+        )
+        + "."
     )
 
 

@@ -52,9 +52,15 @@ def print_precheck(report: Printable, out: Optional[Path] = None, verbose: bool 
             *([number(p_gold), number(accuracy)] if probed else []),
             number(model["predicted_mergeability"]) + flag,
             *([number(signature)] if shift else []),
-            "; ".join(model["reasons"]),
+            brief(model),
         )
     console.print(table)
+    if any(brief(m) != "; ".join(m["reasons"]) for m in experts):
+        console.print(
+            "[dim]rehearsed a–b: predicted by the merge built in memory, 95% over its probe's items"
+            + ("" if verbose else " (--verbose: every reason in full)")
+            + "[/dim]"
+        )
     if unprobed:
         console.print(no_prediction(unprobed, experts))
         merge = next((FluencyStats.of(m.get("fluency")) for m in unprobed if m.get("fluency")), None)
@@ -97,6 +103,18 @@ def print_precheck(report: Printable, out: Optional[Path] = None, verbose: bool 
     if out is not None:
         files = ["precheck.json", "report.html"] + (["recommended.yml"] if rec["models"] else [])
         console.print(f"wrote {', '.join(f'{out}/{f}' for f in files)}")
+
+
+def brief(model: Dict[str, Any]) -> str:
+    """A model's reasons in the precheck table's narrow "why" column: a prediction that is the
+    rehearsal says so with its interval, the number itself being in the "predicted" column
+    (``--verbose`` prints each reason whole)."""
+    from mergekit_mergeability.decide.calibration import REHEARSED
+
+    reasons, interval = list(model["reasons"]), model.get("predicted_interval")
+    if reasons and reasons[0].startswith(REHEARSED) and interval:
+        reasons[0] = f"rehearsed {interval[0]:.2f}–{interval[1]:.2f}"
+    return "; ".join(reasons)
 
 
 def no_prediction(unprobed, experts) -> str:
