@@ -76,7 +76,10 @@ def test_a_tiny_sweep_end_to_end_and_its_rerun_from_the_cache(world, tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "sweep.json").read_text())
     jsonschema.validate(report, json.loads(SCHEMA.read_text()))
-    assert {p.name for p in (tmp_path / "out").iterdir()} == {"sweep.json", "sweep.png", "chosen.yml", "report.html"}
+    end = report["sweet_spot"]["lambda"] in (0, 1)  # that model itself: nothing to merge, no chosen.yml
+    written = {"sweep.json", "sweep.png", "report.html", *([] if end else ["chosen.yml"])}
+    assert {p.name for p in (tmp_path / "out").iterdir()} == written
+    assert end == ("there is no merge to write" in " ".join(result.output.split()))
     points = report["points"]
     assert [p["lambda"] for p in points if not p["refined"]] == [0, 0.5, 1] and len(report["refinement"]["added"]) <= 2
     for point in points:
@@ -296,3 +299,14 @@ def test_the_cache_key_covers_what_changes_a_score(world):
     plain = key()
     assert key(marker="x") == plain and key(budget=3) == plain  # applied to cached answers
     assert len({plain, key(samples=2), key(seed=1), key(layers=frozenset({1}))}) == 4
+
+
+def test_a_sweet_spot_at_either_end_is_that_model_itself_unless_only_some_tensors_move():
+    from mergekit_mergeability.output.terminal import an_end
+
+    def report(lam, interpolated=16, vectors=False):
+        tensors = {"differing": 16, "interpolated": interpolated}
+        return {"sweet_spot": {"lambda": lam}, "tensors": tensors, "task_vectors": vectors}
+
+    assert [an_end(report(lam)) for lam in (0, 0.5, 1, None)] == ["a", None, "b", None]
+    assert an_end(report(1, interpolated=4)) is None and an_end(report(1, vectors=True)) is None

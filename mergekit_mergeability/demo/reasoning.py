@@ -43,6 +43,7 @@ def thinking_model(demo) -> Path:
     """B, trained once into the demo's cache (a folder sharing the base's unchanged shards)."""
     from mergekit_mergeability.demo.checkpoints import save_expert
     from mergekit_mergeability.demo.training import train_low_rank, updated
+    from mergekit_mergeability.progress import task
     from mergekit_mergeability.tasks.lmeval import resolve
     from mergekit_mergeability.interpolation.answers import GenerationTask
 
@@ -51,9 +52,8 @@ def thinking_model(demo) -> Path:
         model, tokenizer = demo.model()
         steps = demo.s.thinking_steps
         pairs = training_pairs(GenerationTask(resolve(TASK), 1, 1.0).task, steps * BATCH, seed=0)
-        changed = updated(
-            model,
-            train_low_rank(
+        with task("thinking model: training steps (once, then cached)", steps, demo.quiet) as advance:
+            factors = train_low_rank(
                 model,
                 tokenizer,
                 demo.s.thinking_layers,
@@ -63,8 +63,9 @@ def thinking_model(demo) -> Path:
                 min_steps=steps,
                 max_steps=steps,
                 batch_size=BATCH,
-            ),
-        )
+                advance=advance,
+            )
+        changed = updated(model, factors)
         save_expert(demo.base(), changed, folder)
     return folder
 
@@ -78,7 +79,7 @@ def sweep(demo) -> Dict[str, Any]:
     from mergekit_mergeability.interpolation import outputs, sweeping
     from mergekit_mergeability.output.terminal import print_sweep
 
-    demo.console.rule("6. interpolation sweep: instruct → thinking (paper 2)")
+    demo.console.rule("6. interpolation sweep: the instruct model (base) → thinking (paper 2)")
     thinking = thinking_model(demo)
     # what demo.run_settings() runs with, at the sweep's limit
     run_settings = replace(demo.run_settings(), limit=demo.s.sweep_limit)

@@ -44,10 +44,12 @@ def train_low_rank(
     seed: int = 0,
     batch_size: Optional[int] = None,
     modules: Sequence[str] = UP,
+    advance: Callable[[int], None] = lambda n: None,
 ) -> Factors:
     """Train ΔW = B·A on each layer's ``modules`` until ``done()`` (checked every 5 steps), on
-    all ``pairs`` each step or on the next ``batch_size`` of them in turn; returns the
-    factors by tensor name (``updated`` turns them into matrices). ``model`` is left unchanged.
+    all ``pairs`` each step or on the next ``batch_size`` of them in turn, calling ``advance(1)``
+    after each step; returns the factors by tensor name (``updated`` turns them into matrices).
+    ``model`` is left unchanged.
 
     The blocks below the first trained one never change, so their output is computed once
     per batch and each step runs only the blocks above it, with logits for the continuation
@@ -82,6 +84,7 @@ def train_low_rank(
             optimiser.zero_grad()
             loss.backward()
             optimiser.step()
+            advance(1)
     finally:
         for hook in hooks:
             hook.remove()

@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional
 
 from mergekit_mergeability.files import write_atomic
 from mergekit_mergeability.output.html import sweep_page
+from mergekit_mergeability.output.terminal import an_end
 from mergekit_mergeability.output.plots import sweep_plot
 
 SCHEMA = Path(__file__).with_name("schema.json")
@@ -17,13 +18,13 @@ SCHEMA = Path(__file__).with_name("schema.json")
 
 def chosen_config(report: Dict[str, Any], sweep) -> Optional[Dict[str, Any]]:
     """The sweet spot's λ-model as a mergekit ``linear`` config; None where mergekit cannot
-    build it (task vectors are not models it reads; no sweet spot). With --layers/--modules,
+    build it (task vectors are not models it reads; no sweet spot) or need not (``an_end``). With --layers/--modules,
     each interpolated tensor gets its own weight through mergekit's substring ``filter:``,
     written as the full tensor name and checked to match no other tensor."""
     from mergekit_mergeability.interpolation.models import weights
 
     lam = report["sweet_spot"]["lambda"]
-    if lam is None or sweep.ends.vectors:
+    if lam is None or sweep.ends.vectors or an_end(report):
         return None
     chosen = weights(lam)
     restricted = len(sweep.interpolated) < report["tensors"]["differing"]

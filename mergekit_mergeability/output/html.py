@@ -14,6 +14,7 @@ from mergekit_mergeability.decide.features import rehearsal
 from mergekit_mergeability.names import shorten
 from mergekit_mergeability.records import DilutionStats, KnowledgeStats, PairLayers, PairWeights, WeightStats
 from mergekit_mergeability.output.terminal import (
+    an_end,
     STAGE_NAMES,
     known,
     labels,
@@ -528,6 +529,8 @@ def sweep_page(report: Dict[str, Any], figure: bytes, config_text: Optional[str]
         + (
             "no sweet spot."
             if report["sweet_spot"]["lambda"] is None
+            else "the sweet spot is one of the two models itself, with nothing to merge."
+            if an_end(report)
             else "mergekit builds models from models, not from task vectors (<code>--save-chosen</code> writes the model)."
         )
         + "</p>"

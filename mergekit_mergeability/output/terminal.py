@@ -279,6 +279,15 @@ def labels(report: Dict[str, Any]) -> Dict[str, str]:
     return {role: short[m["name"]] for role, m in models.items()}
 
 
+def an_end(report: Dict[str, Any]) -> Optional[str]:
+    """ "a" or "b" where the sweet spot is that model itself (λ 0 or 1, every differing tensor
+    interpolated): there is no merge to write; else None."""
+    lam, tensors = report["sweet_spot"]["lambda"], report["tensors"]
+    if lam not in (0, 1) or tensors["interpolated"] < tensors["differing"] or report.get("task_vectors"):
+        return None
+    return "b" if lam == 1 else "a"
+
+
 def sentences(report: Dict[str, Any]) -> List[str]:
     """What the sweep found, in a few lines (the terminal and the HTML page say the same)."""
     st, ref, spot = report["stages"], report["refinement"], report["sweet_spot"]
@@ -310,6 +319,12 @@ def sentences(report: Dict[str, Any]) -> List[str]:
     else:
         lines.append(
             f"Sweet spot: λ = {spot['lambda']:g}, accuracy {spot['accuracy']:.2f} at {spot['tokens']:.1f} tokens per answer ({spot['reason']})."
+        )
+    end = an_end(report)
+    if end:
+        lines.append(
+            f"That is {end.upper()} itself ({Path(report['models'][end]['path']).name}): no model between the two does better"
+            " here, so use it as it is; there is no merge to write."
         )
     return lines
 
