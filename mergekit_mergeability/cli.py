@@ -1022,7 +1022,7 @@ def sweep(
 
     Scores are cached by content: a rerun or a wider refinement reuses every
     finished point. Writes OUT/sweep.json, sweep.png, report.html and chosen.yml
-    (the sweet spot as a config for mergekit-yaml).
+    (the sweet spot as a config for mergekit-yaml; none where it is A or B itself).
     """
     from mergekit_mergeability import api
     from mergekit_mergeability.interpolation import sweeping
