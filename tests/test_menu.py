@@ -108,6 +108,24 @@ def test_the_verdict_says_what_the_pick_kept_on_the_held_out_halves():
     assert recommend("ties", {}, {}, {}, None, [], choice=grid).method == "task_arithmetic"
 
 
+def test_where_both_halves_pick_the_baseline_the_verdict_and_the_report_say_so_without_a_zero_gain():
+    from dataclasses import asdict
+
+    from mergekit_mergeability.output.html import _menu_table
+
+    # one member's item lies in half A only: x loses on either half yet leads over all items
+    (in_a,), (in_b,) = halves(2)
+    two = [0.0, 0.0]
+    two[in_a], two[in_b] = 0.6, 0.1
+    written, x = {"one": [0.5], "two": two}, {"one": [1.0], "two": [0.0, 0.0]}
+    choice = choose_method({AS_WRITTEN: written, "x": x}, methods={"x": "ties"})
+    assert choice.best == "x" and choice.picked == (AS_WRITTEN, AS_WRITTEN) and choice.chosen == AS_WRITTEN
+    reason = recommend("ties", {}, {}, {}, None, [], choice=choice).reasons[0]
+    assert "picked on either half of each probe's items, the config as written keeps the most there" in reason
+    page = _menu_table(asdict(choice), {})
+    assert "picked the config as written itself, so it stays" in page and "+0.000" not in page
+
+
 def test_the_report_sets_a_tasks_own_metric_beside_the_item_by_item_read_of_the_same_merge():
     from dataclasses import asdict
 

@@ -547,7 +547,7 @@ def recommend(
                 reason += f" ({said} {against_ties[0]:.2f} on each task on average, TIES {against_ties[1]:.2f})"
             return Recommendation(KNOWLEDGE_WEIGHTED, "knowledge_weighted", knowledge=known, reasons=[reason])
         said = "rehearsed, knowledge_weighted scores" if rehearsed else "knowledge_weighted is predicted to score"
-        reason = f"{why}, but {said} {against_ties[0]:.2f} on each task on average and TIES {against_ties[1]:.2f}: elect signs (TIES) instead"
+        reason = f"{why}, but {said} {against_ties[0]:.2f} on each task on average, no more than TIES ({against_ties[1]:.2f}): elect signs (TIES) instead"
         if method in ("ties", "dare_ties"):
             return Recommendation(MERGE_AS_CONFIGURED, method, reasons=[reason])
         return Recommendation(SIGN_ELECTION, "ties", reasons=[reason])
@@ -584,7 +584,9 @@ def by_rehearsal(choice: MethodChoice, method: str, cutoff: Optional[int] = None
         f" … ({len(ranked)} merges)" if len(ranked) > 4 else ""
     )
     held_out = (
-        f"picked on half of each probe's items and read on the other half, the pick keeps {choice.gain:+.3f} over"
+        f"picked on either half of each probe's items, {against} keeps the most there"
+        if set(choice.picked) == {choice.baseline}  # nothing to read on the other half
+        else f"picked on half of each probe's items and read on the other half, the pick keeps {choice.gain:+.3f} over"
         f" {against} (95% {choice.gain_interval[0]:+.3f} to {choice.gain_interval[1]:+.3f})"
     )
     best, chosen = choice.best.replace("_", " "), choice.chosen.replace("_", " ")

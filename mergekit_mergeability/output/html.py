@@ -167,7 +167,9 @@ def _menu_table(choice: Optional[Dict[str, Any]], names: Dict[str, str], describ
     baseline = "the layer patch" if patched else "the config as written"
     stays = choice["chosen"] == choice.get("baseline", "as_written")
     note = (
-        f"Each half of every probe picked a merge ({picks}); read on the other half, the picks keep "
+        f"Each half of every probe picked {baseline} itself, so it stays; chosen in bold."
+        if set(choice["picked"]) == {choice.get("baseline", "as_written")}
+        else f"Each half of every probe picked a merge ({picks}); read on the other half, the picks keep "
         f"{choice['gain']:+.3f} over {baseline} (95% {low:+.3f} to {high:+.3f}), so "
         + (f"{baseline} stays" if stays else "the best over all items is recommended")
         + "; chosen in bold."
