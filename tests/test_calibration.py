@@ -206,3 +206,12 @@ def test_calibrate_refuses_noise_and_writes_nothing(tmp_path):
 def test_calibrate_wants_pairs(tmp_path):
     result = CliRunner().invoke(main, ["calibrate", str(tmp_path / "one.json")])
     assert result.exit_code == 2 and "pairs of files" in result.output
+
+
+def test_the_report_names_the_shipped_calibration_wherever_installed_and_any_other_by_its_path():
+    from mergekit_mergeability.output.html import _calibration_name
+
+    assert _calibration_name("/opt/venv/site-packages/mergekit_mergeability/decide/calibration.json") == (
+        "the shipped calibration"
+    )
+    assert _calibration_name("/home/me/calibration.json") == "the calibration <code>/home/me/calibration.json</code>"

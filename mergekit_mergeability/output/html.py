@@ -125,8 +125,7 @@ base <code>{esc(str(report["base_model"]))}</code>.</p>
 {_landscape_plot(rec) or ""}
 <h2>Models</h2>
 <p><small>Click a column to sort. Predicted mergeability: the expected own-task score after merging (a pool: with 8 random partners; a config of 2 to 8 models: in the merge as written),
-{"the rehearsal where it was measured, else " if calibration.get("reads_first") else ""}the calibration
-<code>{esc(str(calibration.get("path")))}</code>'s fit on knowledge and weights ({esc(str(calibration.get("fitted_on_models")))} measured experts;
+{"the rehearsal where it was measured, else " if calibration.get("reads_first") else ""}{_calibration_name(calibration.get("path"))}'s fit on knowledge and weights ({esc(str(calibration.get("fitted_on_models")))} measured experts;
 leave-one-out Spearman {number(calibration.get("leave_one_out_spearman"))}); capped by the share of its update the merge keeps.</small></p>
 <table class="sortable"><thead><tr>{"".join(f'<th title="{esc(t)}">{esc(c)}</th>' for c, t in COLUMNS.items())}</tr></thead><tbody>{rows}</tbody></table>
 <ul><small>{places}</small></ul>
@@ -136,6 +135,18 @@ leave-one-out Spearman {number(calibration.get("leave_one_out_spearman"))}); cap
 <script>{SORT_SCRIPT}</script>
 </body></html>
 """
+
+
+def _calibration_name(path: Optional[str]) -> str:
+    """The shipped calibration by that name (its path is inside whichever install wrote the report),
+    any other by its path."""
+    from pathlib import Path
+
+    from mergekit_mergeability.decide.calibration import DEFAULT
+
+    if path and Path(path).parts[-3:] == DEFAULT.parts[-3:]:
+        return "the shipped calibration"
+    return f"the calibration <code>{html.escape(str(path))}</code>"
 
 
 def _menu_table(choice: Optional[Dict[str, Any]], names: Dict[str, str], described: List[Dict[str, Any]] = ()) -> str:
