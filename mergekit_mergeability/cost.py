@@ -133,6 +133,11 @@ def estimate(inputs, diagnostics, menu_passes: int = 0, notes: Sequence[str] = (
         return _seconds(inputs, diagnostics, passes, tokenizer, at)
 
     building = {"menu": _building(menu_merges, inputs, dtype)} if menu_merges and passes.get("menu") else {}
+    if building and not inputs.read_weights:
+        notes.append(
+            "no weights read: every tensor of a whole model is counted as changed, so building its merges"
+            " may take far less (an adapter counts its own tensors)"
+        )
     elsewhere = {}
     if device == "cpu" and _gpu():  # the merges are built on the CPU either way
         elsewhere["cuda"] = Cost(passes, units, on("cuda"), uncounted, "cuda", shares=shares, building=building)

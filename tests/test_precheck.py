@@ -730,6 +730,7 @@ def test_a_dry_run_says_the_passes_and_roughly_how_long_and_writes_nothing(tmp_p
     assert max(map(len, narrow.output.splitlines())) <= 60
     joined = " ".join(narrow.output.split())
     assert "forward passes (knowledge" in joined and "dry run: nothing written and no weights read" in joined, joined
+    assert "every tensor of a whole model is counted as changed" in joined  # the building time: an upper bound
 
 
 def test_the_cost_line_counts_the_passes_the_progress_bars_then_count(tmp_path, pool, monkeypatch):
