@@ -116,6 +116,7 @@ def validate(document: Any, source: Path) -> None:
         raise UserError(
             f"{source}: merge_method {document['merge_method']!r} is not an installed mergekit method; `mergekit-mergeability methods` lists them"
         ) from None
+    _typos(document, source)
     from mergekit.common import dtype_from_name
 
     for key in ("dtype", "out_dtype"):
@@ -125,6 +126,35 @@ def validate(document: Any, source: Path) -> None:
             raise UserError(
                 f"{source}: {key}: {document[key]!r} is not a dtype mergekit knows; use bfloat16, float16 or float32"
             ) from None
+
+
+def _typos(document: Dict[str, Any], source: Path) -> None:
+    """mergekit ignores a key it does not know, so a misspelt ``probe:`` or ``density:`` would
+    silently go unread: a model entry's key, or a parameter no installed method declares, that is
+    a letter or two from a known one is refused with the likely name."""
+    from difflib import get_close_matches
+
+    import mergekit.merge_methods as methods
+    from mergekit.config import InputModelDefinition, InputSliceDefinition
+
+    from mergekit_mergeability.tasks.sft import ANSWER_AFTER_KEY
+
+    entry_keys = {*InputModelDefinition.model_fields, *InputSliceDefinition.model_fields}
+    entry_keys |= {PROBE_KEY, FEWSHOT_KEY, CHAT_KEY, ANSWER_AFTER_KEY}
+    anywhere = {p.name for method in methods.registered_methods() for p in method.spec.parameters}
+
+    def check(where: str, keys, known, read_somewhere, what: str) -> None:
+        for key in keys or ():
+            close = get_close_matches(str(key), sorted(known), n=1, cutoff=0.75)
+            if key not in read_somewhere and close:
+                raise UserError(f"{source}: {where}{key}: {what} (mergekit ignores it); did you mean {close[0]}?")
+
+    unread = "no installed merge method has such a parameter"
+    check("parameters.", document.get("parameters"), anywhere, anywhere, unread)
+    for where, entry in model_fields(document):
+        check(f"{where}.", entry, entry_keys, entry_keys, "no key of a model entry")
+        parameters = entry.get("parameters") if isinstance(entry, dict) else None
+        check(f"{where}.parameters.", parameters, anywhere, anywhere, unread)
 
 
 def from_document(document: Any, source: Path) -> MergeSpec:

@@ -128,6 +128,15 @@ def world(llama, tmp_path_factory):
     del document["base_model"]
     (root / "no_base.yml").write_text(yaml.safe_dump(document))
     w["no_base"] = root / "no_base.yml"
+    for name, misspelt in (("probe_typo", ("models", 0, "probee")), ("density_typo", ("parameters", "densty"))):
+        document = yaml.safe_load(w["pool"].read_text())
+        *within, key = misspelt
+        place = document
+        for step in within:
+            place = place.setdefault(step, {}) if isinstance(step, str) else place[step]
+        place[key] = "x.jsonl" if key == "probee" else 0.5
+        (root / f"{name}.yml").write_text(yaml.safe_dump(document))
+        w[name] = root / f"{name}.yml"
     for name, probe in (("not_json", "not_json"), ("label", "label"), ("keys", "keys"), ("missing", "absent.jsonl")):
         document = yaml.safe_load(w["pool"].read_text())
         document["models"][0]["probe"] = str(w.get(probe, root / probe))
@@ -145,6 +154,16 @@ CASES = {
         "precheck",
         ["{field}"],
         ["{field}: not a valid mergekit config", "merge_method"],
+    ),
+    "precheck: a misspelt probe key": (
+        "precheck",
+        ["{probe_typo}"],
+        ["{probe_typo}: models[0].probee: no key of a model entry (mergekit ignores it); did you mean probe?"],
+    ),
+    "evaluate: a misspelt parameter": (
+        "evaluate",
+        ["{density_typo}", "--merged", "{e1}"],
+        ["{density_typo}: parameters.densty: no installed merge method has such a parameter", "did you mean density?"],
     ),
     "precheck: missing model folder": ("precheck", ["{pool_absent}"], ["model {absent}: no such folder"]),
     "precheck: a model path too long to exist": (

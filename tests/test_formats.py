@@ -494,7 +494,10 @@ def test_knowledge_weighted_is_recommended_only_where_it_is_predicted_to_beat_ti
     )
     behind = advice("task_arithmetic", (0.64, 0.71))
     assert (behind.verdict, behind.method) == ("sign_election", "ties")
-    assert "knowledge_weighted is predicted to score 0.64 on each task on average, no more than TIES (0.71)" in behind.reasons[0]
+    assert (
+        "knowledge_weighted is predicted to score 0.64 on each task on average, no more than TIES (0.71)"
+        in behind.reasons[0]
+    )
     assert advice("ties", (0.64, 0.71)).verdict == "merge_as_configured"  # TIES already
     assert advice("task_arithmetic", None).verdict == "knowledge_weighted"  # nothing predicted: as before
 
