@@ -403,6 +403,14 @@ def test_plan_writes_nothing_on_bad_input(cancelling, tmp_path):
         cli, ["plan", str(other), "--out", str(fresh), "--precheck", str(out / "precheck.json"), *PREDICTED]
     )
     assert result.exit_code == 2 and not fresh.exists()
+    document = yaml.safe_load(config.read_text())
+    del document["models"][1]["probe"]  # the plan would count its task lost: refused before any work
+    unprobed = tmp_path / "unprobed.yml"
+    unprobed.write_text(yaml.safe_dump(document))
+    result = CliRunner().invoke(cli, ["plan", str(unprobed), "--out", str(fresh), "--budget-evals", "0"])
+    name = Path(document["models"][1]["model"]).name
+    assert result.exit_code == 2 and not fresh.exists()
+    assert f"models[1] ({name}) has no probe: key" in result.output and f"--probe {name}=SPEC" in result.output
 
 
 LORA_TARGETS = ("model.layers.{}.self_attn.q_proj.weight", "model.layers.{}.mlp.up_proj.weight")
