@@ -224,6 +224,11 @@ CASES = {
         ["{probe_missing}: models[0].probe: probe {root}/absent.jsonl: no such file"],
     ),
     "precheck: probe line not JSON": ("precheck", ["{probe_not_json}"], ["{not_json}:2: not JSON"]),
+    "evaluate: probe line not JSON": (
+        "evaluate",
+        ["{probe_not_json}", "--merged", "{e1}"],
+        ["{not_json}:2: not JSON (Expecting property name enclosed in double quotes column 2)"],
+    ),
     "precheck: probe label out of range": (
         "precheck",
         ["{probe_label}"],

@@ -30,6 +30,7 @@ from mergekit_mergeability.tasks.probes import (
     existing_file,
     fewshot_file,
     join,
+    json_rows,
     scored_lines,
 )
 
@@ -187,7 +188,8 @@ def write_task(folder: Path, name: str, instances: Sequence[Instance], delimiter
 
 
 def _jsonl_task(path: Path, fewshot: Optional[Path] = None, chat: bool = False) -> Task:
-    first = json.loads(next(line for line in path.read_text().splitlines() if line.strip()))
+    rows = json_rows(path)  # a broken line: its file, line and column, before any work
+    first = rows[0]
     name = f"{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
     common = {
         "task": name,
@@ -195,7 +197,7 @@ def _jsonl_task(path: Path, fewshot: Optional[Path] = None, chat: bool = False) 
         "dataset_kwargs": {"data_files": {"test": str(path)}},
         "test_split": "test",
     }
-    if "choices" in first and _rendered(path):
+    if "choices" in first and _rendered(rows):
         # each line as ``probes`` renders it (its own format, its shots, its own prompt), each choice the
         # continuation the precheck scores whole (no delimiter added): what is scored is what the precheck asked
         config = {**common, **_multiple_choice("")}
@@ -230,9 +232,8 @@ def _jsonl_task(path: Path, fewshot: Optional[Path] = None, chat: bool = False) 
     return Task(name, config, None, _digest(path) + json.dumps(config, sort_keys=True))
 
 
-def _rendered(path: Path) -> bool:
+def _rendered(rows: List[Any]) -> bool:
     """Does some line of a JSONL probe ask for the options format, or carry its own prompt?"""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return any(row.get("format") == OPTIONS or "prompt" in row for row in rows)
 
 

@@ -42,7 +42,7 @@ import json
 import random
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from mergekit_mergeability.errors import UserError
 
@@ -272,12 +272,21 @@ def parse(row: dict, where: str = "probe line") -> Instance:
 
 
 def _instance(path: Path, number: int, line: str) -> Instance:
-    where = f"{path}:{number}"
+    return parse(json_line(path, number, line), f"{path}:{number}")
+
+
+def json_line(path: Path, number: int, line: str) -> Any:
+    """Line ``number`` of the JSONL file ``path``, parsed; a UserError naming the file, line and column."""
     try:
-        row = json.loads(line)
+        return json.loads(line)
     except json.JSONDecodeError as error:
-        raise UserError(f"{where}: not JSON ({error.msg})") from None
-    return parse(row, where)
+        raise UserError(f"{path}:{number}: not JSON ({error.msg} column {error.colno})") from None
+
+
+def json_rows(path: Path) -> List[Any]:
+    """Every non-blank line of the JSONL file ``path``, parsed (``json_line``)."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    return [json_line(path, number, line) for number, line in enumerate(lines, 1) if line.strip()]
 
 
 def _kind(where: str, row: dict) -> Instance:
