@@ -221,6 +221,7 @@ def sweep(
 
     if save_chosen and out is None:
         raise UserError("sweep: save_chosen writes the model into out/chosen/; name out")
+    _folder(out)
     chosen = Path(out) / "chosen" if save_chosen else None
     report, done = sweeping.run(
         model_a, model_b, base, task, _resolved(settings or SweepSettings()), _cache(cache_dir), chosen
@@ -443,11 +444,11 @@ def _resolved(settings):
 
 
 def _folder(out: Optional[PathLike]) -> None:
-    """Refuse, before any work, an ``out`` that exists and is not a folder."""
-    from mergekit_mergeability.errors import UserError
+    """Refuse, before any work, an ``out`` that is a file or cannot be written (``files.writable_folder``)."""
+    from mergekit_mergeability.files import writable_folder
 
-    if out is not None and Path(out).exists() and not Path(out).is_dir():
-        raise UserError(f"out {out}: is a file; pass a folder (created if missing)")
+    if out is not None:
+        writable_folder(Path(out), "out")
 
 
 def _cache(folder: Optional[PathLike]):

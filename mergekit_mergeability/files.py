@@ -24,6 +24,23 @@ def _umask() -> int:
     return current
 
 
+def writable_folder(out: Path, option: str = "--out") -> None:
+    """Refuse, before any work, an output folder that is a file or cannot be made or written in:
+    a temporary folder is made in its nearest existing ancestor (or in it) and removed at once."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{option} {out}: is a file; pass a folder (created if missing)")
+    ancestor = next(p for p in (out, *out.absolute().parents) if p.exists())
+    if not ancestor.is_dir():
+        raise UserError(f"{option} {out}: {ancestor} is a file, so the folder cannot be made; pass another")
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=ancestor, prefix=".mergeability-check."))
+    except OSError as error:
+        raise UserError(
+            f"{option} {out}: cannot write in {ancestor} ({error.strerror}); pass a folder you can write"
+        ) from None
+
+
 def write_atomic(path: Path, data: Union[str, bytes]) -> Path:
     """Write to a temporary file beside ``path``, then rename it into place."""
     path = Path(path)

@@ -415,6 +415,28 @@ def test_bad_input_is_one_line_exit_2_and_leaves_everything_as_it_was(world, tmp
     assert snapshot(world["root"], world["base"].parent, tmp_path) == before
 
 
+@pytest.mark.parametrize("command", ["precheck", "evaluate", "mergeability"])
+def test_an_out_folder_that_cannot_be_made_or_written_is_refused_before_any_work(world, tmp_path, monkeypatch, command):
+    import tempfile
+
+    (tmp_path / "afile").write_text("the user's")
+    merged = ["--merged", str(world["e1"])] if command == "evaluate" else []
+    partners = ["--partners", "1"] if command == "mergeability" else []
+
+    def run(out):
+        return CliRunner().invoke(main, [command, str(world["pool"]), *merged, *partners, "--out", str(out), "-q"])
+
+    result = run(tmp_path / "afile" / "sub")
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert f"{tmp_path / 'afile'} is a file, so the folder cannot be made" in result.output
+    monkeypatch.setattr(
+        tempfile, "mkdtemp", lambda **kw: (_ for _ in ()).throw(PermissionError(13, "Permission denied"))
+    )
+    result = run(tmp_path / "new" / "out")
+    assert result.exit_code == 2 and f"cannot write in {tmp_path} (Permission denied)" in result.output, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
 def test_incompatible_models_in_precheck_are_one_error_line_each(world, tmp_path):
     result = CliRunner().invoke(
         main, ["precheck", str(world["pool_wide"]), "--out", str(tmp_path / "out"), "--quiet"], env={"COLUMNS": "1000"}

@@ -403,6 +403,9 @@ def test_plan_writes_nothing_on_bad_input(cancelling, tmp_path):
         cli, ["plan", str(other), "--out", str(fresh), "--precheck", str(out / "precheck.json"), *PREDICTED]
     )
     assert result.exit_code == 2 and not fresh.exists()
+    (tmp_path / "afile").write_text("mine")
+    result = CliRunner().invoke(cli, ["plan", str(config), "--out", str(tmp_path / "afile" / "sub"), *PREDICTED])
+    assert result.exit_code == 2 and "afile is a file, so the folder cannot be made" in result.output
     document = yaml.safe_load(config.read_text())
     del document["models"][1]["probe"]  # the plan would count its task lost: refused before any work
     unprobed = tmp_path / "unprobed.yml"

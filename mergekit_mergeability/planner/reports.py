@@ -40,9 +40,12 @@ COLOURS = ("#1565c0", "#2e7d32", "#ef6c00", "#6a1b9a", "#00838f", "#c62828", "#5
 
 def check_out(out: Path) -> None:
     """--out must be new, empty, or an earlier plan's folder (it is replaced as a whole)."""
+    from mergekit_mergeability.files import writable_folder
+
     out = Path(out)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "plan.json").is_file())):
         raise UserError(f"--out {out}: exists and is not an earlier plan's folder; choose a new or empty folder")
+    writable_folder(out)
 
 
 def document(
