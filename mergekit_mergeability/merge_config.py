@@ -314,18 +314,21 @@ def absolute(config: Dict[str, Any], resolved: Dict[str, Path], folder: Optional
     """A config with every model reference written as a string replaced by its absolute folder;
     a model whose config.json names no architecture is written in mergekit's mapping form with
     the class transformers loads it as (``override_architecture``), which mergekit needs. A
-    ``probe:`` that is a file (as written, or against ``folder``, the config's) becomes its
-    absolute path, so the written config is checked from anywhere; a task name stays."""
+    ``probe:`` or ``fewshot:`` that is a file (as written, or against ``folder``, the config's)
+    becomes its absolute path, so the written config is checked from anywhere; a task name stays."""
     from mergekit_mergeability.tasks.probes import existing_file
     from mergekit_mergeability.tasks.sft import located  # a saved datasets folder too
 
     config = copy.deepcopy(config)
     for entry in model_entries(config):
         entry["model"] = _written(entry["model"], resolved)
-        probe = entry.get("probe")
+        probe, shots = entry.get(PROBE_KEY), entry.get(FEWSHOT_KEY)
         found = (located(probe, folder) or existing_file(probe, folder)) if isinstance(probe, str) else None
         if found is not None:
-            entry["probe"] = str(found)
+            entry[PROBE_KEY] = str(found)
+        found = existing_file(shots, folder) if isinstance(shots, str) else None
+        if found is not None:
+            entry[FEWSHOT_KEY] = str(found)
     if "base_model" in config:
         config["base_model"] = _written(config["base_model"], resolved)
     return config

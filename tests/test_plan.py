@@ -362,6 +362,9 @@ def test_planned_configs_run_with_the_stock_mergekit_yaml(cancelling, tmp_path):
             text=True,
         )
         assert done.returncode == 0, done.stderr[-2000:]
+        asked = {e["model"]: e.get("probe") for e in yaml.safe_load((out / model["file"]).read_text())["models"]}
+        pool = {e["model"]: e["probe"] for e in yaml.safe_load(config.read_text())["models"]}
+        assert asked == {m: pool[m] for m in model["members"]}  # each member's probe: evaluate reads it
         merged, base = state_dict(written), state_dict(Path(plan["base_model"]))
         members = {str(e): state_dict(e) for e in experts if str(e) in model["members"]}
         if model["method"] in ("alone",) or model["method"].startswith("task_arithmetic"):

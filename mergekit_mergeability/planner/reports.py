@@ -250,7 +250,9 @@ def configs(decision: Decision, spec, document: Mapping[str, Any]) -> Dict[str, 
     for k, (planned, entry) in enumerate(zip(decision.planned, document["models"])):
         method, shared, per_model = mergekit_parameters(decision.pool, planned.members, planned.merge)
         config: Dict[str, Any] = {"merge_method": method, "base_model": spec.base_model}
-        config["models"] = [{"model": name, "parameters": per_model[name]} for name in entry["members"]]
+        config["models"] = [
+            {"model": name, **asked(spec, name), "parameters": per_model[name]} for name in entry["members"]
+        ]
         if shared:
             config["parameters"] = shared
         if spec.dtype:
@@ -260,12 +262,21 @@ def configs(decision: Decision, spec, document: Mapping[str, Any]) -> Dict[str, 
             f"method: {entry['method']}; experts: {len(entry['members'])}; predicted tasks kept here: {entry['expected_tasks']:.2f}",
             f"predicted by the conditional model of {entry['predicted_by']}"
             + (" (a fallback: no trials of this method measured)" if entry["fallback"] else ""),
-            "run: mergekit-yaml THIS_FILE ./merged",
+            "run: mergekit-yaml THIS_FILE ./merged; then mergekit-mergeability evaluate THIS_FILE --merged ./merged",
         ]
         written[entry["file"]] = "".join(f"# {line}\n" for line in header) + yaml.safe_dump(
             absolute(config, resolved, spec.folder), sort_keys=False
         )
     return written
+
+
+def asked(spec, name: str) -> Dict[str, Any]:
+    """A member's ``probe:``, ``fewshot:`` and ``chat:`` keys as the plan asked them (mergekit ignores
+    them; ``evaluate`` and ``precheck`` read the planned config with them)."""
+    from mergekit_mergeability.merge_config import CHAT_KEY, FEWSHOT_KEY, PROBE_KEY
+
+    keys = {PROBE_KEY: spec.probes.get(name), FEWSHOT_KEY: spec.fewshot.get(name), CHAT_KEY: spec.chat.get(name)}
+    return {key: value for key, value in keys.items() if value}
 
 
 def write(out: Path, document: Mapping[str, Any], decision: Decision, spec, report: Mapping[str, Any]) -> Path:
