@@ -76,6 +76,7 @@ def test_retention_arithmetic():
     assert retention(0.3, 0.6) == pytest.approx(0.5)
     assert normalised_gain(0.45, 0.6, 0.3) == pytest.approx(0.5)
     assert retention(0.3, 0.0) is None and normalised_gain(0.3, 0.5, 0.5) is None
+    assert normalised_gain(0.0, 0.0, 0.12) is None  # an expert below its base has no gain to keep
 
 
 def test_sacrebleu_corpus_scores_and_signatures():
@@ -483,3 +484,17 @@ print(anonymous() - start)
         for way in ("default", "mapped")
     }
     assert held["default"] > 100 and held["mapped"] < 20, held
+
+
+def test_the_evaluation_table_names_tasks_short_says_the_items_and_fits_80_columns(capsys, monkeypatch):
+    from mergekit_mergeability.output.terminal import print_evaluation
+
+    monkeypatch.setenv("COLUMNS", "80")
+    task = "/home/someone/a/long/folder/of/probes/translate_zorbish_a.jsonl"
+    row = {"task": task, "metric": "acc", "base": 0.12, "expert": 0.0, "merged": 0.0}
+    row |= {"retention": None, "normalised_gain": normalised_gain(0.0, 0.0, 0.12)}
+    print_evaluation({"tasks": [row], "scores": {"merged": {task: {"samples": 8}}}})
+    printed = capsys.readouterr().out
+    assert max(map(len, printed.splitlines())) <= 80
+    assert "translate_zorbish_a.jsonl │ acc, 8" in printed and "/home/someone" not in printed
+    assert printed.count("–") >= 2  # below its base, the expert has no gain to keep: no ratio, not 1.00

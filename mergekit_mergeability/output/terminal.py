@@ -166,13 +166,20 @@ def print_evaluation(report: Printable, out: Optional[Path] = None) -> None:
     report = _document(report)
     from rich.console import Console
 
-    table = wrapping_table(
-        "What the merge kept", "task", "metric", "base", "expert", "merged", "retention", "normalised gain"
+    columns = ("task", "metric, n", "base", "expert", "merged", "kept", "gain")
+    table = wrapping_table("What the merge kept", *columns)
+    for column in table.columns[1:]:
+        column.no_wrap = True
+    table.caption = (
+        "n: items scored; kept (retention): merged / expert; gain: (merged − base) / (expert − base);"
+        " –: no ratio (the expert scores 0, or not above the base)"
     )
+    tasks = short_names(row["task"] for row in report["tasks"])
     for row in report["tasks"]:
+        samples = report.get("scores", {}).get("merged", {}).get(row["task"], {}).get("samples")
         table.add_row(
-            row["task"],
-            row["metric"],
+            tasks[row["task"]],
+            row["metric"] + ("" if samples is None else f", {samples}"),
             *(number(row[k]) for k in ("base", "expert", "merged", "retention", "normalised_gain")),
         )
     Console().print(table)
