@@ -673,10 +673,10 @@ def test_the_rehearsal_keeps_cancelling_experts_apart_where_the_conditional_mode
     measurer = planning.Measurer(spec, settings, Cache(None), decision.pool, probe_items(spec, settings))
     checked = planning.verify(decision, measurer, 4)
     measured = {c["label"]: c["measured"] for c in checked["candidates"]}
-    assert measured["planned"] == 1  # a and b cancel: each at the base's 0; c's task the base's own
-    repaired = [label for label in measured if label.startswith("planned, ")]
+    assert measured["the search's plan"] == 1  # a and b cancel: each at the base's 0; c's task the base's own
+    repaired = [label for label in measured if label.startswith("the search's plan, ")]
     assert len(repaired) == 2 and all(measured[label] == 2 for label in repaired)  # a's or b's task back
-    assert checked["chosen"]["label"] != "planned" and checked["chosen"]["measured"] == 2
+    assert checked["chosen"]["label"] != "the search's plan" and checked["chosen"]["measured"] == 2
     assert checked["spent"] <= 4
 
 

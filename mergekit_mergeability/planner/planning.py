@@ -197,13 +197,16 @@ def references(decision: Decision) -> List[Tuple[str, List[Tuple[Tuple[int, ...]
 Assignment = List[Tuple[Tuple[int, ...], conditional.Merge]]
 
 
+SEARCHED = "the search's plan"  # the rehearsal's label for the plan the search found, before it is checked
+
+
 def finalists(decision: Decision) -> List[Tuple[str, Assignment]]:
     """The plans worth a real evaluation, as the search found them: the plan, the best plan with each
     method alone, and the plan one move away (each member left out of its model), so that a plan the
     conditional model over-rates (two updates that cancel, merged) has its repairs measured too."""
     names = decision.pool.names
     planned = [(tuple(s.members), s.merge) for s in decision.search.slots if s.members]
-    found = [("planned", planned)]
+    found = [(SEARCHED, planned)]
     for method, result in decision.per_method.items():
         found.append((f"{method} only", [(tuple(s.members), s.merge) for s in result.slots if s.members]))
     for k, (members, merge) in enumerate(planned):
@@ -211,7 +214,7 @@ def finalists(decision: Decision) -> List[Tuple[str, Assignment]]:
             rest = tuple(m for m in members if m != i)
             found.append(
                 (
-                    f"planned, {Path(names[i]).name} left out",
+                    f"{SEARCHED}, {Path(names[i]).name} left out",
                     planned[:k] + [(rest, merge)] * bool(rest) + planned[k + 1 :],
                 )
             )

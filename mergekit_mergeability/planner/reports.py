@@ -264,6 +264,8 @@ def configs(decision: Decision, spec, document: Mapping[str, Any]) -> Dict[str, 
             + (" (a fallback: no trials of this method measured)" if entry["fallback"] else ""),
             "run: mergekit-yaml THIS_FILE ./merged; then mergekit-mergeability evaluate THIS_FILE --merged ./merged",
         ]
+        if len(entry["members"]) == 1:  # nothing to merge: the config rebuilds the fine-tune itself
+            header[1:3] = [f"one fine-tune alone: serve {entry['members'][0]} as it is (this config rebuilds it)"]
         written[entry["file"]] = "".join(f"# {line}\n" for line in header) + yaml.safe_dump(
             absolute(config, resolved, spec.folder), sort_keys=False
         )
@@ -304,13 +306,16 @@ def print_plan(document: Mapping[str, Any], out: Optional[Path] = None) -> None:
         "predicted",
         _alone(document),
         "all merged\n"
-        + (_short(references["configured"]["method"]) if "configured" in references else "as configured"),
+        + (
+            _short(references["configured"]["method"]).replace("_", " ")
+            if "configured" in references
+            else "as configured"
+        ),
         "all merged\nTIES",
         title="plan: which experts share a merged model",
     )
     for column in (table.columns[0], *table.columns[3:]):  # names and numbers' headers fold, never cut
         column.overflow = "fold"
-    table.columns[0].no_wrap = True  # a name on one line wherever it fits; the headers give way first
     for expert in document["experts"]:
         flag = "*" if expert["outside_domain"] else ""
         where = (
@@ -325,6 +330,10 @@ def print_plan(document: Mapping[str, Any], out: Optional[Path] = None) -> None:
             f"{expert['alone']:.2f}",
             _cell(expert["everything_configured"]),
             _cell(expert["everything_ties"]),
+        )
+    for column in table.columns[1:]:  # as wide as its longest word: cells and headers break between words
+        column.min_width = column.max_width = max(
+            len(w) for c in (column.header, *column.cells) for w in str(c).split()
         )
     console.print(table)
     if any(e["outside_domain"] for e in document["experts"]):
@@ -417,7 +426,10 @@ def _choice_said(checked: Mapping[str, Any]) -> str:
     elif choice["best"] != choice["baseline"]:
         said = f"{choice['best']} measured best but is not chosen: {crossed}; {baseline} is written."
     else:
-        said = f"{baseline} measured best and is written."
+        top = {c["label"]: c["measured"] for c in checked.get("candidates", ()) if c.get("measured") is not None}
+        level = [label for label, v in top.items() if label != choice["baseline"] and v == top.get(choice["baseline"])]
+        tie = f" (level with {', '.join(level)}: a tie keeps the merge of everything)" if level else ""
+        said = f"{baseline} measured best{tie} and is written."
     if choice.get("items_to_separate"):
         said += (
             f" The probes cannot tell {choice['best'].removeprefix(REFERENCE)}"
