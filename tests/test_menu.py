@@ -338,3 +338,15 @@ def test_the_config_as_written_is_built_once_the_menu_reading_it_off_the_dilutio
     (tmp_path / "alone").mkdir()
     alone = _precheck(tmp_path / "alone", base, experts, probes, -1.0, "--skip", "dilution")
     assert alone["recommendation"]["method_choice"]["per_model"][AS_WRITTEN] == read
+
+
+def test_probes_of_fewer_than_16_items_are_named_in_one_warning():
+    from mergekit_mergeability.output.precheck_report import _few_items
+
+    def expert(name, n):
+        return {"name": name, "role": "expert", "knowledge": {"per_instance": [{}] * n}}
+
+    models = [{"name": "base", "role": "base", "knowledge": None}, expert("a", 2), expert("b", 16), expert("c", 15)]
+    (finding,) = _few_items(models)
+    assert finding["severity"] == "warning" and "fewer than 16 items: a (2), c (15);" in finding["message"]
+    assert _few_items([expert("b", 16), {"name": "d", "role": "expert", "knowledge": None}]) == []

@@ -138,12 +138,37 @@ def build(measured: Measurements, settings: PrecheckSettings, decision: Decision
         "findings": [
             {"diagnostic": name, "severity": f.severity, "message": f.message} for name, f in measured.findings()
         ]
-        + _domain_findings(decision.outside, names),
+        + _domain_findings(decision.outside, names)
+        + _few_items(models),
         "skipped_diagnostics": measured.skipped,
         "failed_diagnostics": measured.failed,
         "diagnostics": {name: _raw(result) for name, result in results.items()},
     }
     return _json_safe(report)
+
+
+FEW_ITEMS = 16  # a probe's items below which a rehearsal's read of it is coarse (docs: at least 16 held out)
+
+
+def _few_items(models: List[Dict[str, Any]]) -> List[Dict[str, str]]:
+    """One warning naming the experts whose probes have fewer than ``FEW_ITEMS`` items (the base's
+    read of each, item by item)."""
+    few = [
+        (m["name"], n)
+        for m in models
+        if m["role"] == "expert" and (n := len((m.get("knowledge") or {}).get("per_instance") or ())) and n < FEW_ITEMS
+    ]
+    if not few:
+        return []
+    who = ", ".join(f"{name} ({n})" for name, n in few[:3]) + (f" and {len(few) - 3} more" if len(few) > 3 else "")
+    return [
+        {
+            "diagnostic": "probes",
+            "severity": "warning",
+            "message": f"probes of fewer than {FEW_ITEMS} items: {who}; one item moves a read of such a probe by"
+            f" 1/n, so close merges cannot be told apart (for a task, give at least {FEW_ITEMS} held-out items)",
+        }
+    ]
 
 
 def _domain_findings(outside: Dict[str, List[str]], names: Dict[str, str]) -> List[Dict[str, str]]:

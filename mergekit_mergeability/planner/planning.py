@@ -333,6 +333,7 @@ def run(
     experts, bases = expert_scores(measured)
     report = read_precheck(precheck, spec) if precheck else measure(knowledge_feature(fitted))
     merges, notes = candidate_merges(report, methods, knobs)
+    notes += [f["message"] for f in report.get("findings", ()) if f["diagnostic"] == "probes"]  # probes too small
     with task("plan: searching", steps(len(spec.models), merges), settings.quiet) as advance:
         decision = decide(
             report,
