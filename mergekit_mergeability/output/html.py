@@ -111,7 +111,7 @@ table{{border-collapse:collapse;font-size:13px;width:100%}}td,th{{border:1px sol
 th{{background:#f3f3f3;cursor:pointer;white-space:nowrap}}th[data-order=up]::after{{content:" ▲"}}th[data-order=down]::after{{content:" ▼"}}
 td.num{{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}}td.name{{white-space:nowrap;max-width:13em;overflow:hidden;text-overflow:ellipsis}}td.why{{min-width:15em}}span.ood{{color:#a60;font-size:small}}li.info{{color:#777}}li.error b{{color:#b00}}li.warning b{{color:#a60}}
 .verdict{{color:white;background:{VERDICT_COLOURS.get(rec["verdict"], "#555")};padding:.2em .7em;border-radius:4px}}
-img{{max-width:100%}}code{{word-break:break-all}}small{{color:#555}}</style></head><body>
+img{{max-width:100%}}code{{overflow-wrap:anywhere}}small{{color:#555}}</style></head><body>
 <h1>Mergeability precheck</h1>
 <p>Config <code>{esc(report["config"])}</code>, method <code>{esc(report["merge_method"])}</code>,
 base <code>{esc(str(report["base_model"]))}</code>.</p>
@@ -504,7 +504,7 @@ def sweep_page(report: Dict[str, Any], figure: bytes, config_text: Optional[str]
     heads = [
         "λ",
         "stage",
-        f"Mean@{k}",
+        f"accuracy (Mean@{k})",
         *([f"Pass@{k}", f"Vote@{k}"] if k > 1 else []),
         "tokens",
         "marker rate",
@@ -512,6 +512,7 @@ def sweep_page(report: Dict[str, Any], figure: bytes, config_text: Optional[str]
         "refined",
     ]
     body = ""
+    shown = ["g", "d", ".3f", *([".3f", ".3f"] if k > 1 else []), ".1f", ".2f", ".4f"]  # each column's format
     for r in report["points"]:
         cells = [
             r["lambda"],
@@ -525,8 +526,8 @@ def sweep_page(report: Dict[str, Any], figure: bytes, config_text: Optional[str]
         body += (
             "<tr>"
             + "".join(
-                f'<td class="num" data-value="{"" if v is None else v}">{"–" if v is None else f"{v:.4g}"}</td>'
-                for v in cells
+                f'<td class="num" data-value="{"" if v is None else v}">{"–" if v is None else format(v, f)}</td>'
+                for v, f in zip(cells, shown)
             )
             + f"<td>{'yes' if r['refined'] else ''}</td></tr>"
         )
@@ -558,7 +559,7 @@ def sweep_page(report: Dict[str, Any], figure: bytes, config_text: Optional[str]
 <style>{PAGE_STYLE}
 table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}
 th{{background:#f3f3f3;cursor:pointer;white-space:nowrap}}td.num{{text-align:right;font-variant-numeric:tabular-nums}}
-img{{max-width:100%}}code{{word-break:break-all}}pre{{background:#f7f7f7;padding:.6em;overflow:auto;max-height:20em}}</style></head><body>
+img{{max-width:100%}}code{{overflow-wrap:anywhere}}pre{{background:#f7f7f7;padding:.6em;overflow:auto;max-height:20em}}</style></head><body>
 <h1>Interpolation sweep</h1>
 <p>θ(λ) = λ·B + (1 − λ)·A with A <code title="{esc(models["a"]["path"])}">{esc(names["a"])}</code> and B
 <code title="{esc(models["b"]["path"])}">{esc(names["b"])}</code>{' (task vectors of <code title="' + esc(models["base"]["path"]) + '">' + esc(names["base"]) + "</code>)" if report["task_vectors"] else ""},
