@@ -101,9 +101,14 @@ def plot(report: Dict[str, Any]) -> bytes:
 
     def draw(fig, ax):
         for offset, key in zip((-0.27, 0, 0.27), ("base", "expert", "merged")):
-            ax.bar([i + offset for i in range(len(rows))], [r[key] for r in rows], width=0.27, label=key)
-        ax.set_xticks(range(len(rows)), [Path(r["task"]).stem for r in rows], rotation=30, ha="right")
-        ax.set_ylabel("score (each task's primary metric)")
+            bars = ax.bar([i + offset for i in range(len(rows))], [r[key] for r in rows], width=0.27, label=key)
+            if len(rows) <= 12:  # each value written on its bar: a 0 shows too
+                ax.bar_label(bars, fmt="%.2g", fontsize=7)
+        ax.set_xticks(
+            range(len(rows)), [f"{Path(r['task']).stem}\n({r['metric']})" for r in rows], rotation=30, ha="right"
+        )
+        ax.set_ylabel("score (its metric; chrF, BLEU 0–100)")
         ax.legend(fontsize="small")
 
-    return png(draw, "What the merge kept, per task", width=max(6, 1.2 * len(rows) + 2))
+    title = f"What the merge of {Path(report['config']).name} kept, per task"
+    return png(draw, title, width=max(6, 1.2 * len(rows) + 2))
