@@ -353,7 +353,7 @@ def print_plan(document: Mapping[str, Any], out: Optional[Path] = None) -> None:
             else ""
         )
         console.print(
-            f"  {model['file']}: {model['method']}, {len(model['members'])} experts, {model['expected_tasks']:.2f} tasks{fallback}"
+            f"  {model['file']}: {model['method']}, {_experts(model)}, {model['expected_tasks']:.2f} tasks{fallback}"
         )
     for note in [_fitted(document), *document["search"]["notes"]]:
         if note:
@@ -371,6 +371,20 @@ def print_plan(document: Mapping[str, Any], out: Optional[Path] = None) -> None:
         console.print(
             f"wrote {out}/plan.json, {out}/report.html and {len(document['models'])} config(s) under {out}/{MODELS}/"
         )
+        console.print("next:\n" + _next_steps(document, f"{out}/"), highlight=False)
+
+
+def _experts(model: Mapping[str, Any]) -> str:
+    return f"{len(model['members'])} expert" + ("s" if len(model["members"]) != 1 else "")
+
+
+def _next_steps(document: Mapping[str, Any], folder: str = "") -> str:
+    """The commands that build each planned model and score it on its members' tasks."""
+    return "\n".join(
+        f"  mergekit-yaml {folder}{m['file']} ./merged{k}\n"
+        f"  mergekit-mergeability evaluate {folder}{m['file']} --merged ./merged{k}"
+        for k, m in enumerate(document["models"], 1)
+    )
 
 
 def _alone(document: Mapping[str, Any]) -> str:
@@ -465,7 +479,13 @@ def render(document: Mapping[str, Any]) -> str:
         )
         images = f"<p>{esc(said)}, so no graph of the pool is drawn.</p>{images}"
     footnote = (
-        "<p><small>(base): in no merged model, the base's own score on its task. "
+        "<p><small>Each score is the expert's own task, read as its probe is scored (0 to 1: p(gold) where"
+        " the options are listed, accuracy where cloze, the task's metric for an lm-eval task). "
+        + (
+            "(base): in no merged model, the base's own score on its task. "
+            if any(e["model"] is None for e in document["experts"])
+            else ""
+        )
         + (
             "* outside the range the prediction was fitted on."
             if any(e["outside_domain"] for e in document["experts"])
@@ -483,7 +503,7 @@ def render(document: Mapping[str, Any]) -> str:
         for e in document["experts"]
     )
     models = "".join(
-        f"<li><code>{esc(m['file'])}</code>: {esc(m['method'])}, {len(m['members'])} experts, "
+        f"<li><code>{esc(m['file'])}</code>: {esc(m['method'])}, {_experts(m)}, "
         f"{m['expected_tasks']:.2f} tasks{' (fallback prediction)' if m['fallback'] else ''}</li>"
         for m in document["models"]
     )
@@ -518,7 +538,9 @@ def render(document: Mapping[str, Any]) -> str:
 td,th{{border:1px solid #ccc;padding:2px 6px}}img{{max-width:100%}}</style></head><body>
 <h1>{esc(_headline(objective, checked))}</h1>{rehearsed}
 <h2>Predicted</h2><p>Objective: {esc(objective["definition"])}. {esc(_fitted(document))}</p><ul>{references}</ul>
-<h2>Planned models</h2><ul>{models}</ul>{images}
+<h2>Planned models</h2><ul>{models}</ul>
+<p>Build each with the stock mergekit, then score it on its members' tasks, from this folder:</p>
+<pre>{esc(_next_steps(document))}</pre>{images}
 <h2>Experts</h2><table><thead><tr><th>expert</th><th>planned model</th><th>predicted there</th><th>{esc(_alone(document))}</th>
 <th>everything, as configured</th><th>everything, TIES</th></tr></thead><tbody>{rows}</tbody></table>
 {footnote}
