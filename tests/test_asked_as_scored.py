@@ -270,7 +270,7 @@ def test_evaluate_and_mergeability_resolve_each_probe_with_its_models_fewshot_fi
     }
     spec = api._spec(document)
     assert spec.asked() == {str(probe): (str(shots), True)}
-    (task,) = lmeval.resolve_all([str(probe)], spec.folder, spec.asked()).values()
+    (task,) = lmeval.resolve_all([str(probe)], spec).values()
     assert task.chat and task.entry["process_docs"].args == (str(probe), str(shots), True)
     docs = task.entry["process_docs"](None)
     assert [d["prompt"] for d in docs] == [_by_hand(r, 2) for r in ITEMS]

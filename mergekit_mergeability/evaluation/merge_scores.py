@@ -44,7 +44,7 @@ def evaluate(
     for folder in folders.values():
         check_model(folder)  # a damaged or empty folder fails here, before any scoring
     owners = owned_tasks(spec, overrides)
-    resolved = lmeval.resolve_all(owners, spec.folder, spec.asked())  # a bad task fails here, before work
+    resolved = lmeval.resolve_all(owners, spec)  # a bad task fails here, before work
     scorer = Scorer(folders[spec.base_model], settings, cache)
     # each task on the base, the merge, and its own expert (every expert for --tasks)
     plan = [

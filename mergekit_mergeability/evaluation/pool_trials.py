@@ -60,7 +60,7 @@ def measure(
     require_compatible(
         ModelInput(spec.base_model, folders[spec.base_model]), [ModelInput(m, folders[m]) for m in spec.models]
     )
-    tasks = lmeval.resolve_all(dict.fromkeys(spec.probes[m] for m in spec.models), spec.folder, spec.asked())
+    tasks = lmeval.resolve_all(dict.fromkeys(spec.probes[m] for m in spec.models), spec)
     own_task = {m: tasks[spec.probes[m]] for m in spec.models}
     shared = dict(spec.document.get("parameters") or {})
     per_model = {str(e["model"]): dict(e.get("parameters") or {}) for e in model_entries(spec.document)}

@@ -133,7 +133,7 @@ class Measurer:
 
         check_pool(spec, 1, conditional.TASK_ARITHMETIC)
         folders = spec.sources()
-        tasks = lmeval.resolve_all(dict.fromkeys(spec.probes[m] for m in spec.models), spec.folder, spec.asked())
+        tasks = lmeval.resolve_all(dict.fromkeys(spec.probes[m] for m in spec.models), spec)
         own_task = {m: tasks[spec.probes[m]] for m in spec.models}
         fingerprints = {name: fingerprint(folder) for name, folder in folders.items()}
         self.probes = probes or {}

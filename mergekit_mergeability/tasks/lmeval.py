@@ -18,7 +18,7 @@ import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.tasks.probes import (
@@ -123,15 +123,19 @@ def _resolve(spec: str, relative_to: Optional[Path], what: str, fewshot: Optiona
     raise UserError(f"{what} {spec}: no such file; give a .jsonl file, an lm-eval task YAML or an lm-eval task name")
 
 
-def resolve_all(
-    specs, relative_to: Optional[Path] = None, asked: Mapping[str, Tuple[Optional[str], bool]] = {}
-) -> Dict[str, Task]:
-    """spec -> Task for every spec, each built once: any bad spec fails here, before work.
-    ``asked``: spec -> (its ``fewshot:`` file, ``chat:``), as the config's entries say
-    (``MergeSpec.asked``)."""
-    resolved = {spec: resolve(spec, relative_to, "task", *asked.get(spec, (None, False))) for spec in specs}
-    for task in resolved.values():
-        task.check()
+def resolve_all(specs, config) -> Dict[str, Task]:
+    """spec -> Task for every spec, each built once: any bad spec fails here, before work, naming the
+    field of ``config`` (a ``MergeSpec``) that gives it; each asked as its entry says (``MergeSpec.asked``)."""
+    asked = config.asked()
+    fields = {
+        probe: (config.entries.get(model) or config.fields.get(model, "model").removesuffix(".model")) + ".probe"
+        for model, probe in config.probes.items()
+    }
+    resolved = {}
+    for spec in specs:
+        with config.naming(fields.get(spec, "probe")):
+            resolved[spec] = resolve(spec, config.folder, "task", *asked.get(spec, (None, False)))
+            resolved[spec].check()
     return resolved
 
 
