@@ -8,7 +8,9 @@ a plain Llama model is built from its config and saved in the demo's layout.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import sys
 from pathlib import Path
 
 from mergekit_mergeability.demo.checkpoints import save_base
@@ -31,13 +33,31 @@ def smollm2(folder: Path) -> Path:
     source = Path(spec.submodule_search_locations[0])
     transformers.utils.logging.disable_progress_bar()
     tokenizer = transformers.AutoTokenizer.from_pretrained(source, gguf_file=GGUF)
-    loaded = transformers.AutoModelForCausalLM.from_pretrained(source, gguf_file=GGUF, dtype=torch.float32)
+    with _quiet_gguf_bar():
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(source, gguf_file=GGUF, dtype=torch.float32)
     settings = loaded.config.to_dict()
     settings.pop("quantization_config", None)
     plain = transformers.LlamaForCausalLM(transformers.LlamaConfig.from_dict(settings))
     plain.load_state_dict(loaded.state_dict())
     plain.tie_weights()
     return save_base(plain, tokenizer, folder)
+
+
+@contextlib.contextmanager
+def _quiet_gguf_bar():
+    """transformers converts a GGUF file under a tqdm bar of its own, which a log or a pipe gets as
+    one line of some thousand characters: off there (a terminal keeps it)."""
+    from transformers import modeling_gguf_pytorch_utils as gguf
+
+    bar = getattr(gguf, "tqdm", None)
+    if bar is None or sys.stderr.isatty():
+        yield
+        return
+    gguf.tqdm = lambda iterable, *args, **kwargs: iterable
+    try:
+        yield
+    finally:
+        gguf.tqdm = bar
 
 
 def tiny(folder: Path) -> Path:
