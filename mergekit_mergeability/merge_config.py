@@ -143,18 +143,18 @@ def _typos(document: Dict[str, Any], source: Path) -> None:
     entry_keys |= {PROBE_KEY, FEWSHOT_KEY, CHAT_KEY, ANSWER_AFTER_KEY}
     anywhere = {p.name for method in methods.registered_methods() for p in method.spec.parameters}
 
-    def check(where: str, keys, known, read_somewhere, what: str) -> None:
+    def check(where: str, keys, known, what: str) -> None:
         for key in keys or ():
             close = get_close_matches(str(key), sorted(known), n=1, cutoff=0.75)
-            if key not in read_somewhere and close:
+            if key not in known and close:
                 raise UserError(f"{source}: {where}{key}: {what} (mergekit ignores it); did you mean {close[0]}?")
 
     unread = "no installed merge method has such a parameter"
-    check("parameters.", document.get("parameters"), anywhere, anywhere, unread)
+    check("parameters.", document.get("parameters"), anywhere, unread)
     for where, entry in model_fields(document):
-        check(f"{where}.", entry, entry_keys, entry_keys, "no key of a model entry")
+        check(f"{where}.", entry, entry_keys, "no key of a model entry")
         parameters = entry.get("parameters") if isinstance(entry, dict) else None
-        check(f"{where}.parameters.", parameters, anywhere, anywhere, unread)
+        check(f"{where}.parameters.", parameters, anywhere, unread)
 
 
 def from_document(document: Any, source: Path) -> MergeSpec:
