@@ -52,7 +52,7 @@ def thinking_model(demo) -> Path:
         model, tokenizer = demo.model()
         steps = demo.s.thinking_steps
         pairs = training_pairs(GenerationTask(resolve(TASK), 1, 1.0).task, steps * BATCH, seed=0)
-        with task("thinking model: training steps (once, then cached)", steps, demo.quiet) as advance:
+        with task("thinking model: training steps (once)", steps, demo.quiet) as advance:
             factors = train_low_rank(
                 model,
                 tokenizer,
