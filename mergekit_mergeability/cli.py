@@ -1101,7 +1101,7 @@ def demo(quick: bool, cache_dir: Path, out: Path, quiet: bool, sweep_only: bool)
     6. trains a "thinking" SmolLM2 that adds two-digit numbers with a short
        <think>…</think> trace and sweeps λ from the instruct model to it on
        held-out problems: the stage table and the sweet spot (paper 2).
-    First run about 22 minutes on 2 CPU cores (about 5 of them step 6);
+    First run about 30 minutes on 2 CPU cores (about 5 of them step 6);
     reruns read experts, merges and scores from the cache and redo the
     prechecks (about 7 minutes).
     """
