@@ -1103,7 +1103,7 @@ def demo(quick: bool, cache_dir: Path, out: Path, quiet: bool, sweep_only: bool)
        held-out problems: the stage table and the sweet spot (paper 2).
     First run about 30 minutes on 2 CPU cores (about 5 of them step 6);
     reruns read experts, merges and scores from the cache and redo the
-    prechecks (about 7 minutes).
+    prechecks (about 9 minutes).
     """
     from mergekit_mergeability.demo.steps import FULL, QUICK, run
 
