@@ -132,8 +132,8 @@ def resolve_all(specs, config) -> Dict[str, Task]:
         for model, probe in config.probes.items()
     }
     resolved = {}
-    for spec in specs:
-        with config.naming(fields.get(spec, "probe")):
+    for spec in specs:  # a --tasks or --probe spec says its option itself
+        with config.naming(fields[spec]) if spec in fields else contextlib.nullcontext():
             resolved[spec] = resolve(spec, config.folder, "task", *asked.get(spec, (None, False)))
             resolved[spec].check()
     return resolved
