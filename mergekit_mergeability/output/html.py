@@ -209,18 +209,11 @@ def _two_reads(choice: Dict[str, Any], names: Dict[str, str], models: List[Dict[
     sets it beside this table's item-by-item read of the same merge, so that the two numbers for
     the config as written are not taken for a disagreement."""
     written = choice["per_model"]["as_written"]
+    read = [(m, DilutionStats.of(m.get("dilution"))) for m in models if m["path"] in written]
     both = [
-        (
-            names.get(m["path"], m["path"]),
-            (m.get("dilution") or {}).get("task_metric"),
-            rehearsal(m),
-            written[m["path"]],
-        )
-        for m in models
-        if m["path"] in written
-        and (m.get("dilution") or {}).get("rehearsed") == "written"
-        and (m.get("dilution") or {}).get("task_metric")
-        and rehearsal(m) is not None
+        (names.get(m["path"], m["path"]), d.task_metric, rehearsal(m), written[m["path"]])
+        for m, d in read
+        if d.rehearsed == "written" and d.task_metric and rehearsal(m) is not None
     ]
     if not both:
         return ""
