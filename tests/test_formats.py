@@ -495,7 +495,7 @@ def test_knowledge_weighted_is_recommended_only_where_it_is_predicted_to_beat_ti
     behind = advice("task_arithmetic", (0.64, 0.71))
     assert (behind.verdict, behind.method) == ("sign_election", "ties")
     assert (
-        "knowledge_weighted is predicted to score 0.64 on each task on average, no more than TIES (0.71)"
+        "knowledge_weighted is predicted to score 0.64 on each task on average, less than TIES (0.71)"
         in behind.reasons[0]
     )
     assert advice("ties", (0.64, 0.71)).verdict == "merge_as_configured"  # TIES already
@@ -521,7 +521,7 @@ def test_rehearsed_merges_decide_between_knowledge_weighted_and_ties_before_any_
     # a: cloze, read as accuracy; b: options listed, read as p(gold) (half its accuracy here)
     assert behind.against_ties == (0.5, 0.625) and behind.against_ties_by == "rehearsal"
     assert behind.recommendation.verdict == "sign_election"  # the planner's (0.8, 0.7) is not read
-    reason = "but rehearsed, knowledge_weighted scores 0.50 on each task on average, no more than TIES (0.62)"
+    reason = "but rehearsed, knowledge_weighted scores 0.50 on each task on average, less than TIES (0.62)"
     assert reason in behind.recommendation.reasons[0]
     ahead = _decided([expert("a", 0.9, 1.0, 0.5), expert("b", 0.1, 1.0, 0.5)], (0.6, 0.7))
     assert (ahead.recommendation.verdict, ahead.against_ties_by) == ("knowledge_weighted", "rehearsal")

@@ -350,3 +350,15 @@ def test_probes_of_fewer_than_16_items_are_named_in_one_warning():
     (finding,) = _few_items(models)
     assert finding["severity"] == "warning" and "fewer than 16 items: a (2), c (15);" in finding["message"]
     assert _few_items([expert("b", 16), {"name": "d", "role": "expert", "knowledge": None}]) == []
+
+
+def test_the_report_marks_a_merge_rehearsed_at_the_update_size_as_written_by_its_lambda():
+    from dataclasses import asdict
+
+    from mergekit_mergeability.output.html import _menu_table
+
+    choice = asdict(choose_method({AS_WRITTEN: {"a": [0.5, 0.7]}, "ties": {"a": [0.4, 0.4]}}))
+    search = [{"name": "ties", "method": "ties", "lambda": 2.0}, {"name": "mean", "method": "task_arithmetic"}]
+    page = _menu_table(choice, {}, [], search)
+    assert "ties (λ 2)" in page and "mergekit's default for it is λ 1, which was not rehearsed" in page
+    assert "(λ" not in _menu_table(choice, {}, [], [{"name": "ties", "method": "ties", "lambda": 1.0}])

@@ -547,7 +547,8 @@ def recommend(
                 reason += f" ({said} {against_ties[0]:.2f} on each task on average, TIES {against_ties[1]:.2f})"
             return Recommendation(KNOWLEDGE_WEIGHTED, "knowledge_weighted", knowledge=known, reasons=[reason])
         said = "rehearsed, knowledge_weighted scores" if rehearsed else "knowledge_weighted is predicted to score"
-        reason = f"{why}, but {said} {against_ties[0]:.2f} on each task on average, no more than TIES ({against_ties[1]:.2f}): elect signs (TIES) instead"
+        level = "as much as" if f"{against_ties[0]:.2f}" == f"{against_ties[1]:.2f}" else "less than"
+        reason = f"{why}, but {said} {against_ties[0]:.2f} on each task on average, {level} TIES ({against_ties[1]:.2f}): elect signs (TIES) instead"
         if method in ("ties", "dare_ties"):
             return Recommendation(MERGE_AS_CONFIGURED, method, reasons=[reason])
         return Recommendation(SIGN_ELECTION, "ties", reasons=[reason])
@@ -580,7 +581,7 @@ def by_rehearsal(choice: MethodChoice, method: str, cutoff: Optional[int] = None
     patched = choice.baseline == PATCH
     against = f"the layer patch at block {cutoff}" if patched else "the config as written"
     ranked = sorted(choice.kept.items(), key=lambda cv: -cv[1])
-    listing = ", ".join(f"{c.replace('_', ' ')} {v:.2f}" for c, v in ranked[:4]) + (
+    listing = "; ".join(f"{c.replace('_', ' ')} {v:.2f}" for c, v in ranked[:4]) + (  # names hold commas
         f" … ({len(ranked)} merges)" if len(ranked) > 4 else ""
     )
     held_out = (

@@ -121,7 +121,7 @@ base <code>{esc(str(report["base_model"]))}</code>.</p>
 {f"<p><b>Stop:</b></p><ul>{stop}</ul>" if stop else ""}
 <h2>Recommended models</h2>
 <ul>{advice}</ul>
-{_menu_table(rec.get("method_choice"), names, report["models"])}
+{_menu_table(rec.get("method_choice"), names, report["models"], rec.get("search") or [])}
 {_landscape_plot(rec) or ""}
 <h2>Models</h2>
 <p><small>Click a column to sort. Predicted mergeability: the expected own-task score after merging (a pool: with 8 random partners; a config of 2 to 8 models: in the merge as written),
@@ -149,7 +149,12 @@ def _calibration_name(path: Optional[str]) -> str:
     return f"the calibration <code>{html.escape(str(path))}</code>"
 
 
-def _menu_table(choice: Optional[Dict[str, Any]], names: Dict[str, str], described: List[Dict[str, Any]] = ()) -> str:
+def _menu_table(
+    choice: Optional[Dict[str, Any]],
+    names: Dict[str, str],
+    described: List[Dict[str, Any]] = (),
+    search: List[Dict[str, Any]] = (),
+) -> str:
     """The config as written, the menu and the knob grid, each rehearsed: what each model kept on
     its own probe, on each half of it and on all of it, item by item; where a model's task is scored
     by its own metric (the Models table's rehearsal column), the two reads of the config as written
@@ -164,8 +169,17 @@ def _menu_table(choice: Optional[Dict[str, Any]], names: Dict[str, str], describ
     def cell(value: float) -> str:
         return f"<td class='num'>{value:.3f}</td>"
 
+    lambdas = {  # a method that normalises its weights, rehearsed at the update size the config gives
+        c["name"]: c["lambda"]
+        for c in search
+        if c.get("method") != "task_arithmetic" and c.get("lambda") not in (None, 1, 1.0)
+    }
+
+    def label(c: str) -> str:
+        return c.replace("_", " ") + (f" (λ {lambdas[c]:g})" if c in lambdas else "")
+
     rows = "".join(
-        f"<tr><td>{'<b>' if c == choice['chosen'] else ''}{esc(c.replace('_', ' '))}{'</b>' if c == choice['chosen'] else ''}</td>"
+        f"<tr><td>{'<b>' if c == choice['chosen'] else ''}{esc(label(c))}{'</b>' if c == choice['chosen'] else ''}</td>"
         + cell(choice["kept"][c])
         + "".join(cell(half) for half in choice["halves"][c])
         + "".join(cell(choice["per_model"][c][m]) for m in models)
@@ -187,6 +201,11 @@ def _menu_table(choice: Optional[Dict[str, Any]], names: Dict[str, str], describ
     )
     if patched:
         note += " The layer patch: each model's probe on its own patched model (one model per expert)."
+    if lambdas:
+        note += (
+            " A merge marked λ keeps the update size the config as written gives (its weights' sum):"
+            " mergekit's default for it is λ 1, which was not rehearsed."
+        )
     if choice.get("items_to_separate"):
         note += (
             f" The probes cannot tell {esc(choice['best'].replace('_', ' '))} from {esc(choice['runner_up'].replace('_', ' '))}:"

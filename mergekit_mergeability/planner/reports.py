@@ -335,6 +335,8 @@ def print_plan(document: Mapping[str, Any], out: Optional[Path] = None) -> None:
         column.min_width = column.max_width = max(
             len(w) for c in (column.header, *column.cells) for w in str(c).split()
         )
+    room = console.width - 3 * len(table.columns) - 1 - sum(c.min_width for c in table.columns[1:])
+    table.columns[0].min_width = max(8, min(room, max(len(e["name"]) for e in document["experts"])))  # folds beyond
     console.print(table)
     if any(e["outside_domain"] for e in document["experts"]):
         console.print("[dim]* the merge's features lie outside what the prediction was fitted on: a rough guide[/dim]")
@@ -371,7 +373,7 @@ def print_plan(document: Mapping[str, Any], out: Optional[Path] = None) -> None:
         console.print(
             f"wrote {out}/plan.json, {out}/report.html and {len(document['models'])} config(s) under {out}/{MODELS}/"
         )
-        console.print("next:\n" + _next_steps(document, f"{out}/"), highlight=False)
+        console.print("next:\n" + _next_steps(document, f"{out}/"), highlight=False, soft_wrap=True)  # copyable whole
 
 
 def _experts(model: Mapping[str, Any]) -> str:
