@@ -538,7 +538,7 @@ def recommend(
     weak = [m for m, p in predictions.items() if p.value is not None and p.value < LOW_PREDICTION]
     spread = max(known.values()) - min(known.values()) if len(known) > 1 else 0.0
     if weak and spread >= KNOWLEDGE_SPREAD and len(known) == len(knowledge):
-        why = f"{len(weak)} model(s) predicted below {LOW_PREDICTION} and the base's p(gold) spreads by {spread:.2f}"
+        why = f"{len(weak)} model{'s' if len(weak) != 1 else ''} predicted below {LOW_PREDICTION} and the base's p(gold) spreads by {spread:.2f}"
         rehearsed = against_ties_by == "rehearsal"
         if against_ties is None or against_ties[0] > against_ties[1]:
             reason = f"{why}: weight the weakly-known ones up"

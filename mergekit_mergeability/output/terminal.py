@@ -41,7 +41,12 @@ def print_precheck(report: Printable, out: Optional[Path] = None, verbose: bool 
     kept = [FluencyStats.of(m.get("fluency")).signature_kept for m in experts]
     shift = unprobed and any(k is not None for k in kept)
     probed = len(unprobed) < len(experts)  # the base's knowledge is asked of probes: no columns without any
-    columns = ["model", *(["p(gold)", "acc"] if probed else []), "predicted", *(["shift kept"] if shift else [])]
+    columns = [
+        "model",
+        *(["base\np(gold)", "base\nacc"] if probed else []),
+        "predicted",
+        *(["shift kept"] if shift else []),
+    ]
     table = wrapping_table("Mergeability precheck", *columns, expand=True)
     table.columns.append(why)
     for model, signature in zip(experts, kept):
