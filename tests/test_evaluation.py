@@ -239,6 +239,10 @@ def test_validate_compares_a_rehearsed_prediction_with_the_inputs_it_is_not(tmp_
             ["evaluate", "{config}", "--merged", "{root}/e0", "--tasks", "no_such_task_anywhere"],
             "lm-eval task 'no_such_task_anywhere' not found",
         ),
+        (
+            ["evaluate", "{config}", "--merged", "{root}/e0", "--tasks", "arc_easyy"],
+            "lm-eval task 'arc_easyy' not found; did you mean 'arc_easy'?",
+        ),
     ],
 )
 def test_bad_input_fails_before_work(pool, tmp_path, args, message):

@@ -53,7 +53,11 @@ class Task:
     def load(self):
         manager = _manager(str(self.include_path) if self.include_path else None, self.defaults)
         if isinstance(self.entry, str) and self.entry not in manager.all_tasks:
-            raise UserError(f"lm-eval task {self.entry!r} not found; list tasks with `lm_eval ls tasks`")
+            from difflib import get_close_matches
+
+            close = get_close_matches(self.entry, manager.all_tasks, n=1, cutoff=0.8)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise UserError(f"lm-eval task {self.entry!r} not found; {hint}list tasks with `lm_eval ls tasks`")
         return manager, self.entry
 
     def check(self) -> None:
