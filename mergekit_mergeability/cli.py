@@ -490,6 +490,9 @@ def precheck(
     if (config_file is None) == (pool is None):
         raise UserError("precheck: name a CONFIG_FILE or a --pool folder of adapters (one of the two)")
     if dry_run:
+        from mergekit_mergeability.files import writable_folder
+
+        writable_folder(out)  # the real run would refuse it: say so now
         cost = api.precheck_cost(config_file or pool, probes=_probe_pairs(probes), settings=settings)
         said = [
             *cost.line().splitlines(),

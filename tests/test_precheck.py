@@ -731,6 +731,9 @@ def test_a_dry_run_says_the_passes_and_roughly_how_long_and_writes_nothing(tmp_p
     joined = " ".join(narrow.output.split())
     assert "forward passes (knowledge" in joined and "dry run: nothing written and no weights read" in joined, joined
     assert "every tensor of a whole model is counted as changed" in joined  # the building time: an upper bound
+    (tmp_path / "afile").write_text("mine")  # an --out the real run would refuse: refused by the dry run too
+    refused = CliRunner().invoke(main, ["precheck", str(config), "--dry-run", "--out", str(tmp_path / "afile" / "x")])
+    assert refused.exit_code == 2 and "afile is a file, so the folder cannot be made" in refused.output
 
 
 def test_the_cost_line_counts_the_passes_the_progress_bars_then_count(tmp_path, pool, monkeypatch):
