@@ -190,10 +190,11 @@ def _menu_table(
     picks = " and ".join(f"half {h}: {esc(p.replace('_', ' '))}" for h, p in zip("AB", choice["picked"]))
     patched = choice.get("baseline") == "layer patch"  # else the config as written (older reports: no key)
     baseline = "the layer patch" if patched else "the config as written"
-    stays = choice["chosen"] == choice.get("baseline", "as_written")
+    written = choice.get("baseline", "as_written")
+    stays = choice["chosen"] == written
     note = (
         f"Each half of every probe picked {baseline} itself, so it stays; chosen in bold."
-        if set(choice["picked"]) == {choice.get("baseline", "as_written")}
+        if set(choice["picked"]) == {written}
         else f"Each half of every probe picked a merge ({picks}); read on the other half, the picks keep "
         f"{choice['gain']:+.3f} over {baseline} (95% {low:+.3f} to {high:+.3f}), so "
         + (f"{baseline} stays" if stays else "the best over all items is recommended")
@@ -228,11 +229,11 @@ def _two_reads(choice: Dict[str, Any], names: Dict[str, str], models: List[Dict[
     sets it beside this table's item-by-item read of the same merge, so that the two numbers for
     the config as written are not taken for a disagreement."""
     written = choice["per_model"]["as_written"]
-    read = [(m, DilutionStats.of(m.get("dilution"))) for m in models if m["path"] in written]
+    read = [(m, DilutionStats.of(m.get("dilution")), rehearsal(m)) for m in models if m["path"] in written]
     both = [
-        (names.get(m["path"], m["path"]), d.task_metric, rehearsal(m), written[m["path"]])
-        for m, d in read
-        if d.rehearsed == "written" and d.task_metric and rehearsal(m) is not None
+        (names.get(m["path"], m["path"]), d.task_metric, task, written[m["path"]])
+        for m, d, task in read
+        if d.rehearsed == "written" and d.task_metric and task is not None
     ]
     if not both:
         return ""

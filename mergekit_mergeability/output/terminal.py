@@ -49,7 +49,8 @@ def print_precheck(report: Printable, out: Optional[Path] = None, verbose: bool 
     ]
     table = wrapping_table("Mergeability precheck", *columns, expand=True)
     table.columns.append(why)
-    for model, signature in zip(experts, kept):
+    briefs = [brief(m) for m in experts]
+    for model, signature, said in zip(experts, kept, briefs):
         p_gold, accuracy = known(model, report)
         flag = "*" if model.get("out_of_domain") else ""
         table.add_row(
@@ -57,10 +58,10 @@ def print_precheck(report: Printable, out: Optional[Path] = None, verbose: bool 
             *([number(p_gold), number(accuracy)] if probed else []),
             number(model["predicted_mergeability"]) + flag,
             *([number(signature)] if shift else []),
-            brief(model),
+            said,
         )
     console.print(table)
-    if any(brief(m) != "; ".join(m["reasons"]) for m in experts):
+    if any(said != "; ".join(m["reasons"]) for m, said in zip(experts, briefs)):
         console.print(
             "[dim]rehearsed a–b: predicted by the merge built in memory, 95% over its probe's items"
             + ("" if verbose else " (--verbose: every reason in full)")
