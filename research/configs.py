@@ -83,7 +83,7 @@ def write_rows(
 ) -> Path:
     """A family's tasks: each task's items from make_tasks' generator (seeded by the family and its
     name), ``items`` the ``train`` trained and 16 probed, ``scored`` the ``scored`` (48) after them."""
-    made = dict(make_tasks.TASKS + make_tasks.MORE_TASKS + make_tasks.THIRD_TASKS)
+    made = dict(make_tasks.TASKS + make_tasks.MORE_TASKS + make_tasks.THIRD_TASKS + make_tasks.FOURTH_TASKS)
     rows = []
     for name in names:
         items = made[name](random.Random(f"{family}/{name}"), train + PROBE + scored)

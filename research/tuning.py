@@ -6,6 +6,7 @@
     python research/run.py tuning report [--markdown]       # its tables (a fresh clone reads the archive)
     python research/run.py tuning plan-check [--models 1]   # issue 53: plan on its ten experts, scored unseen
     python research/run.py tuning plan-check --fresh --random 20   # issue 53's fresh pool, ten other tasks
+    python research/run.py tuning plan-check --fresh plan54 --random 20   # the second (prereg/plan_guard.txt)
     python research/run.py tuning plan-check --family tuning3 --random 20   # tuning3's experts as a pool (prereg/plan_tuning3.txt)
     python research/run.py tuning measure --family tuning2 --archive # the second fresh family (prereg/tuning2.txt)
     python research/run.py tuning report --family tuning2            # every rule read off its archive
@@ -132,22 +133,45 @@ FAMILIES = {
 }
 MENU = tuple(MENU_METHODS)  # the menu's candidates, by name
 BOUND = 1.0  # the lower-bound choice's z (research/pools/prereg/tuning3.txt)
-# plan-check --fresh: issue 53's fresh pool (research/pools/prereg/plan_chooser.txt), trained as this
-# family is, on the tasks neither it nor `configs` uses whose generators give 48 distinct items
-FRESH_TASKS = (
-    "add_3",
-    "add_20",
-    "sub_25",
-    "first_letter",
-    "last_letter",
-    "second_letter",
-    "length",
-    "backwards",
-    "capitals",
-    "vowels",
-)
-FRESH_ROWS, FRESH_SCORED = HERE / "pools" / "plan53_tasks.jsonl", 16
-FRESH = replace(SETTINGS, facts=str(FRESH_ROWS), pool="plan53")
+
+
+@dataclass(frozen=True)
+class FreshPool:
+    """A fresh pool for plan-check (issue 53): ten task experts, their rows, the unseen items a task
+    that are its truth, and how they are trained."""
+
+    tasks: tuple
+    scored: int
+    settings: Settings
+
+    @property
+    def rows(self) -> Path:
+        return Path(self.settings.facts)
+
+
+def fresh_pool(name: str, tasks: str, scored: int, **recipe) -> FreshPool:
+    return FreshPool(
+        tuple(tasks.split()),
+        scored,
+        replace(SETTINGS, facts=str(HERE / "pools" / f"{name}_tasks.jsonl"), pool=name, **recipe),
+    )
+
+
+FRESH = {
+    # research/pools/prereg/plan_chooser.txt: trained as `tuning`, on tasks neither it nor `configs` uses
+    "plan53": fresh_pool(
+        "plan53", "add_3 add_20 sub_25 first_letter last_letter second_letter length backwards capitals vowels", 16
+    ),
+    # research/pools/prereg/plan_guard.txt: new tasks, LoRA r16 on q, k and gate of layers 6-24
+    "plan54": fresh_pool(
+        "plan54",
+        "add_5 add_15 add_60 sub_3 sub_12 five_times from_200 mod_4 double_plus_three half_plus_one",
+        32,
+        fact_layers=tuple(range(6, 25)),
+        fact_modules=("self_attn.q_proj", "self_attn.k_proj", "mlp.gate_proj"),
+        fact_rank=16,
+    ),
+}
 console = Console(width=120)
 
 
@@ -711,8 +735,9 @@ def plan_check(args) -> None:
     from configs import plan_check as check_family
 
     if args.fresh:
-        fresh = lambda: task_rows(FRESH_TASKS, "plan53", TRAIN, FRESH_ROWS, FRESH_SCORED)  # noqa: E731
-        check_family(args, FRESH, FRESH_TASKS, FRESH_ROWS, fresh)
+        pool = FRESH[args.fresh]
+        write = lambda: task_rows(pool.tasks, args.fresh, TRAIN, pool.rows, pool.scored)  # noqa: E731
+        check_family(args, pool.settings, pool.tasks, pool.rows, write)
     else:
         family = FAMILIES[args.family]
         check_family(args, family.settings, family.tasks, family.rows, lambda: write_rows(family))
@@ -900,7 +925,7 @@ def main() -> None:
     parser.add_argument(
         "--family", choices=FAMILIES, default="tuning", help="measure, report, plan-check: which small-config family"
     )
-    parser.add_argument("--out", type=Path, default=None, help="default: pools-out/<family> (plan53 with --fresh)")
+    parser.add_argument("--out", type=Path, default=None, help="default: pools-out/<family> (or <fresh pool>)")
     parser.add_argument("--archive", action="store_true", help="measure: keep the records in research/pools/measured")
     parser.add_argument(
         "--part",
@@ -923,11 +948,15 @@ def main() -> None:
         "--random", type=int, default=0, help="plan-check: random subsets of the rehearsed plan's size and method"
     )
     parser.add_argument(
-        "--fresh", action="store_true", help="plan-check: issue 53's fresh pool (pools/prereg/plan_chooser.txt)"
+        "--fresh",
+        nargs="?",
+        const="plan53",
+        choices=FRESH,
+        help="plan-check: a fresh pool of issue 53 (plan53: pools/prereg/plan_chooser.txt; plan54: plan_guard.txt)",
     )
     args = parser.parse_args()
     if args.out is None:
-        args.out = Path("pools-out") / ("plan53" if args.fresh else args.family)
+        args.out = Path("pools-out") / (args.fresh or args.family)
     args.out.mkdir(parents=True, exist_ok=True)
     COMMANDS[args.command](args)
 

@@ -170,6 +170,7 @@ def choose_method(
     baseline: str = AS_WRITTEN,
     parents: Optional[Mapping[str, str]] = None,
     bound: Optional[float] = None,
+    sure: bool = False,
 ) -> MethodChoice:
     """``scores``: candidate -> member -> its probe's items, each read as its task is scored, the
     ``baseline`` (the config as written) first and the rest in the order they were rehearsed. The
@@ -185,7 +186,10 @@ def choose_method(
 
     With ``bound`` (z) each candidate's paired margin over the baseline is shrunk by z of its
     standard errors, and the candidate with the highest shrunk margin is chosen where it is above 0
-    (research/pools/prereg/tuning3.txt); the cross-fitted gain is still reported."""
+    (research/pools/prereg/tuning3.txt); the cross-fitted gain is still reported.
+
+    With ``sure`` the best is chosen only where the cross-fitted gain's 95% interval lies above 0,
+    not the gain alone (plan's guard: research/pools/prereg/plan_guard.txt)."""
     from mergekit_mergeability.maths.stats import grouped_difference
 
     members = list(scores[baseline])
@@ -212,7 +216,7 @@ def choose_method(
     written = [list(scores[baseline][m]) for m in members]
     gain, gain_interval = grouped_difference(crossed, written)
     margin, interval = grouped_difference([scores[best][m] for m in members], written)
-    chosen = best if best != baseline and gain > 0 else baseline
+    chosen = best if best != baseline and (gain_interval[0] if sure else gain) > 0 else baseline
     steps = [] if parents is None else _stepped(scores, whole, parents, baseline, members)
     if steps:
         chosen = steps[-1][0] if steps[-1][2] > steps[-1][3] else steps[-1][1]

@@ -241,8 +241,9 @@ def verify(
     ``report``'s, where it holds it). Then choose as the precheck chooses the merge to
     write (``verdict.choose_method``): the candidate whose experts keep most, over the reference that
     measures best only where that choice holds on the probe items it was not made on (cross-fitted
-    over two halves of every probe); of candidates measured alike, the earlier (the references, then
-    the better predicted)."""
+    over two halves of every probe), beyond their noise: the gain's 95% interval above 0, where the
+    precheck asks the gain alone to be (a plan that leaves an expert out costs its task when it is
+    wrong); of candidates measured alike, the earlier (the references, then the better predicted)."""
     from mergekit_mergeability.decide.verdict import choose_method
 
     seen, ranked = set(), []
@@ -281,7 +282,7 @@ def verify(
             )
     seconds = time.perf_counter() - started
     baseline = max((c for c in checked if c["label"].startswith(REFERENCE)), key=lambda c: c["measured"])["label"]
-    choice = choose_method({baseline: read[baseline], **read}, baseline=baseline)
+    choice = choose_method({baseline: read[baseline], **read}, baseline=baseline, sure=True)
     chosen = next(c for c in checked if c["label"] == choice.chosen)
     return {
         "budget": budget,

@@ -437,10 +437,11 @@ def _choice_said(checked: Mapping[str, Any]) -> str:
     )
     if checked["chosen"] != choice["baseline"]:
         said = f"{checked['chosen']} chosen: {crossed}."
-        if low <= 0:
-            said += f" The interval reaches zero: these probes cannot tell it from {baseline}, the safer merge."
     elif choice["best"] != choice["baseline"]:
-        said = f"{choice['best']} measured best but is not chosen: {crossed}; {baseline} is written."
+        said = (
+            f"{choice['best']} measured best but is not chosen: {crossed}. The interval reaches zero: these"
+            f" probes cannot tell it from {baseline}, which is written."
+        )
     else:
         top = {c["label"]: c["measured"] for c in checked.get("candidates", ()) if c.get("measured") is not None}
         level = [label for label, v in top.items() if label != choice["baseline"] and v == top.get(choice["baseline"])]

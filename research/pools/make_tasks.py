@@ -303,6 +303,17 @@ THIRD_TASKS = [
     arithmetic("digits_reversed", lambda a: f"What is {a} with its two digits reversed?", lambda a: int(str(a)[::-1]), low=12, high=98, spread=(1, 9, 10)),
 ]  # fmt: skip
 
+# Tasks no family or pool used before `plan54` (research/pools/prereg/plan_guard.txt).
+FOURTH_TASKS = [
+    *(arithmetic(f"add_{k}", lambda a, k=k: f"What is {a} plus {k}?", lambda a, k=k: a + k) for k in (5, 15, 60)),
+    *(arithmetic(f"sub_{k}", lambda a, k=k: f"What is {a} minus {k}?", lambda a, k=k: a - k, low=k + 1) for k in (3, 12)),
+    arithmetic("five_times", lambda a: f"What is five times {a}?", lambda a: 5 * a, spread=(1, 5, 10)),
+    arithmetic("from_200", lambda a: f"What is 200 minus {a}?", lambda a: 200 - a),
+    arithmetic("mod_4", lambda a: f"What is the remainder when {a} is divided by 4?", lambda a: a % 4, low=10, high=999, spread=(1, 2, 3)),
+    arithmetic("double_plus_three", lambda a: f"What is double {a}, plus three?", lambda a: 2 * a + 3),
+    arithmetic("half_plus_one", lambda a: f"What is half of {2 * a}, plus one?", lambda a: a + 1),
+]  # fmt: skip
+
 
 def main() -> None:
     rows = []
