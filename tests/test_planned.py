@@ -202,3 +202,31 @@ def test_a_plans_merges_keep_the_masks_of_its_own_selection_and_sort_nothing(mon
             kept = [sparsify.magnitude(update, 0.5) for _ in range(2)]
     assert sort.call_count == 0 and len(planned._masks) == 1
     assert all(torch.equal(k, top_magnitudes(update, 0.5)) for k in kept)
+
+
+def test_task_arithmetic_configs_the_grid_counts_as_one_merge_build_one_and_the_others_do_not(three):
+    """Known answer for the grid's ``_merge_key``: task_arithmetic configs whose lambda · weight per
+    update agree (normalize dividing by the weights' sum) are one key and build the same tensors;
+    swapped weights, or TIES (whose weights are not a plain product), are other keys and other merges."""
+    from mergekit_mergeability.decide.tuning import _merge_key
+
+    readers = _readers(three)
+
+    def config(method, lam, weights, **shared):
+        models = [{"model": str(three[e]), "parameters": {"weight": w}} for e, w in zip(EXPERTS, weights)]
+        parameters = {"lambda": lam, **shared}
+        return {"merge_method": method, "base_model": str(three["base"]), "dtype": "float32", "models": models,
+                "parameters": parameters}  # fmt: skip
+
+    def same(a, b) -> bool:
+        built = in_memory(a, readers), in_memory(b, readers)
+        return all(torch.allclose(built[0][n], built[1][n], atol=1e-6) for n in built[0])
+
+    pairs = [
+        (config("task_arithmetic", 1.0, [0.75, 0.75, 0.3]), config("task_arithmetic", 0.75, [1.0, 1.0, 0.4]), True),
+        (config("task_arithmetic", 1.0, [1, 1, 2], normalize=True), config("task_arithmetic", 1.0, [2, 2, 4], normalize=True), True),
+        (config("task_arithmetic", 1.0, [0.5, 1.0, 0.2]), config("task_arithmetic", 1.0, [1.0, 0.5, 0.2]), False),
+        (config("ties", 1.0, [0.75, 0.75, 0.3], density=0.5), config("ties", 0.75, [1.0, 1.0, 0.4], density=0.5), False),
+    ]  # fmt: skip
+    for a, b, one in pairs:
+        assert (_merge_key(a) == _merge_key(b)) is one and same(a, b) is one

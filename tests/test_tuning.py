@@ -106,17 +106,16 @@ def test_the_grid_is_fixed_in_its_order_and_lists_each_merge_once():
         "models": [{"model": m, "parameters": {"weight": 0.5}} for m in ("e1", "e2")],
     }
     found = candidates(document, {"e1": 0.4, "e2": 0.8})
-    # written as the mean merge (weights 1/2, lambda 1 by default): "mean" is that merge, not listed again
+    # written as the mean merge (weights 1/2, lambda 1 by default): "mean" is that merge, and its lambda
+    # at 0.75 and 1.5 are "mean x0.75" and "mean x1.5" (each update at 0.375, at 0.75): none listed again
     assert list(found) == [
         "ties", "dare_ties", "knowledge_weighted", "mean x1.5", "mean x2", "ties d0.7", "ties d0.3", "mean x0.75",
-        "ties lambda x1.5", "dare_ties d0.7", "mean, expert 1 x2", "mean, expert 2 x2", "as written, lambda x0.75",
-        "as written, lambda x1.5",
+        "ties lambda x1.5", "dare_ties d0.7", "mean, expert 1 x2", "mean, expert 2 x2",
     ]  # fmt: skip
     assert found["mean x1.5"].advice.config["models"][0]["parameters"]["weight"] == 0.75
     assert found["ties d0.3"].advice.config["parameters"]["density"] == 0.3
     assert found["mean, expert 2 x2"].knobs()["weights"] == {"e1": 0.5, "e2": 1.0}
-    assert found["as written, lambda x1.5"].advice.config["parameters"]["lambda"] == 1.5
+    summed = {**document, "models": [{**m, "parameters": {"weight": 1.0}} for m in document["models"]]}
+    assert candidates(summed, {})["as written, lambda x1.5"].advice.config["parameters"]["lambda"] == 1.5
     assert "knowledge_weighted" not in candidates(document, {})  # no knowledge, no knowledge_weighted
-    assert "mean" in candidates(
-        {**document, "models": [{**m, "parameters": {"weight": 1.0}} for m in document["models"]]}, {}
-    )
+    assert "mean" in candidates(summed, {})

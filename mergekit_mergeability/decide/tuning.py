@@ -143,13 +143,33 @@ def _written_at(document, method: str, factor: float) -> Candidate:
 
 def _merge_key(document) -> str:
     """What makes two configs the same merge: the method, and each model's parameters as mergekit
-    reads them (its own, else the config's, else the method's default)."""
+    reads them (its own, else the config's, else the method's default); for task_arithmetic, each
+    update's coefficient in place of its weight and lambda (``_coefficients``)."""
     from mergekit import merge_methods
 
     method = document.get("merge_method")
     declared = {p.name: p.default for p in merge_methods.get(method).spec.parameters if not p.required}
     shared = {**declared, **(document.get("parameters") or {})}
     models = [[str(e["model"]), {**shared, **(e.get("parameters") or {})}] for e in model_entries(document)]
+    if method == "task_arithmetic":
+        models = _coefficients(models)
     return json.dumps(
         {"method": method, "models": models, "slices": document.get("slices")}, sort_keys=True, default=str
     )
+
+
+def _coefficients(models):
+    """task_arithmetic adds lambda · weight of each update (over the weights' sum with normalize), so
+    weights 0.75 at lambda 1 and weights 1 at lambda 0.75 are one merge: each model's parameters with
+    that product in place of the three. Left as they are where any of them is not one number (a
+    per-tensor list or filter)."""
+    numbers = [[p.get(k) for k in ("weight", "lambda")] for _, p in models]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for pair in numbers for v in pair):
+        return models
+    total = sum(weight for weight, _ in numbers)
+    found = []
+    for (model, parameters), (weight, lam) in zip(models, numbers):
+        kept = {k: v for k, v in parameters.items() if k not in ("weight", "lambda", "normalize")}
+        divisor = total if parameters.get("normalize") and abs(total) >= 1e-8 else 1.0
+        found.append([model, {**kept, "coefficient": round(lam * weight / divisor, 9)}])
+    return found
