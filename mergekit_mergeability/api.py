@@ -373,14 +373,7 @@ def plan(
         return report
 
     asked = measuring.probe_specs(spec, probes or {})  # --probe over the pool's, for the rehearsal too
-    unprobed = [m for m in spec.models if m not in asked]
-    if unprobed:  # the plan counts every fine-tune's task: one it cannot ask would count as lost
-        where, name = spec.fields.get(unprobed[0], "").removesuffix(".model"), Path(unprobed[0].split("+")[-1]).name
-        more = f" (and {len(unprobed) - 1} more)" if len(unprobed) > 1 else ""
-        raise UserError(
-            f"{spec.source}: {where} ({name}) has no probe: key{more}; plan counts each fine-tune's task:"
-            f" give it one, or --probe {name}=SPEC"
-        )
+    spec.require_probes(asked, "plan counts each fine-tune's task")  # one it cannot ask would count as lost
     document, _ = planning.run(
         replace(spec, probes=asked),
         Path(out),

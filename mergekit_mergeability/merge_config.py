@@ -11,7 +11,7 @@ import copy
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Collection, Dict, Iterator, List, Optional, Tuple
 
 from mergekit_mergeability.errors import UserError, not_yaml
 
@@ -40,6 +40,19 @@ class MergeSpec:
     def asked(self) -> Dict[str, Tuple[Optional[str], bool]]:
         """Each probe spec -> how its model asks it: (its ``fewshot:`` file, ``chat:``)."""
         return {probe: (self.fewshot.get(m), self.chat.get(m, False)) for m, probe in self.probes.items()}
+
+    def require_probes(self, asked: Collection[str], why: str, option: bool = True) -> None:
+        """A one-line error naming the first model not in ``asked`` (its field and short name) and
+        ``why`` the command needs it; ``option``: the command takes ``--probe``."""
+        missing = [m for m in self.models if m not in asked]
+        if missing:
+            where, name = (
+                self.fields.get(missing[0], "model").removesuffix(".model"),
+                Path(missing[0].split("+")[-1]).name,
+            )
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            fix = f"give it one, or --probe {name}=SPEC" if option else "give it one"
+            raise UserError(f"{self.source}: {where} ({name}) has no probe: key{more}; {why}: {fix}")
 
     @property
     def folder(self) -> Path:

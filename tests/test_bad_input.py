@@ -334,7 +334,7 @@ CASES = {
     "mergeability: pool model without probe": (
         "mergeability",
         ["{pool_unprobed}", "--partners", "1"],
-        ["{pool_unprobed}: model {e0} has no probe: key"],
+        ["{pool_unprobed}: models[0] (expert0) has no probe: key (and 1 more); each pool model needs its own task"],
     ),
     "mergeability: truncated pool model": (
         "mergeability",

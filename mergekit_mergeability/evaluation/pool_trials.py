@@ -34,9 +34,7 @@ def check_pool(spec: MergeSpec, partner_count: int, method: str) -> None:
 
     if not spec.base_model:
         raise UserError(f"{spec.source}: a pool needs a base_model")
-    missing = [m for m in spec.models if m not in spec.probes]
-    if missing:
-        raise UserError(f"{spec.source}: model {missing[0]} has no probe: key; each pool model needs its own task")
+    spec.require_probes(spec.probes, "each pool model needs its own task", option=False)
     if partner_count >= len(spec.models):
         raise UserError(
             f"--partners {partner_count}: the pool has {len(spec.models)} models, so at most {len(spec.models) - 1} partners"
