@@ -347,14 +347,15 @@ def plan(
     """
     from dataclasses import replace
 
-    from mergekit_mergeability import measuring
+    from mergekit_mergeability import measuring, merge_config
     from mergekit_mergeability.diagnostics.knowledge import LETTERED
     from mergekit_mergeability.errors import UserError
     from mergekit_mergeability.planner import planning
     from mergekit_mergeability.settings import PrecheckSettings
 
     if isinstance(pool, (str, os.PathLike)) and Path(pool).is_dir():
-        spec = planning.pool_spec(Path(pool), base and Path(base), probe_folder and Path(probe_folder), probes or {})
+        folder, given = Path(pool), probes or {}
+        spec = merge_config.from_pool(folder, base and Path(base), probe_folder and Path(probe_folder), given, True)
     else:
         spec = _spec(pool)
     settings = _resolved(settings or PrecheckSettings())

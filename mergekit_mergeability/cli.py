@@ -284,13 +284,59 @@ def ray_option(command):
     )(wrapper)
 
 
+def pool_options(pool_help: str):
+    """--pool FOLDER instead of a config, with --base and --probes (precheck and plan): one spelling."""
+
+    def wrapper(command):
+        for option in reversed(
+            [
+                click.option(
+                    "--pool",
+                    "pool_folder",
+                    type=click.Path(exists=True, file_okay=False, path_type=Path),
+                    default=None,
+                    help=pool_help,
+                ),
+                click.option(
+                    "--base",
+                    type=click.Path(exists=True, file_okay=False, path_type=Path),
+                    help="With --pool: the base model.",
+                ),
+                click.option(
+                    "--probes",
+                    "probe_folder",
+                    type=click.Path(exists=True, file_okay=False, path_type=Path),
+                    help="With --pool: a folder with one probe per member, named after it (MEMBER.jsonl, .yaml or .yml).",
+                ),
+            ]
+        ):
+            command = option(command)
+        return command
+
+    return wrapper
+
+
+def _pool_or_config(command: str, config: Optional[Path], folder: Optional[Path], base, probe_folder, given=None):
+    """The config a command reads: its config file, or its --pool folder (with --base and --probes;
+    ``given``: the --probe names, where every member needs a probe)."""
+    from mergekit_mergeability import merge_config
+
+    if (config is None) == (folder is None):
+        raise UserError(f"{command}: name a config file or a --pool folder (one of the two)")
+    if config is not None and (base or probe_folder):
+        raise UserError(
+            f"{command}: --base and --probes go with --pool; a config file names its base and probes itself"
+        )
+    if folder is None:
+        return config
+    return merge_config.from_pool(folder, base, probe_folder, given or (), need_probes=given is not None)
+
+
 @main.command(short_help="Predict, before merging, how well each model survives it.")
 @click.argument("config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=False)
-@click.option(
-    "--pool",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    default=None,
-    help="Instead of CONFIG_FILE: a folder of peft LoRA adapter folders on one base, checked as their task_arithmetic mean.",
+@pool_options(
+    "Instead of CONFIG_FILE: a folder of peft adapters or model folders (with --base for models), checked as their"
+    " task_arithmetic mean."
 )
 @click.option(
     "--out",
@@ -401,7 +447,9 @@ def ray_option(command):
 @ray_option
 def precheck(
     config_file: Optional[Path],
-    pool: Optional[Path],
+    pool_folder: Optional[Path],
+    base: Optional[Path],
+    probe_folder: Optional[Path],
     out: Path,
     probes,
     fewshot,
@@ -437,8 +485,9 @@ def precheck(
     \b
     A model may be a peft LoRA adapter: BASE+ADAPTER (mergekit's syntax) or the
     adapter folder alone (its adapter_config.json names the base). --pool DIR
-    checks a folder of adapter folders as their task_arithmetic mean. Adapters
-    are measured from their low-rank factors, on the base loaded once.
+    checks a folder of adapters or model folders as their task_arithmetic mean
+    (--base names the base, --probes DIR a probe per member: DIR/MEMBER.jsonl).
+    Adapters are measured from their low-rank factors, on the base loaded once.
 
     \b
     Signals: the base model's knowledge of each probe set, asked in the format
@@ -487,13 +536,12 @@ def precheck(
         cache_dir=cache_dir and str(cache_dir),
         probes_from_card=probes_from_card,
     )
-    if (config_file is None) == (pool is None):
-        raise UserError("precheck: name a CONFIG_FILE or a --pool folder of adapters (one of the two)")
+    config = _pool_or_config("precheck", config_file, pool_folder, base, probe_folder)
     if dry_run:
         from mergekit_mergeability.files import writable_folder
 
         writable_folder(out)  # the real run would refuse it: say so now
-        cost = api.precheck_cost(config_file or pool, probes=_probe_pairs(probes), settings=settings)
+        cost = api.precheck_cost(config, probes=_probe_pairs(probes), settings=settings)
         said = [
             *cost.line().splitlines(),
             *cost.by_phase(),
@@ -502,7 +550,7 @@ def precheck(
         width = shutil.get_terminal_size().columns  # $COLUMNS where set
         click.echo("\n".join(textwrap.fill(line, width, subsequent_indent="    ") for line in said))
         return
-    result = api.precheck(config_file or pool, probes=_probe_pairs(probes), settings=settings, out=out)
+    result = api.precheck(config, probes=_probe_pairs(probes), settings=settings, out=out)
     print_precheck(result, out, verbose)
     if result.stop:
         raise SystemExit(STOP)
@@ -510,20 +558,8 @@ def precheck(
 
 @main.command(short_help="Choose which fine-tunes share a merged model, and how.")
 @click.argument("pool_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=False)
-@click.option(
-    "--pool",
-    "pool_folder",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="Instead of POOL_FILE: a folder of peft adapters or model folders (with --probes, and --base for models).",
-)
-@click.option(
-    "--base", type=click.Path(exists=True, file_okay=False, path_type=Path), help="With --pool: the base model."
-)
-@click.option(
-    "--probes",
-    "probe_folder",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="With --pool: a folder with one probe per member, named after it (MEMBER.jsonl, .yaml or .yml).",
+@pool_options(
+    "Instead of POOL_FILE: a folder of peft adapters or model folders (with --probes, and --base for models)."
 )
 @click.option(
     "--out",
@@ -640,16 +676,11 @@ def plan(
     from mergekit_mergeability import api
     from mergekit_mergeability.planner.reports import print_plan
 
-    if (pool_file is None) == (pool_folder is None):
-        raise UserError("plan: name a POOL_FILE or a --pool folder (one of the two)")
-    if pool_file is not None and (base or probe_folder):
-        raise UserError("plan: --base and --probes go with --pool; a POOL_FILE names its base and probes itself")
+    pairs = _probe_pairs(probes)
     result = api.plan(
-        pool_file or pool_folder,
+        _pool_or_config("plan", pool_file, pool_folder, base, probe_folder, given=pairs),
         out,
-        base=base,
-        probe_folder=probe_folder,
-        probes=_probe_pairs(probes),
+        probes=pairs,
         settings=_settings("PrecheckSettings", **model, fewshot=fewshot),
         precheck=precheck_json,
         calibration=calibration,

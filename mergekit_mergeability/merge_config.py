@@ -247,28 +247,74 @@ def reference(value: Any) -> str:
     return str(ModelReference.model_validate(value))
 
 
-def from_pool(folder: Path) -> MergeSpec:
-    """A folder of PEFT adapter folders, as the config that merges them: task_arithmetic with equal
-    weights summing to 1 (their mean update), on the one base their adapter_config.json files name."""
+PROBE_SUFFIXES = (".jsonl", ".yaml", ".yml")  # a pool folder's probes: PROBES/<member><suffix>
+
+
+def from_pool(
+    folder: Path,
+    base: Optional[Path] = None,
+    probes: Optional[Path] = None,
+    given: Collection[str] = (),
+    need_probes: bool = False,
+) -> MergeSpec:
+    """A folder of peft adapter folders or model folders (``base``: their base model, which adapters
+    may name themselves), as the config that merges them all: task_arithmetic with equal weights
+    (their mean update). Each member's probe is ``probes/<name>.jsonl`` (or .yaml, .yml) where
+    that file exists; ``need_probes``: every member must have one there or be named in ``given``
+    (``--probe NAME=SPEC``, applied later)."""
     from mergekit_mergeability.sources.adapter import CONFIG, is_adapter, read_config
 
     folder = Path(folder)
-    adapters = sorted(p for p in folder.iterdir() if p.is_dir() and is_adapter(p)) if folder.is_dir() else []
-    if not adapters:
+    if not folder.is_dir():
+        raise UserError(f"--pool {folder}: no such folder")
+    base_path = Path(base).resolve() if base else None
+    members = sorted(
+        p
+        for p in folder.iterdir()
+        if p.is_dir() and (is_adapter(p) or (p / "config.json").is_file()) and p.resolve() != base_path
+    )
+    if not members:
         raise UserError(
-            f"--pool {folder}: no adapter folders in it (each with {CONFIG}); name a folder of peft adapters"
+            f"--pool {folder}: no adapter or model folders in it (an adapter folder holds {CONFIG}, a model folder"
+            " config.json)"
         )
-    bases = {str(read_config(p).get("base_model_name_or_path") or "") for p in adapters}
-    if len(bases) != 1 or "" in bases:
-        named = ", ".join(sorted(b or "(none)" for b in bases))
+    if need_probes and probes is None and not given:
         raise UserError(
-            f"--pool {folder}: its adapters name {len(bases)} bases in base_model_name_or_path ({named}); a pool shares one base"
+            f"--pool {folder}: name --probes DIR, a probe file per member (DIR/<member>.jsonl), or --probe MEMBER=SPEC"
         )
-    document = {
-        "merge_method": "task_arithmetic",
-        "base_model": bases.pop(),
-        "models": [{"model": str(p), "parameters": {"weight": 1 / len(adapters)}} for p in adapters],
-    }
+    entries = []
+    for member in members:
+        found = (Path(probes) / f"{member.name}{s}" for s in PROBE_SUFFIXES) if probes else ()
+        probe = next((p for p in found if p.is_file()), None)
+        if probe is None and need_probes and member.name not in given:
+            name = member.name
+            raise UserError(
+                f"--probes {probes}: no probe for {name} ({name}.jsonl, .yaml or .yml); add one, or give --probe {name}=SPEC"
+                if probes
+                else f"--pool {folder}: no probe for {name}; name --probes DIR, or give --probe {name}=SPEC"
+            )
+        if is_adapter(member):
+            reference = f"{base_path}+{member.resolve()}" if base_path else str(member.resolve())
+        elif base_path is None:
+            raise UserError(f"--pool {folder}: {member.name} is a model folder; name the base model with --base")
+        else:
+            reference = str(member.resolve())
+        entries.append(
+            {"model": reference, "parameters": {"weight": round(1 / len(members), 6)}}
+            | ({"probe": str(probe.resolve())} if probe else {})
+        )
+    if base_path is None:
+        bases = {str(read_config(m).get("base_model_name_or_path") or "") for m in members}
+        if len(bases) != 1 or "" in bases:
+            named = ", ".join(sorted(b or "(none)" for b in bases))
+            raise UserError(
+                f"--pool {folder}: its adapters name {len(bases)} bases in base_model_name_or_path ({named}); a pool"
+                " shares one base: name it with --base"
+            )
+        base_reference = bases.pop()
+    else:
+        base_reference = str(base_path)
+    document = {"merge_method": "task_arithmetic", "base_model": base_reference, "models": entries}
     return from_document(document, folder.resolve())
 
 

@@ -464,6 +464,9 @@ def rules(record) -> dict:
         "cross-fitted, budget 0": untuned_x.chosen,
         "ungated": tuned_x.best,
         "ungated, budget 0": untuned_x.best,
+        # plan's guard (prereg/plan_guard.txt), read here after the fact: not pre-registered for the precheck
+        "interval-guarded": choose_method(reads, sure=True).chosen,
+        "interval-guarded, budget 0": choose_method(untuned, sure=True).chosen,
     }
 
 

@@ -117,6 +117,27 @@ def test_precheck_of_a_pool_folder(llama, pools, tmp_path):
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
     assert [m["path"] for m in report["models"] if m["role"] == "expert"] == [str(pool.resolve() / n) for n in "abc"]
     assert report["merge_method"] == "task_arithmetic"
+    # --probes DIR gives each member its DIR/<member>.jsonl, where there is one (as plan's --pool does)
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    line = json.dumps({"question": "Which is first?", "choices": ["one", "two"], "label": 0}) + "\n"
+    for name in "ab":
+        (probes / f"{name}.jsonl").write_text(line * 2)
+    out = tmp_path / "probed"
+    skipped = [arg for d in ("representations", "selectivity", "fluency") for arg in ("--skip", d)]
+    result = CliRunner().invoke(
+        main, ["precheck", "--pool", str(pool), "--probes", str(probes), "--out", str(out), "--quiet", *skipped]
+    )
+    assert result.exit_code == 0, result.output
+    given = {m["path"]: m["probe"] for m in json.loads((out / "precheck.json").read_text())["models"]}
+    assert (
+        given[str(pool.resolve() / "a")] == str((probes / "a.jsonl").resolve())
+        and given[str(pool.resolve() / "c")] is None
+    )
+    config = tmp_path / "config.yml"
+    config.write_text("merge_method: task_arithmetic\n")
+    result = CliRunner().invoke(main, ["precheck", str(config), "--probes", str(probes), "--dry-run"])
+    assert result.exit_code == 2 and "--base and --probes go with --pool" in result.output
 
 
 def test_a_pool_folder_of_adapters_on_different_bases_is_refused(llama, pools, tmp_path):
@@ -130,7 +151,7 @@ def test_a_pool_folder_of_adapters_on_different_bases_is_refused(llama, pools, t
     (tmp_path / "empty").mkdir()
     for folder, expected in (
         (pool, f"--pool {pool}: its adapters name 2 bases"),
-        (tmp_path / "empty", "no adapter folders in it"),
+        (tmp_path / "empty", "no adapter or model folders in it"),
     ):
         result = CliRunner().invoke(
             main, ["precheck", "--pool", str(folder), "--out", str(tmp_path / "out"), "--quiet"]
@@ -140,7 +161,7 @@ def test_a_pool_folder_of_adapters_on_different_bases_is_refused(llama, pools, t
         )
     assert not (tmp_path / "out").exists()
     result = CliRunner().invoke(main, ["precheck", "--out", str(tmp_path / "out")])
-    assert result.exit_code == 2 and "name a CONFIG_FILE or a --pool folder" in result.output
+    assert result.exit_code == 2 and "name a config file or a --pool folder" in result.output
 
 
 def test_an_adapter_among_model_folders_is_streamed_as_base_plus_update(llama, pools):

@@ -453,10 +453,10 @@ def test_a_pool_of_adapters_plans_as_the_same_pool_materialised(llama, tmp_path)
     assert [e["model"] for e in ours["experts"]] == [e["model"] for e in theirs["experts"]]
     assert [m["method"] for m in ours["models"]] == [m["method"] for m in theirs["models"]]
     # TIES is predicted through a sampled approximation, which the two pools' statistics (equal to
-    # float rounding) move by a few 1e-4
-    assert ours["objective"]["planned"] == pytest.approx(theirs["objective"]["planned"], rel=1e-3)
+    # float rounding) move by a few 1e-4 on one CPU and up to 2.3e-3 on another (no AVX-512)
+    assert ours["objective"]["planned"] == pytest.approx(theirs["objective"]["planned"], rel=5e-3)
     for x, y in zip(ours["experts"], theirs["experts"]):
-        assert x["planned"] == pytest.approx(y["planned"], rel=1e-3, abs=1e-6)
+        assert x["planned"] == pytest.approx(y["planned"], rel=5e-3, abs=1e-6)
 
 
 def test_a_pool_folder_without_a_probe_for_a_member_is_refused(llama, tmp_path):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable, Collection, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -28,62 +28,6 @@ from mergekit_mergeability.settings import PrecheckSettings, RunSettings
 PRECHECK_FIELDS = ("path", "role", "knowledge", "weights")
 SKIPPED = ("dilution", "fluency", "menu", "selectivity")  # the plan reads weights and knowledge
 CUT_OFF = "representations"  # layer-wise CKA: only layer_selective's cut-off (``--representations``)
-PROBE_SUFFIXES = (".jsonl", ".yaml", ".yml")
-
-
-def pool_spec(
-    folder: Path, base: Optional[Path], probes: Optional[Path], given: Collection[str] = ()
-) -> merge_config.MergeSpec:
-    """A folder of peft adapters or model folders, each with a probe ``PROBES/<name>.jsonl``
-    (or .yaml, .yml), or named in ``given`` (``--probe NAME=SPEC``, applied later), as the config
-    that merges them all: task_arithmetic, equal weights."""
-    from mergekit_mergeability.sources import adapter
-
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise UserError(f"--pool {folder}: no such folder")
-    base_path = Path(base).resolve() if base else None
-    members = sorted(
-        p
-        for p in folder.iterdir()
-        if p.is_dir() and (adapter.is_adapter(p) or (p / "config.json").is_file()) and p.resolve() != base_path
-    )
-    if not members:
-        raise UserError(f"--pool {folder}: no adapter or model folders in it")
-    if probes is None and not given:
-        raise UserError(
-            f"--pool {folder}: name --probes DIR, a probe file per member (DIR/<member>.jsonl), or --probe MEMBER=SPEC"
-        )
-    entries = []
-    for member in members:
-        found = (Path(probes) / f"{member.name}{s}" for s in PROBE_SUFFIXES) if probes else ()
-        probe = next((p for p in found if p.is_file()), None)
-        if probe is None and member.name not in given:
-            name = member.name
-            raise UserError(
-                f"--probes {probes}: no probe for {name} ({name}.jsonl, .yaml or .yml); add one, or give --probe {name}=SPEC"
-                if probes
-                else f"--pool {folder}: no probe for {name}; name --probes DIR, or give --probe {name}=SPEC"
-            )
-        if adapter.is_adapter(member):
-            reference = f"{base_path}+{member.resolve()}" if base_path else str(member.resolve())
-        elif base_path is None:
-            raise UserError(f"--pool {folder}: {member.name} is a model folder; name the base model with --base")
-        else:
-            reference = str(member.resolve())
-        entries.append(
-            {"model": reference, "parameters": {"weight": round(1 / len(members), 6)}}
-            | ({"probe": str(probe.resolve())} if probe else {})
-        )
-    if base_path is None:
-        bases = {str(adapter.read_config(m).get("base_model_name_or_path") or "") for m in members}
-        if len(bases) != 1 or "" in bases:
-            raise UserError(f"--pool {folder}: its adapters name {len(bases)} bases; name the base with --base")
-        base_reference = bases.pop()
-    else:
-        base_reference = str(base_path)
-    document = {"merge_method": conditional.TASK_ARITHMETIC, "base_model": base_reference, "models": entries}
-    return merge_config.from_document(document, folder.resolve())
 
 
 def read_precheck(path: Path, spec: merge_config.MergeSpec) -> Dict[str, Any]:
