@@ -595,7 +595,7 @@ def precheck(
     type=click.IntRange(min=0),
     default=api_default("plan", "budget_evals"),
     show_default=True,
-    help="Merged models to build and score in memory (each on its members' probes) to check the best candidate plans before choosing; merging everything (TIES, the mean, as configured) is measured beside them too, and the best merge of everything is written unless a plan keeps more on probe items its choice was not made on (as precheck chooses the merge to write). 0: the prediction alone, no model built.",
+    help="Merged models to build and score in memory (each on its members' probes) to check the best candidate plans before choosing; merging everything (TIES, the mean, as configured) is measured beside them too, and the best merge of everything is written unless a plan keeps more on probe items its choice was not made on, that gain's 95% interval above 0. 0: the prediction alone, no model built.",
 )
 @click.option(
     "--precheck",
@@ -665,7 +665,8 @@ def plan(
     each expert alone (the ceiling). Then (--budget-evals) it builds the best
     candidates and the merges of everything in memory, reads each expert's probe
     on them, and writes a plan over the best merge of everything only where it
-    keeps more on probe items its choice was not made on.
+    keeps more on probe items its choice was not made on, beyond the probes'
+    noise (that gain's 95% interval above 0).
 
     \b
     Writes OUT/plan.json, OUT/models/model<k>.yml (each runs with the stock

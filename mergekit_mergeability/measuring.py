@@ -246,7 +246,9 @@ def costs(measured, inputs: DiagnosticInputs, diagnostics, skip) -> Cost:
     built = menu.merges(measured, inputs, {m.name: None for m in inputs.models}) if rehearsed else {}
     if AS_WRITTEN in built:
         built.update({f"{PATCH}, {m.name}": built[AS_WRITTEN] for m in inputs.models})
-    return estimate(inputs, diagnostics, rehearsed, [menu.said(inputs)] if rehearsed else [], built)
+    why = "--skip menu" if menu.NAME in skip else menu.unrehearsed(inputs)
+    said = [menu.said(inputs)] if rehearsed else [f"menu: not rehearsed, {why}"] if why else []
+    return estimate(inputs, diagnostics, rehearsed, said, built)
 
 
 def plan(measured: Measurements) -> Optional[Dict[str, Any]]:

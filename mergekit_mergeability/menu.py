@@ -143,10 +143,23 @@ def patches(spec, inputs: DiagnosticInputs, cutoff: int) -> Dict[str, dict]:
 
 
 def _rehearsed(inputs: DiagnosticInputs) -> bool:
+    return unrehearsed(inputs) is None
+
+
+def unrehearsed(inputs: DiagnosticInputs) -> Optional[str]:
+    """Why the menu will not be rehearsed (None: it will), for the cost line."""
     models = inputs.models
-    if inputs.base is None or not 2 <= len(models) <= PARTNERS or not all(m.probes for m in models):
-        return False
-    return inputs.written
+    unprobed = [inputs.names[m.name] for m in models if not m.probes]
+    if inputs.base is None:
+        return "no base model"
+    if not 2 <= len(models) <= PARTNERS:
+        return f"{len(models)} models (it rehearses configs of 2 to {PARTNERS})"
+    if unprobed:
+        more = f" and {len(unprobed) - 1} more" if len(unprobed) > 1 else ""
+        return f"{unprobed[0]}{more} without a probe"
+    if not inputs.written:
+        return "the merge as written cannot be built here"
+    return None
 
 
 def _lines(inputs: DiagnosticInputs) -> int:

@@ -294,6 +294,8 @@ def from_pool(
                 else f"--pool {folder}: no probe for {name}; name --probes DIR, or give --probe {name}=SPEC"
             )
         if is_adapter(member):
+            if base_path:
+                _same_base(folder, member, base_path)
             reference = f"{base_path}+{member.resolve()}" if base_path else str(member.resolve())
         elif base_path is None:
             raise UserError(f"--pool {folder}: {member.name} is a model folder; name the base model with --base")
@@ -314,8 +316,41 @@ def from_pool(
         base_reference = bases.pop()
     else:
         base_reference = str(base_path)
+    if probes:
+        _probes_named(Path(probes), [m.name for m in members], [e for e in entries if "probe" in e], given)
     document = {"merge_method": "task_arithmetic", "base_model": base_reference, "models": entries}
     return from_document(document, folder.resolve())
+
+
+def _same_base(folder: Path, member: Path, base: Path) -> None:
+    """An adapter of a --pool folder whose own config names another local base than --base is
+    refused (a hub id, or a folder not here, may be the one --base is a copy of)."""
+    from mergekit_mergeability.sources.adapter import read_config
+
+    named = read_config(member).get("base_model_name_or_path")
+    if named and Path(named).is_dir() and Path(named).resolve() != base:
+        raise UserError(
+            f"--pool {folder}: adapter {member.name} was trained on {named}, not --base {base}; a pool shares one"
+            " base: leave that adapter out"
+        )
+
+
+def _probes_named(probes: Path, members: List[str], probed: List[dict], given: Collection[str]) -> None:
+    """--probes DIR where no file is named after a member is refused; files named after none are said."""
+    from mergekit_mergeability.progress import note
+
+    stray = sorted(
+        p.name
+        for p in probes.iterdir()
+        if p.is_file() and not any(p.name == f"{m}{s}" for m in members for s in PROBE_SUFFIXES)
+    )
+    if not probed and not given:
+        raise UserError(
+            f"--probes {probes}: no file is named after a member (<member>.jsonl, .yaml or .yml;"
+            f" members: {', '.join(members)})"
+        )
+    if stray:
+        note(f"--probes {probes}: {', '.join(stray)} named after no member (members: {', '.join(members)}): not read")
 
 
 def tokenizer_source(document: Dict[str, Any]) -> Optional[str]:

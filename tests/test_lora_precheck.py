@@ -117,6 +117,9 @@ def test_precheck_of_a_pool_folder(llama, pools, tmp_path):
     report = json.loads((tmp_path / "out" / "precheck.json").read_text())
     assert [m["path"] for m in report["models"] if m["role"] == "expert"] == [str(pool.resolve() / n) for n in "abc"]
     assert report["merge_method"] == "task_arithmetic"
+    # no probe, no prediction: nothing said of a prediction's domain either
+    assert all(m["out_of_domain"] is None for m in report["models"] if m["predicted_mergeability"] is None)
+    assert not [f for f in report["findings"] if f["diagnostic"] == "calibration"]
     # --probes DIR gives each member its DIR/<member>.jsonl, where there is one (as plan's --pool does)
     probes = tmp_path / "probes"
     probes.mkdir()
@@ -159,6 +162,22 @@ def test_a_pool_folder_of_adapters_on_different_bases_is_refused(llama, pools, t
         assert result.exit_code == 2 and expected in result.output and len(result.output.strip().splitlines()) == 1, (
             result.output
         )
+    # --base does not let an adapter of another base in; --probes with no file named after a member is refused
+    (tmp_path / "probes").mkdir()
+    (tmp_path / "probes" / "ONE.jsonl").write_text("{}\n")
+    for extra, expected in (
+        (["--base", str(llama["base"])], f"adapter two was trained on {llama['expert0']}, not --base"),
+        (["--probes", str(tmp_path / "probes")], "no file is named after a member (<member>.jsonl"),
+    ):
+        folder = pool if "--base" in extra else pool.parent / "one_base"
+        if "--probes" in extra:
+            shutil.copytree(pool / "one", folder / "one")
+        result = CliRunner().invoke(
+            main, ["precheck", "--pool", str(folder), *extra, "--out", str(tmp_path / "out"), "--quiet"]
+        )
+        assert result.exit_code == 2 and expected in result.output and len(result.output.strip().splitlines()) == 1, (
+            result.output
+        )
     assert not (tmp_path / "out").exists()
     result = CliRunner().invoke(main, ["precheck", "--out", str(tmp_path / "out")])
     assert result.exit_code == 2 and "name a config file or a --pool folder" in result.output
@@ -189,3 +208,26 @@ def test_probe_option_names_an_adapter_by_its_folder(llama, pools):
     }
     spec = merge_config.from_document(document, root)
     assert probe_specs(spec, {"b": "probe.jsonl"}) == {f"{llama['base']}+{adapters['b']}": "probe.jsonl"}
+
+
+def test_a_pool_folders_probe_files_named_after_no_member_are_said(llama, tmp_path, capsys):
+    pool, probes = tmp_path / "pool", tmp_path / "probes"
+    for name in ("ad0", "ad1"):
+        make_adapter(llama["base"], pool / name, LAYERS[0].format(0).split())
+    probes.mkdir()
+    for name in ("ad0.jsonl", "AD1.jsonl", "ad1.json"):
+        (probes / name).write_text("{}\n")
+    spec = merge_config.from_pool(pool, probes=probes)
+    assert spec.probes == {str((pool / "ad0").resolve()): str((probes / "ad0.jsonl").resolve())}
+    said = " ".join(capsys.readouterr().err.split())  # one line, however the terminal wraps it
+    assert f"--probes {probes}: AD1.jsonl, ad1.json named after no member (members: ad0, ad1): not read" in said
+
+
+def test_the_line_under_the_table_says_how_a_pool_member_gets_a_probe():
+    from mergekit_mergeability.output.terminal import no_prediction
+
+    experts = [{"name": "ad0"}, {"name": "ad3"}]
+    assert no_prediction(experts[1:], experts, pool=True) == (
+        "No prediction for ad3: no probe; for one, --probes DIR with DIR/ad3.jsonl (or .yaml, .yml), or --probe ad3=SPEC"
+    )
+    assert "next to its model: in the config" in no_prediction(experts[1:], experts)

@@ -622,17 +622,37 @@ def test_the_base_read_from_the_precheck_is_the_base_asked(cancelling):
 
 
 def test_the_choice_is_said_with_its_interval_and_why_a_plan_is_not_written_where_it_reaches_zero():
-    def said(chosen, best, low):
+    everything = {"members": ["/p/a", "/p/b", "/p/c"], "method": "ties (density 0.5)"}
+    candidates = [
+        {"label": "reference: everything with TIES", "models": [everything]},
+        {"label": "planned", "models": [{"members": ["/p/a", "/p/b"], "method": "ties (density 0.5)"}]},
+    ]
+
+    def said(chosen, best, low, high=1.0):
         choice = {"baseline": "reference: everything with TIES", "best": best, "gain": 0.5}
-        choice.update(gain_interval=[low, 1.0], runner_up=None, items_to_separate=None)
-        return reports._choice_said({"chosen": chosen, "choice": choice})
+        choice.update(gain_interval=[low, high], runner_up=None, items_to_separate=None)
+        return reports._choice_said({"chosen": chosen, "choice": choice, "candidates": candidates})
 
     held = said("planned", "planned", 0.2)
-    assert held.startswith("planned chosen:") and "+0.50 tasks (95% interval +0.20 to +1.00) against everything" in held
+    assert held.startswith("\u201cplanned\u201d chosen:")
+    assert "+0.50 tasks (95% interval +0.20 to +1.00) against \u201ceverything with TIES\u201d" in held
     assert "cannot tell" not in held
     kept = said("reference: everything with TIES", "planned", -0.3)
-    assert kept.startswith("planned measured best but is not chosen") and kept.endswith(
-        "cannot tell it from everything with TIES, which is written."
+    assert kept.startswith("\u201cplanned\u201d (ties of a, b; c left out) measured best but is not chosen")
+    assert kept.endswith(
+        "includes zero: these probes cannot tell the two apart, so \u201ceverything with TIES\u201d is written."
+    )
+    assert "keeps less there" in said("reference: everything with TIES", "planned", -0.5, -0.1)
+    tied = [
+        {"label": "reference: everything with TIES", "measured": 2.0, "models": [everything]},
+        {"label": "reference: everything, the mean merge", "measured": 2.0, "models": [everything]},
+        {"label": "the search's plan, c left out", "measured": 2.0, "models": candidates[1]["models"]},
+    ]
+    choice = {"baseline": tied[0]["label"], "best": tied[0]["label"], "gain": 0.0, "gain_interval": [0.0, 0.0]}
+    level = reports._choice_said({"chosen": tied[0]["label"], "choice": choice, "candidates": tied})
+    assert level == (
+        "\u201ceverything with TIES\u201d measured best (level with \u201ceverything, the mean merge\u201d;"
+        " \u201cthe search's plan, c left out\u201d: a tie keeps the merge of everything) and is written."
     )
 
 

@@ -731,6 +731,13 @@ def test_a_dry_run_says_the_passes_and_roughly_how_long_and_writes_nothing(tmp_p
     joined = " ".join(narrow.output.split())
     assert "forward passes (knowledge" in joined and "dry run: nothing written and no weights read" in joined, joined
     assert "every tensor of a whole model is counted as changed" in joined  # the building time: an upper bound
+    unprobed = _config(tmp_path, pool, ["known", "unknown"], ["probe_known", None], name="unprobed.yml")
+    said = CliRunner().invoke(
+        main,
+        ["precheck", str(unprobed), "--dry-run"],
+        env={"COLUMNS": "1000", "XDG_CACHE_HOME": str(tmp_path / "cache")},
+    )
+    assert "  menu: not rehearsed, unknown without a probe" in said.output, said.output
     (tmp_path / "afile").write_text("mine")  # an --out the real run would refuse: refused by the dry run too
     refused = CliRunner().invoke(main, ["precheck", str(config), "--dry-run", "--out", str(tmp_path / "afile" / "x")])
     assert refused.exit_code == 2 and "afile is a file, so the folder cannot be made" in refused.output

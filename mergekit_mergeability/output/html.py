@@ -8,6 +8,7 @@ import base64
 import html
 import math
 import warnings
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from mergekit_mergeability.decide.features import rehearsal
@@ -113,7 +114,7 @@ td.num{{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}}t
 .verdict{{color:white;background:{VERDICT_COLOURS.get(rec["verdict"], "#555")};padding:.2em .7em;border-radius:4px}}
 img{{max-width:100%}}code{{overflow-wrap:anywhere}}small{{color:#555}}</style></head><body>
 <h1>Mergeability precheck</h1>
-<p>Config <code>{esc(report["config"])}</code>, method <code>{esc(report["merge_method"])}</code>,
+<p>{"Pool folder" if Path(report["config"]).is_dir() else "Config"} <code>{esc(report["config"])}</code>, method <code>{esc(report["merge_method"])}</code>,
 base <code>{esc(str(report["base_model"]))}</code>.</p>
 <h2>Verdict: <span class="verdict">{esc(rec["verdict"])}</span></h2>
 <ul>{"".join(f"<li>{esc(r)}</li>" for r in rec["reasons"])}</ul>

@@ -75,6 +75,9 @@ def build(measured: Measurements, settings: PrecheckSettings, decision: Decision
     for record in models:
         record["specific_neurons"] = specific.get(record["path"])
         record["dtype"] = loaded_in[record["path"]]
+    # outside the calibration's domain: said of a prediction, so not of a model without one
+    predicted = {m for m, p in decision.predictions.items() if p.value is not None}
+    outside = {m: why for m, why in decision.outside.items() if m in predicted}
     for record in models:
         if record["role"] == "expert":
             prediction = decision.predictions[record["path"]]
@@ -85,7 +88,7 @@ def build(measured: Measurements, settings: PrecheckSettings, decision: Decision
                 predicted_interval=prediction.interval,
                 reasons=prediction.reasons,
             )
-            record["out_of_domain"] = decision.outside.get(record["path"])
+            record["out_of_domain"] = outside.get(record["path"])
 
     recommendation = decision.recommendation
     rec = {
@@ -138,7 +141,7 @@ def build(measured: Measurements, settings: PrecheckSettings, decision: Decision
         "findings": [
             {"diagnostic": name, "severity": f.severity, "message": f.message} for name, f in measured.findings()
         ]
-        + _domain_findings(decision.outside, names)
+        + _domain_findings(outside, names)
         + _few_items(models),
         "skipped_diagnostics": measured.skipped,
         "failed_diagnostics": measured.failed,

@@ -68,7 +68,7 @@ def print_precheck(report: Printable, out: Optional[Path] = None, verbose: bool 
             + "[/dim]"
         )
     if unprobed:
-        console.print(no_prediction(unprobed, experts))
+        console.print(no_prediction(unprobed, experts, Path(report["config"]).is_dir()))
         merge = next((FluencyStats.of(m.get("fluency")) for m in unprobed if m.get("fluency")), None)
         if merge is not None and merge.merged_perplexity is not None:
             console.print(
@@ -123,13 +123,17 @@ def brief(model: Dict[str, Any]) -> str:
     return "; ".join(reasons)
 
 
-def no_prediction(unprobed, experts) -> str:
-    """The line under the table where some model has no probe: how to get its prediction."""
+def no_prediction(unprobed, experts, pool: bool = False) -> str:
+    """The line under the table where some model has no probe: how to get its prediction (``pool``:
+    the models are a --pool folder's members)."""
     if len(unprobed) == len(experts):
         said = "No prediction: no model has a probe"
     else:
         names = ", ".join(m["name"] for m in unprobed[:3]) + (" and more" if len(unprobed) > 3 else "")
         said = f"No prediction for {names}: no probe"
+    if pool:
+        member = unprobed[0]["name"]
+        return f"{said}; for one, --probes DIR with DIR/{member}.jsonl (or .yaml, .yml), or --probe {member}=SPEC"
     return (
         f"{said}; for one, give each model a probe: next to its model: in the config "
         "(a JSONL file, an lm-eval task or its fine-tuning data), or --probe MODEL=SPEC"

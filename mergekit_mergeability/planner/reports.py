@@ -410,8 +410,9 @@ def _headline(objective: Mapping[str, Any], checked: Mapping[str, Any]) -> str:
 
 def _checked_title(checked: Mapping[str, Any]) -> str:
     return (
-        f"checked by rehearsal: {len(checked['candidates'])} plans, {checked['spent']} merged models"
-        f" of the budget's {checked['budget']}, {checked.get('seconds', 0):.0f} s"
+        f"checked by rehearsal: {len(checked['candidates'])} plans, {checked['spent']} merged"
+        f" model{'' if checked['spent'] == 1 else 's'} of the budget's {checked['budget']},"
+        f" {checked.get('seconds', 0):.0f} s"
     )
 
 
@@ -430,30 +431,59 @@ def _choice_said(checked: Mapping[str, Any]) -> str:
     if not choice:
         return ""
     low, high = choice["gain_interval"]
-    baseline = choice["baseline"].removeprefix(REFERENCE)
+    baseline = _quoted(choice["baseline"])
     crossed = (
         f"picked on one half of every probe and read on the other, it keeps {choice['gain']:+.2f} tasks"
         f" (95% interval {low:+.2f} to {high:+.2f}) against {baseline}"
     )
+    separate = choice.get("items_to_separate")
     if checked["chosen"] != choice["baseline"]:
-        said = f"{checked['chosen']} chosen: {crossed}."
+        said = f"{_quoted(checked['chosen'])} chosen: {crossed}."
     elif choice["best"] != choice["baseline"]:
-        said = (
-            f"{choice['best']} measured best but is not chosen: {crossed}. The interval reaches zero: these"
-            f" probes cannot tell it from {baseline}, which is written."
+        why = (
+            f"it keeps less there, so {baseline} is written"
+            if high < 0
+            else f"the interval includes zero: these probes cannot tell the two apart, so {baseline} is written"
         )
+        said = (
+            f"{_quoted(choice['best'])} ({_contents(checked, choice['best'])}) measured best but is not chosen:"
+            f" {crossed}; {why}."
+        )
+        if separate and choice.get("runner_up") == choice["baseline"]:
+            return said + f" About {separate} items per probe would tell the two apart."
     else:
         top = {c["label"]: c["measured"] for c in checked.get("candidates", ()) if c.get("measured") is not None}
         level = [label for label, v in top.items() if label != choice["baseline"] and v == top.get(choice["baseline"])]
-        tie = f" (level with {', '.join(level)}: a tie keeps the merge of everything)" if level else ""
+        tie = f" (level with {'; '.join(map(_quoted, level))}: a tie keeps the merge of everything)" if level else ""
         said = f"{baseline} measured best{tie} and is written."
-    if choice.get("items_to_separate"):
+    if separate:
         said += (
-            f" The probes cannot tell {choice['best'].removeprefix(REFERENCE)}"
-            f" from {choice['runner_up'].removeprefix(REFERENCE)};"
-            f" about {choice['items_to_separate']} items per probe would."
+            f" The probes cannot tell {_quoted(choice['best'])} from {_quoted(choice['runner_up'])};"
+            f" about {separate} items per probe would."
         )
     return said
+
+
+def _quoted(label: str) -> str:
+    """A candidate's label inside a sentence: its names hold commas."""
+    return f"“{label.removeprefix(REFERENCE)}”"
+
+
+def _contents(checked: Mapping[str, Any], label: str, most: int = 6) -> str:
+    """What a measured candidate merges, by its members' short names (the rest left out)."""
+    found = next(c for c in checked["candidates"] if c["label"] == label)
+    every = {m for c in checked["candidates"] for model in c["models"] for m in model["members"]}
+    named = lambda members: (  # noqa: E731
+        ", ".join(Path(m).name for m in members) if len(members) <= most else f"{len(members)} fine-tunes"
+    )
+    parts = [
+        f"{model['method'].split(' (')[0]} of {named(model['members'])}"
+        if len(model["members"]) > 1
+        else f"{named(model['members'])} alone"
+        for model in found["models"]
+    ]
+    out = sorted(every - {m for model in found["models"] for m in model["members"]})
+    return "; ".join(parts) + (f"; {named(out)} left out" if out else "")
 
 
 def _short(label: Optional[str]) -> str:
