@@ -371,7 +371,7 @@ def print_plan(document: Mapping[str, Any], out: Optional[Path] = None) -> None:
         console.print(_choice_said(checked))
     if out is not None:
         console.print(
-            f"wrote {out}/plan.json, {out}/report.html and {len(document['models'])} config(s) under {out}/{MODELS}/"
+            f"wrote {out}/plan.json, {out}/report.html and {len(document['models'])} config{'' if len(document['models']) == 1 else 's'} under {out}/{MODELS}/"
         )
         console.print("next:\n" + _next_steps(document, f"{out}/"), highlight=False, soft_wrap=True)  # copyable whole
 
@@ -450,7 +450,7 @@ def _choice_said(checked: Mapping[str, Any]) -> str:
             f" {crossed}; {why}."
         )
         if separate and choice.get("runner_up") == choice["baseline"]:
-            return said + f" About {separate} items per probe would tell the two apart."
+            return said + f" About {separate} items per probe would."
     else:
         top = {c["label"]: c["measured"] for c in checked.get("candidates", ()) if c.get("measured") is not None}
         level = [label for label, v in top.items() if label != choice["baseline"] and v == top.get(choice["baseline"])]
