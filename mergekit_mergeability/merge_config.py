@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Collection, Dict, Iterator, List, Optional, Tuple
 
@@ -319,7 +319,10 @@ def from_pool(
     if probes:
         _probes_named(Path(probes), [m.name for m in members], [e for e in entries if "probe" in e], given)
     document = {"merge_method": "task_arithmetic", "base_model": base_reference, "models": entries}
-    return from_document(document, folder.resolve())
+    spec = from_document(document, folder.resolve())
+    # an error names the member, not a field of a config the user never wrote (models[1].probe)
+    named = {model: f"--pool member {member.name}" for model, member in zip(spec.models, members)}
+    return replace(spec, fields=named, entries={m: named[m] for m in spec.entries})
 
 
 def _same_base(folder: Path, member: Path, base: Path) -> None:

@@ -162,15 +162,19 @@ def test_a_pool_folder_of_adapters_on_different_bases_is_refused(llama, pools, t
         assert result.exit_code == 2 and expected in result.output and len(result.output.strip().splitlines()) == 1, (
             result.output
         )
-    # --base does not let an adapter of another base in; --probes with no file named after a member is refused
+    # --base does not let an adapter of another base in; --probes with no file named after a member is
+    # refused; a member's broken probe is named by the member, not by a config field the user never wrote
     (tmp_path / "probes").mkdir()
     (tmp_path / "probes" / "ONE.jsonl").write_text("{}\n")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "one.jsonl").write_text("{not json\n")
     for extra, expected in (
         (["--base", str(llama["base"])], f"adapter two was trained on {llama['expert0']}, not --base"),
         (["--probes", str(tmp_path / "probes")], "no file is named after a member (<member>.jsonl"),
+        (["--probes", str(tmp_path / "broken"), "--dry-run"], f"--pool member one.probe: {tmp_path / 'broken'}"),
     ):
         folder = pool if "--base" in extra else pool.parent / "one_base"
-        if "--probes" in extra:
+        if not folder.exists():
             shutil.copytree(pool / "one", folder / "one")
         result = CliRunner().invoke(
             main, ["precheck", "--pool", str(folder), *extra, "--out", str(tmp_path / "out"), "--quiet"]
