@@ -68,8 +68,11 @@ def probe_specs(spec: MergeSpec, overrides: Mapping[str, str]) -> Dict[str, str]
             m for m in spec.models if key in (m, Path(m).name, Path(m.split("+")[-1]).name)
         ]  # BASE+ADAPTER: the adapter's name
         if len(matches) != 1:
+            names = [Path(m.split("+")[-1]).name for m in spec.models]
+            usable = names if len(set(names)) == len(names) and not matches else spec.models  # short where unique
             raise UserError(
-                f"--probe {key}={value}: {key!r} matches {len(matches)} models of the config; use the path as written: {', '.join(spec.models)}"
+                f"--probe {key}={value}: {key!r} matches {len(matches)} models of the config; name one of:"
+                f" {', '.join(usable)}"
             )
         chosen[matches[0]] = value
     return chosen

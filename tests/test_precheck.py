@@ -259,7 +259,7 @@ def test_incompatible_models_stop_from_headers_alone(tmp_path, pool, families):
     "extra, message",
     [
         (["--probe", "known=missing.jsonl"], "probe missing.jsonl: no such file"),
-        (["--probe", "nobody=x.jsonl"], "'nobody' matches 0 models"),
+        (["--probe", "nobody=x.jsonl"], "'nobody' matches 0 models of the config; name one of: known, unknown"),
         (["--layers", "3-x"], "not a layer or a range"),
     ],
 )
