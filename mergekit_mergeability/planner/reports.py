@@ -638,7 +638,7 @@ def _graph(document: Mapping[str, Any]):
                 ax.text(
                     *(1.07 * position[i]),
                     expert["name"],
-                    fontsize=7 if n <= 30 else 5,
+                    fontsize=10 if n <= 12 else 7 if n <= 30 else 5,
                     rotation=degrees - 180 if left else degrees,
                     rotation_mode="anchor",
                     ha="right" if left else "left",
@@ -649,8 +649,9 @@ def _graph(document: Mapping[str, Any]):
             label = "left out" if model is None else f"model{model}"
             ax.scatter([], [], s=60, color=colour(example), edgecolor="black", label=label)
         ax.legend(loc="upper left", fontsize=8, frameon=False)
-        ax.set_xlim(-2.0, 2.0)
-        ax.set_ylim(-2.0, 2.0)
+        room = 1.6 if n <= 12 else 2.0  # around the circle: the names, longer in a larger pool
+        ax.set_xlim(-room, room)
+        ax.set_ylim(-room, room)
         ax.set_aspect("equal")
         ax.axis("off")
         if high > low:
@@ -658,7 +659,7 @@ def _graph(document: Mapping[str, Any]):
             fig.colorbar(mappable, ax=ax, label="predicted mean score of the pair merged", shrink=0.6)
 
     title = "the pool: each expert's strongest pairs, grouped by planned model"
-    return title, png(draw, title, 10, 8)
+    return title, png(draw, title, *((8, 6.5) if n <= 12 else (10, 8)))
 
 
 def _objective_plot(document: Mapping[str, Any]):
