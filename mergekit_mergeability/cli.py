@@ -300,13 +300,13 @@ def pool_options(pool_help: str):
                 click.option(
                     "--base",
                     type=click.Path(exists=True, file_okay=False, path_type=Path),
-                    help="With --pool: the base model.",
+                    help="With --pool: the base model (an adapter may name its own).",
                 ),
                 click.option(
                     "--probes",
                     "probe_folder",
                     type=click.Path(exists=True, file_okay=False, path_type=Path),
-                    help="With --pool: a folder with one probe per member, named after it (MEMBER.jsonl, .yaml or .yml).",
+                    help="With --pool: a folder with one probe per member, named after it (MEMBER.jsonl, .yaml or .yml); plan needs one for every member (or --probe), precheck predicts only the members with one.",
                 ),
             ]
         ):

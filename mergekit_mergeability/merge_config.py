@@ -267,6 +267,10 @@ def from_pool(
     folder = Path(folder)
     if not folder.is_dir():
         raise UserError(f"--pool {folder}: no such folder")
+    if is_adapter(folder) or (folder / "config.json").is_file():
+        raise UserError(
+            f"--pool {folder}: a model or adapter folder itself; name the folder that holds the pool's members"
+        )
     base_path = Path(base).resolve() if base else None
     members = sorted(
         p

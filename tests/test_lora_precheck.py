@@ -172,8 +172,9 @@ def test_a_pool_folder_of_adapters_on_different_bases_is_refused(llama, pools, t
         (["--base", str(llama["base"])], f"adapter two was trained on {llama['expert0']}, not --base"),
         (["--probes", str(tmp_path / "probes")], "no file is named after a member (<member>.jsonl"),
         (["--probes", str(tmp_path / "broken"), "--dry-run"], f"--pool member one.probe: {tmp_path / 'broken'}"),
+        (["--dry-run"], "a model or adapter folder itself; name the folder that holds the pool's members"),
     ):
-        folder = pool if "--base" in extra else pool.parent / "one_base"
+        folder = pool if "--base" in extra else pool / "one" if extra == ["--dry-run"] else pool.parent / "one_base"
         if not folder.exists():
             shutil.copytree(pool / "one", folder / "one")
         result = CliRunner().invoke(
@@ -227,10 +228,14 @@ def test_a_pool_folders_probe_files_named_after_no_member_are_said(llama, tmp_pa
     assert f"--probes {probes}: AD1.jsonl, ad1.json named after no member (members: ad0, ad1): not read" in said
 
 
-def test_the_line_under_the_table_says_how_a_pool_member_gets_a_probe():
+def test_the_lines_under_the_table_say_where_a_pool_member_lives_and_how_it_gets_a_probe():
     from mergekit_mergeability.output.terminal import no_prediction
 
     experts = [{"name": "ad0"}, {"name": "ad3"}]
+    from mergekit_mergeability.output.terminal import legend
+
+    written = [{"name": "one", "path": "/b/base+/p/mixed/one"}, {"name": "ad0", "path": "/p/adapters/ad0"}]
+    assert legend(written) == {"/p/mixed (on /b/base)": ["one"], "/p/adapters": ["ad0"]}
     assert no_prediction(experts[1:], experts, pool=True) == (
         "No prediction for ad3: no probe; for one, --probes DIR with DIR/ad3.jsonl (or .yaml, .yml), or --probe ad3=SPEC"
     )

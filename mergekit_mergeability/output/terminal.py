@@ -151,12 +151,14 @@ def known(model: Dict[str, Any], report: Dict[str, Any]):
 
 
 def legend(models) -> Dict[str, list]:
-    """Where the short names live: {folder: [names]} for every name that is not its path."""
+    """Where the short names live: {folder: [names]} for every name that is not its path (an
+    adapter written BASE+ADAPTER lives where its adapter does, and says on which base)."""
     groups: Dict[str, list] = {}
     for m in models:
         if m["name"] != m["path"]:
-            folder = m["path"][: -len(m["name"])].rstrip("/") if m["path"].endswith(m["name"]) else m["path"]
-            groups.setdefault(folder, []).append(m["name"])
+            base, _, path = m["path"].rpartition("+") if "+" in m["path"] else ("", "", m["path"])
+            folder = path[: -len(m["name"])].rstrip("/") if path.endswith(m["name"]) else path
+            groups.setdefault(folder + (f" (on {base})" if base else ""), []).append(m["name"])
     return groups
 
 
