@@ -58,11 +58,15 @@ def precheck(
     probes: Optional[Mapping[str, str]] = None,
     settings: Optional["PrecheckSettings"] = None,
     out: Optional[PathLike] = None,
+    base: Optional[PathLike] = None,
+    probe_folder: Optional[PathLike] = None,
 ) -> PrecheckResult:
     """Predict, before merging, how well each model of ``config`` will survive the merge.
 
     ``config`` is a mergekit config (a file, or its document as a dict; models may carry a
-    ``probe:`` key), or a folder of peft adapters checked as their task_arithmetic mean.
+    ``probe:`` key), or a folder of peft adapters or model folders checked as their task_arithmetic
+    mean (``base``: their base, which adapters may name themselves; ``probe_folder``: a probe per
+    member, named after it).
     ``probes`` maps a model (as written, or its folder name) to a probe spec, over the config's
     ``probe:`` keys. Runs every plugin's diagnostic, predicts each expert's mergeability,
     recommends what to merge, and asks the plugins' report hooks whether to stop (their reasons
@@ -82,7 +86,7 @@ def precheck(
     from mergekit_mergeability.settings import PrecheckSettings
 
     _folder(out)
-    spec = _spec(config, pools=True)
+    spec = _spec(config, pools=True, base=base, probe_folder=probe_folder)
     settings = _resolved(settings or PrecheckSettings())
     try:
         measured = measuring.measure(spec, probes or {}, settings)
@@ -112,7 +116,12 @@ _precheck = precheck  # for plan, whose parameter of that name is an earlier pre
 
 
 def precheck_cost(
-    config: Config, *, probes: Optional[Mapping[str, str]] = None, settings: Optional["PrecheckSettings"] = None
+    config: Config,
+    *,
+    probes: Optional[Mapping[str, str]] = None,
+    settings: Optional["PrecheckSettings"] = None,
+    base: Optional[PathLike] = None,
+    probe_folder: Optional[PathLike] = None,
 ) -> "Cost":
     """What ``precheck`` would cost on ``config``, and nothing else run or written: the config read,
     the models checked to fit and the merge planned, then each diagnostic's forward passes counted
@@ -124,7 +133,8 @@ def precheck_cost(
     from mergekit_mergeability.settings import PrecheckSettings
 
     settings = replace(_resolved(settings or PrecheckSettings()), quiet=True)
-    measured = measuring.measure(_spec(config, pools=True), probes or {}, settings, dry_run=True)
+    spec = _spec(config, pools=True, base=base, probe_folder=probe_folder)
+    measured = measuring.measure(spec, probes or {}, settings, dry_run=True)
     if measured.cost is None:
         raise UserError("dry run: the precheck would stop before its heavy passes: " + "; ".join(measured.errors()))
     return measured.cost
@@ -347,17 +357,13 @@ def plan(
     """
     from dataclasses import replace
 
-    from mergekit_mergeability import measuring, merge_config
+    from mergekit_mergeability import measuring
     from mergekit_mergeability.diagnostics.knowledge import LETTERED
     from mergekit_mergeability.errors import UserError
     from mergekit_mergeability.planner import planning
     from mergekit_mergeability.settings import PrecheckSettings
 
-    if isinstance(pool, (str, os.PathLike)) and Path(pool).is_dir():
-        folder, given = Path(pool), probes or {}
-        spec = merge_config.from_pool(folder, base and Path(base), probe_folder and Path(probe_folder), given, True)
-    else:
-        spec = _spec(pool)
+    spec = _spec(pool, pools=True, base=base, probe_folder=probe_folder, given=probes or {})
     settings = _resolved(settings or PrecheckSettings())
 
     def measure(feature: str):
@@ -400,8 +406,16 @@ def methods() -> List["MethodRow"]:
     return describe_methods()
 
 
-def _spec(config: Config, pools: bool = False) -> "MergeSpec":
-    """A config as the commands read it: a file, a document, a MergeSpec, or (``pools``) a folder of adapters."""
+def _spec(
+    config: Config,
+    pools: bool = False,
+    base: Optional[PathLike] = None,
+    probe_folder: Optional[PathLike] = None,
+    given: Optional[Mapping[str, str]] = None,
+) -> "MergeSpec":
+    """A config as the commands read it: a file, a document, a MergeSpec, or (``pools``) a folder of
+    adapters or model folders (``merge_config.from_pool``; ``given``: the --probe pairs, where every
+    member needs a probe)."""
     from mergekit_mergeability import merge_config
 
     if isinstance(config, merge_config.MergeSpec):
@@ -409,7 +423,8 @@ def _spec(config: Config, pools: bool = False) -> "MergeSpec":
     if isinstance(config, Mapping):
         return merge_config.from_document(dict(config), Path.cwd())
     if pools and Path(config).is_dir():
-        return merge_config.from_pool(Path(config))
+        folders = base and Path(base), probe_folder and Path(probe_folder)
+        return merge_config.from_pool(Path(config), *folders, given or (), need_probes=given is not None)
     return merge_config.read(Path(config))
 
 

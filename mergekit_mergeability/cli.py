@@ -316,20 +316,15 @@ def pool_options(pool_help: str):
     return wrapper
 
 
-def _pool_or_config(command: str, config: Optional[Path], folder: Optional[Path], base, probe_folder, given=None):
-    """The config a command reads: its config file, or its --pool folder (with --base and --probes;
-    ``given``: the --probe names, where every member needs a probe)."""
-    from mergekit_mergeability import merge_config
-
+def _config_or_pool(command: str, config: Optional[Path], folder: Optional[Path], base, probe_folder) -> Path:
+    """What a command reads: its config file, or its --pool folder (the only one --base and --probes go with)."""
     if (config is None) == (folder is None):
         raise UserError(f"{command}: name a config file or a --pool folder (one of the two)")
     if config is not None and (base or probe_folder):
         raise UserError(
             f"{command}: --base and --probes go with --pool; a config file names its base and probes itself"
         )
-    if folder is None:
-        return config
-    return merge_config.from_pool(folder, base, probe_folder, given or (), need_probes=given is not None)
+    return config or folder
 
 
 @main.command(short_help="Predict, before merging, how well each model survives it.")
@@ -536,12 +531,13 @@ def precheck(
         cache_dir=cache_dir and str(cache_dir),
         probes_from_card=probes_from_card,
     )
-    config = _pool_or_config("precheck", config_file, pool_folder, base, probe_folder)
+    config = _config_or_pool("precheck", config_file, pool_folder, base, probe_folder)
+    pool = {"base": base, "probe_folder": probe_folder}
     if dry_run:
         from mergekit_mergeability.files import writable_folder
 
         writable_folder(out)  # the real run would refuse it: say so now
-        cost = api.precheck_cost(config, probes=_probe_pairs(probes), settings=settings)
+        cost = api.precheck_cost(config, probes=_probe_pairs(probes), settings=settings, **pool)
         said = [
             *cost.line().splitlines(),
             *cost.by_phase(),
@@ -550,7 +546,7 @@ def precheck(
         width = shutil.get_terminal_size().columns  # $COLUMNS where set
         click.echo("\n".join(textwrap.fill(line, width, subsequent_indent="    ") for line in said))
         return
-    result = api.precheck(config, probes=_probe_pairs(probes), settings=settings, out=out)
+    result = api.precheck(config, probes=_probe_pairs(probes), settings=settings, out=out, **pool)
     print_precheck(result, out, verbose)
     if result.stop:
         raise SystemExit(STOP)
@@ -677,11 +673,12 @@ def plan(
     from mergekit_mergeability import api
     from mergekit_mergeability.planner.reports import print_plan
 
-    pairs = _probe_pairs(probes)
     result = api.plan(
-        _pool_or_config("plan", pool_file, pool_folder, base, probe_folder, given=pairs),
+        _config_or_pool("plan", pool_file, pool_folder, base, probe_folder),
         out,
-        probes=pairs,
+        base=base,
+        probe_folder=probe_folder,
+        probes=_probe_pairs(probes),
         settings=_settings("PrecheckSettings", **model, fewshot=fewshot),
         precheck=precheck_json,
         calibration=calibration,

@@ -321,7 +321,7 @@ def from_pool(
     else:
         base_reference = str(base_path)
     if probes:
-        _probes_named(Path(probes), [m.name for m in members], [e for e in entries if "probe" in e], given)
+        _probes_named(Path(probes), [m.name for m in members], any("probe" in e for e in entries) or bool(given))
     document = {"merge_method": "task_arithmetic", "base_model": base_reference, "models": entries}
     spec = from_document(document, folder.resolve())
     # an error names the member, not a field of a config the user never wrote (models[1].probe)
@@ -342,16 +342,14 @@ def _same_base(folder: Path, member: Path, base: Path) -> None:
         )
 
 
-def _probes_named(probes: Path, members: List[str], probed: List[dict], given: Collection[str]) -> None:
-    """--probes DIR where no file is named after a member is refused; files named after none are said."""
+def _probes_named(probes: Path, members: List[str], probed: bool) -> None:
+    """--probes DIR where no member has a probe (``probed``: from DIR or --probe) is refused; files
+    named after no member are said."""
     from mergekit_mergeability.progress import note
 
-    stray = sorted(
-        p.name
-        for p in probes.iterdir()
-        if p.is_file() and not any(p.name == f"{m}{s}" for m in members for s in PROBE_SUFFIXES)
-    )
-    if not probed and not given:
+    named = {f"{m}{s}" for m in members for s in PROBE_SUFFIXES}
+    stray = sorted(p.name for p in probes.iterdir() if p.is_file() and p.name not in named)
+    if not probed:
         raise UserError(
             f"--probes {probes}: no file is named after a member (<member>.jsonl, .yaml or .yml;"
             f" members: {', '.join(members)})"
