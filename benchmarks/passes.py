@@ -37,9 +37,10 @@ from pathlib import Path
 
 import transformers
 
-from mergekit_mergeability import api, menu, planned
+from mergekit_mergeability import api, menu
+from mergekit_mergeability.rehearsal import planned
 from mergekit_mergeability.diagnostics import activations
-from mergekit_mergeability.diagnostics.shared_layers import Shared
+from mergekit_mergeability.rehearsal.shared_layers import Shared
 from mergekit_mergeability.settings import PrecheckSettings
 
 DEFAULT = Path("pools-out/tuning/configs/n3_0_task_arithmetic.yml")

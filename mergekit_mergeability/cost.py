@@ -153,7 +153,7 @@ def _building(plans, inputs, dtype: str) -> float:
     import torch
 
     from mergekit_mergeability.decide.tuning import PRUNED_AT
-    from mergekit_mergeability.planned import merged, sorted_together
+    from mergekit_mergeability.rehearsal.planned import merged, sorted_together
     from mergekit_mergeability.sources import TensorReader
 
     index = TensorReader(inputs.base.path).index
@@ -360,7 +360,7 @@ def _asked(items, tokenizer, at: Pace) -> Tuple[float, float]:
 def _shares(inputs, config: dict, passes: Dict[str, int]) -> Dict[str, float]:
     """Each diagnostic's share of a whole pass's blocks (``shared_layers.share``), where it passes
     each probe line ``passes / lines`` times."""
-    from mergekit_mergeability.diagnostics.shared_layers import first_touched, share
+    from mergekit_mergeability.rehearsal.shared_layers import first_touched, share
 
     lines = sum(i.sequences for m in inputs.models for i in (m.probes or ()))
     if not passes or not lines:

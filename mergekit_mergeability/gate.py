@@ -24,7 +24,7 @@ _documents: Dict[int, Any] = {}  # id(parsed MergeConfiguration) -> the raw docu
 
 def enabled() -> bool:
     """Set in the environment, and not the precheck's own dry run of the merge (``planned.plan``)."""
-    from mergekit_mergeability.planned import dry_running
+    from mergekit_mergeability.rehearsal.planned import dry_running
 
     return not dry_running() and os.environ.get(ENVIRONMENT, "").strip().lower() not in OFF
 

@@ -260,7 +260,7 @@ def plan(measured: Measurements) -> Optional[Dict[str, Any]]:
     merges its tensors in memory. Only for local folders and adapters on them (hub models would
     need their configs fetched); None otherwise."""
     from mergekit_mergeability.merge_config import absolute
-    from mergekit_mergeability.planned import plan as planned
+    from mergekit_mergeability.rehearsal.planned import plan as planned
     from mergekit_mergeability.sources import update_of
 
     sources = {m.name: m.path for m in ([measured.base] if measured.base else []) + list(measured.models)}

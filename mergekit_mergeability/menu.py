@@ -21,13 +21,15 @@ model per expert against one merged model on the same reads
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Dict, List, Optional
 
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult
-from mergekit_mergeability.diagnostics.dilution import PARTNERS, Dilution, as_written
-from mergekit_mergeability.planned import sorted_together, writable
+from mergekit_mergeability.diagnostics.dilution import PARTNERS, Dilution
+from mergekit_mergeability.rehearsal.planned import sorted_together, writable
 from mergekit_mergeability.diagnostics.knowledge import as_read, read
-from mergekit_mergeability.diagnostics.shared_layers import shared_below
+from mergekit_mergeability.rehearsal.shared_layers import shared_below
+from mergekit_mergeability.rehearsal.stream import Job, as_planned, walk
 from mergekit_mergeability.sources import TensorReader
 from mergekit_mergeability.decide.tuning import PRUNED_AT
 from mergekit_mergeability.decide.verdict import AS_WRITTEN, MENU, PATCH
@@ -64,20 +66,20 @@ def rehearse(measured, inputs: DiagnosticInputs, cutoff: Optional[int] = None) -
     }
     others = f"{len(plans) - 1} other merges" + (" and the layer patch" if patched else "")
     said = f"menu: as written{',' if patched else ' and'} {others}"
+    asked = [(name, plan) for name, plan in plans.items() if not (name == AS_WRITTEN and read_before)]
     with (
-        task(said, (len(plans) - bool(read_before) + bool(patched)) * lines, settings.quiet) as advance,
+        task(said, (len(asked) + bool(patched)) * lines, settings.quiet) as advance,
         shared_below(module, names),
         sorted_together(PRUNED_AT),
     ):
-        for name, candidate in plans.items():
-            if name == AS_WRITTEN and read_before:
-                continue
-            with as_written(module, candidate, paths, names):
-                for model in models:
-                    items[model.name][name] = as_read(module, tokenizer, list(model.probes), advance)
-        for model in models if patched else ():  # each member's probe on its own patched model
-            with as_written(module, patched[model.name], paths, names):
-                items[model.name][PATCH] = as_read(module, tokenizer, list(model.probes), advance)
+        ask = lambda model: partial(as_read, module, tokenizer, list(model.probes), advance)  # noqa: E731
+        jobs = [(m.name, name, Job(name, ask(m))) for name, _ in asked for m in models]
+        # each member's probe on its own patched model
+        jobs += [(m.name, PATCH, Job(f"{PATCH}: {m.name}", ask(m))) for m in models if patched]
+        candidates = [as_planned(n, p) for n, p in asked] + [as_planned(f"{PATCH}: {m}", p) for m, p in patched.items()]
+        reads = walk(module, candidates, [job for *_, job in jobs], paths, names)
+    for (model, name, _), found in zip(jobs, reads):
+        items[model][name] = found
     result = DiagnosticResult()
     for model, by_candidate in items.items():
         result.per_model[model] = {c: sum(v) / len(v) for c, v in by_candidate.items()}
@@ -110,7 +112,7 @@ def merges(measured, inputs: DiagnosticInputs, knowledge: Dict[str, Optional[flo
     be built on the loaded base. ``knowledge``: each member's base knowledge (None: not measured)."""
     from mergekit_mergeability.decide.tuning import candidates
     from mergekit_mergeability.merge_config import absolute
-    from mergekit_mergeability.planned import plan
+    from mergekit_mergeability.rehearsal.planned import plan
 
     base, names = TensorReader(inputs.base.path), set().union(*inputs.touched.values())
     sources = {m.name: m.path for m in (inputs.base, *inputs.models)}
@@ -133,7 +135,7 @@ def patches(spec, inputs: DiagnosticInputs, cutoff: int) -> Dict[str, dict]:
     (``advice.patches``), by member; empty where one cannot be built on the loaded base."""
     from mergekit_mergeability.decide.advice import patches as configs
     from mergekit_mergeability.merge_config import absolute
-    from mergekit_mergeability.planned import plan
+    from mergekit_mergeability.rehearsal.planned import plan
 
     sources = {m.name: m.path for m in (inputs.base, *inputs.models)}
     base, names = TensorReader(inputs.base.path), set().union(*inputs.touched.values())

@@ -269,12 +269,14 @@ class Truth:
     def __call__(self, document: dict, merges: dict, unseen: dict, members) -> dict:
         """``merges``: name -> config; returns name -> task -> mean p(gold) on its unseen items (with
         ``each``, every item's p(gold))."""
+        from functools import partial
+
         from mergekit_mergeability.decide.tuning import _merge_key
-        from mergekit_mergeability.diagnostics.dilution import as_written
         from mergekit_mergeability.diagnostics.knowledge import scores
-        from mergekit_mergeability.diagnostics.shared_layers import shared_below
+        from mergekit_mergeability.rehearsal.shared_layers import shared_below
         from mergekit_mergeability.merge_config import absolute
-        from mergekit_mergeability.planned import plan
+        from mergekit_mergeability.rehearsal.planned import plan
+        from mergekit_mergeability.rehearsal.stream import Job, as_planned, walk
         from mergekit_mergeability.sources import load_causal_lm
 
         keys = {name: _merge_key(config) for name, config in merges.items()}
@@ -285,16 +287,21 @@ class Truth:
             touched = set().union(*inputs.touched.values())
             sources = {m.name: m.path for m in (base, *models)}
             module, tokenizer = load_causal_lm(base.path, "cpu", "float32")
+            candidates = [
+                as_planned(name, plan(absolute(config, sources), spec.source)) for name, config in left.items()
+            ]
+            jobs = [
+                Job(name, partial(scores, module, tokenizer, list(m.probes), None)) for name in left for m in models
+            ]
             with shared_below(module, touched):  # the untouched layers run once for every merge
-                for name, config in left.items():
-                    planned = plan(absolute(config, sources), spec.source)
-                    with as_written(module, planned, list(sources.values()), touched):
-                        read = {m.name: scores(module, tokenizer, list(m.probes), None) for m in models}
-                    each = {f"task_{t}": [s.p_gold for s in read[m.name]] for t, m in zip(members, models)}
-                    self.cache[keys[name]] = {
-                        t: [round(v, 6) for v in values] if self.each else sum(values) / len(values)
-                        for t, values in each.items()
-                    }
+                reads = iter(walk(module, candidates, jobs, list(sources.values()), touched))
+            for name in left:
+                read = {m.name: next(reads) for m in models}
+                each = {f"task_{t}": [s.p_gold for s in read[m.name]] for t, m in zip(members, models)}
+                self.cache[keys[name]] = {
+                    t: [round(v, 6) for v in values] if self.each else sum(values) / len(values)
+                    for t, values in each.items()
+                }
             write_atomic(self.path, json.dumps(self.cache, indent=1))
         return {name: self.cache[key] for name, key in keys.items()}
 
@@ -804,10 +811,12 @@ def patch_reads(document: dict, cutoff: int, asked: dict, members, limit: int) -
     """Each member's items of ``asked`` (task -> probe file) read on its own layer patch at ``cutoff``,
     as the precheck's menu builds and reads it (``menu.patches``), float32: member task -> one read
     per item."""
+    from functools import partial
+
     from mergekit_mergeability import menu
-    from mergekit_mergeability.diagnostics.dilution import as_written
     from mergekit_mergeability.diagnostics.knowledge import as_read
-    from mergekit_mergeability.diagnostics.shared_layers import shared_below
+    from mergekit_mergeability.rehearsal.shared_layers import shared_below
+    from mergekit_mergeability.rehearsal.stream import Job, as_planned, walk
     from mergekit_mergeability.sources import load_causal_lm
 
     spec, inputs = asked_inputs(document, asked, members, limit)
@@ -815,12 +824,11 @@ def patch_reads(document: dict, cutoff: int, asked: dict, members, limit: int) -
     paths = [m.path for m in (inputs.base, *inputs.models)]
     planned = menu.patches(spec, inputs, cutoff)
     module, tokenizer = load_causal_lm(inputs.base.path, "cpu", "float32")
-    found = {}
+    candidates = [as_planned(m.name, planned[m.name]) for m in inputs.models]
+    jobs = [Job(m.name, partial(as_read, module, tokenizer, list(m.probes))) for m in inputs.models]
     with shared_below(module, touched):
-        for task, model in zip(members, inputs.models):
-            with as_written(module, planned[model.name], paths, touched):
-                found[f"task_{task}"] = as_read(module, tokenizer, list(model.probes))
-    return found
+        reads = walk(module, candidates, jobs, paths, touched)
+    return {f"task_{task}": read for task, read in zip(members, reads)}
 
 
 def patch(args) -> None:

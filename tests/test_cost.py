@@ -111,9 +111,10 @@ def test_the_menus_merges_are_timed_as_it_builds_them_each_update_sorted_once_in
 
     import mergekit.sparsify as sparsify
 
-    from mergekit_mergeability import cost, planned, sources
+    from mergekit_mergeability import cost, sources
+    from mergekit_mergeability.rehearsal import planned
     from mergekit_mergeability.decide.tuning import PRUNED_AT
-    from mergekit_mergeability.planned import Planned
+    from mergekit_mergeability.rehearsal.planned import Planned
 
     class Prunes:  # a merge that prunes each input by magnitude, as TIES does
         def __init__(self, density):

@@ -203,7 +203,7 @@ def test_a_config_of_few_models_rehearses_the_merge_mergekit_writes(expert, tmp_
     from mergekit.merge import run_merge
     from mergekit.options import MergeOptions
 
-    from mergekit_mergeability.planned import plan
+    from mergekit_mergeability.rehearsal.planned import plan
 
     base, folder, instances = expert
     second = derive(base, tmp_path / "second", noise(8, 0.1))
@@ -241,7 +241,7 @@ def test_an_lm_eval_task_probe_is_rehearsed_and_read_with_its_own_metric_as_lm_e
     from mergekit.merge import run_merge
     from mergekit.options import MergeOptions
 
-    from mergekit_mergeability.planned import plan
+    from mergekit_mergeability.rehearsal.planned import plan
     from mergekit_mergeability.sources import load_causal_lm
     from mergekit_mergeability.tasks import harness, scoring_task
 
@@ -313,7 +313,7 @@ def test_the_compared_merges_score_as_the_recommended_configs_merge(expert, tmp_
     (density 0.5, the weights normalised, lambda the configured update size), as the models
     mergekit's own merge_tensors builds from those written configs score it."""
     from mergekit_mergeability.decide.advice import advise, update_size
-    from mergekit_mergeability.evaluation.inmemory import load_update, merge_updates
+    from mergekit_mergeability.rehearsal.inmemory import load_update, merge_updates
     from mergekit_mergeability.sources import TensorReader
 
     base, folder, instances = expert

@@ -18,7 +18,7 @@ from mergekit_mergeability.diagnostics.fluency import (
     token_logprobs,
     windows,
 )
-from mergekit_mergeability.planned import plan
+from mergekit_mergeability.rehearsal.planned import plan
 from mergekit_mergeability.resources import shipped
 from mergekit_mergeability.tiny import config, derive, train_tokenizer
 

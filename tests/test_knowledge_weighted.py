@@ -138,7 +138,7 @@ def test_in_memory_trials_trim_as_mergekit_does(density, rescale):
     from mergekit import sparsify as mergekit_sparsify
     from mergekit.sparsify import RescaleNorm, SparsificationMethod, sparsify
 
-    from mergekit_mergeability.evaluation.inmemory import selected_magnitudes
+    from mergekit_mergeability.rehearsal.inmemory import selected_magnitudes
 
     g = torch.Generator().manual_seed(4)
     delta = torch.randn(96, 40, generator=g)
@@ -156,7 +156,7 @@ def test_in_memory_trials_trim_as_mergekit_does(density, rescale):
 def test_a_ties_merge_in_memory_equals_mergekits_own():
     from mergekit.merge_methods import merge_tensors
 
-    from mergekit_mergeability.evaluation.inmemory import selected_magnitudes
+    from mergekit_mergeability.rehearsal.inmemory import selected_magnitudes
 
     g = torch.Generator().manual_seed(6)
     base = torch.randn(32, 24, generator=g)

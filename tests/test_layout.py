@@ -24,7 +24,8 @@ RULES = {
     "maths": set(),
     "sources": {"maths"},
     "tasks": {"maths"},
-    "diagnostics": {"sources", "tasks", "maths"},
+    "diagnostics": {"sources", "tasks", "maths", "rehearsal"},
+    "rehearsal": {"sources", "tasks", "maths"},  # where candidate merges are built and asked: no diagnostic in it
     "decide": {"maths"},  # it receives measurements, it never loads a model
     "output": {"results"},
 }

@@ -322,16 +322,17 @@ def test_the_config_as_written_is_built_once_the_menu_reading_it_off_the_dilutio
     and reads the same."""
     from mergekit_mergeability import menu
     from mergekit_mergeability.diagnostics import dilution
+    from mergekit_mergeability.rehearsal.stream import as_planned
 
     base, experts, probes = pair
-    built, build = [], dilution.as_written
+    built = []
 
-    def counted(module, plan, models, names):
+    def counted(name, plan):
         built.append(id(plan))
-        return build(module, plan, models, names)
+        return as_planned(name, plan)
 
-    monkeypatch.setattr(dilution, "as_written", counted)
-    monkeypatch.setattr(menu, "as_written", counted)
+    monkeypatch.setattr(dilution, "as_planned", counted)
+    monkeypatch.setattr(menu, "as_planned", counted)
     report = _precheck(tmp_path, base, experts, probes, -1.0)
     read = report["recommendation"]["method_choice"]["per_model"][AS_WRITTEN]
     assert len(built) == len(set(built)) == len(report["recommendation"]["method_choice"]["kept"])

@@ -13,7 +13,7 @@ from mergekit.merge import run_merge
 from mergekit.options import MergeOptions
 
 import mergekit_mergeability  # noqa: F401  (registers our methods)
-from mergekit_mergeability import planned
+from mergekit_mergeability.rehearsal import planned
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.sources import tensors
 from mergekit_mergeability.tiny import make_adapter, make_family, state_dict
@@ -152,7 +152,7 @@ def test_an_update_is_sorted_once_for_the_masks_of_every_density_the_menu_prunes
     import mergekit.sparsify as sparsify
     import torch
 
-    from mergekit_mergeability import planned
+    from mergekit_mergeability.rehearsal import planned
 
     real, sort, sorted_at = sparsify.magnitude, planned._kept_bits, []
 
@@ -191,8 +191,8 @@ def test_a_plans_merges_keep_the_masks_of_its_own_selection_and_sort_nothing(mon
 
     import mergekit.sparsify as sparsify
 
-    from mergekit_mergeability import planned
-    from mergekit_mergeability.evaluation.inmemory import selected_magnitudes, top_magnitudes
+    from mergekit_mergeability.rehearsal import planned
+    from mergekit_mergeability.rehearsal.inmemory import selected_magnitudes, top_magnitudes
 
     monkeypatch.setattr(planned, "_masks", OrderedDict())
     monkeypatch.setattr(planned, "_kept", [0])

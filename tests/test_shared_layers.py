@@ -5,7 +5,7 @@ import torch
 import transformers
 
 from mergekit_mergeability.diagnostics.activations import score, shared_prompt_logprobs
-from mergekit_mergeability.diagnostics.shared_layers import blocks_run, first_touched, shared_below
+from mergekit_mergeability.rehearsal.shared_layers import blocks_run, first_touched, shared_below
 from mergekit_mergeability.tiny import config, train_tokenizer
 
 PROMPTS = [("The capital of France is", [" Paris", " Rome", " a city"]), ("2 + 2 =", [" 4", " 5"])]

@@ -108,7 +108,7 @@ class DiagnosticInputs:
     def written(self) -> bool:
         """Whether the config's merge as written can be built in memory on the loaded base
         (``planned.writable`` over the tensors the updates touch)."""
-        from mergekit_mergeability.planned import writable
+        from mergekit_mergeability.rehearsal.planned import writable
         from mergekit_mergeability.sources import TensorReader
 
         return writable(self.merge, TensorReader(self.base.path).index, set().union(*self.touched.values()))

@@ -50,20 +50,21 @@ from __future__ import annotations
 
 import contextlib
 import math
+from functools import partial
 from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Set, Tuple
 
 import torch
 
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
 from mergekit_mergeability.diagnostics.knowledge import scores
-from mergekit_mergeability.diagnostics.shared_layers import shared_below
+from mergekit_mergeability.rehearsal.shared_layers import shared_below
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.maths import choice_scores
 from mergekit_mergeability.maths.merging import COMPARED, DEFAULT_DENSITY, DEFAULT_TEMPERATURE, elected
 from mergekit_mergeability.maths.merging import knowledge_weights, threshold_in_blocks
-from mergekit_mergeability.planned import Planned, merged
 from mergekit_mergeability.progress import task
 from mergekit_mergeability.records import DilutionStats
+from mergekit_mergeability.rehearsal.stream import Job, as_planned, walk
 from mergekit_mergeability.sources import (
     Source,
     TensorReader,
@@ -161,31 +162,6 @@ def trimmed(
                 deltas = torch.stack([reader.rows(name, start, stop).float() - mine for reader, _ in present])
                 deltas = deltas * (deltas.abs() >= cuts)
                 fresh[name][start:stop].copy_(mine + scale * elected(deltas, weights))
-    with patched(module, fresh):
-        yield module
-
-
-@contextlib.contextmanager
-def as_written(
-    module: torch.nn.Module, plan: Dict[str, Planned], models: Sequence[Source], names: Set[str]
-) -> Iterator[torch.nn.Module]:
-    """``module`` (the loaded base) as the config's own merge (``plan``, mergekit's) on the tensors
-    ``names`` (those the updates touch; every other is the base's, what a merge of equal inputs
-    gives), each merged by mergekit's task from the tensors of ``models`` (the base among them),
-    its own tensors back on exit."""
-    readers = {str(model): tensors(model) for model in models}
-
-    def read(model: str, name: str) -> Optional[torch.Tensor]:
-        reader = readers[model]
-        return reader[name] if name in reader.index else None
-
-    state = module.state_dict()
-    for name in sorted(names - set(state)):
-        raise UserError(f"tensor {name} is not in the loaded base; the config's models share one architecture")
-    fresh = empty_like_each({name: state[name] for name in names})
-    with torch.no_grad():
-        for name in names:
-            fresh[name].copy_(merged(plan[name], read))
     with patched(module, fresh):
         yield module
 
@@ -399,13 +375,14 @@ class Dilution:
                     **view,
                 )
             if merge == "written":
-                with as_written(module, inputs.merge, [inputs.base.path, *(m.path for m in inputs.models)], names):
-                    for model in models:
-                        result.per_model[model.name].update(
-                            rehearsed=merge,
-                            **partnered(module, tokenizer, model, advance, settings, per_item(model)),
-                            **({} if model.share is None else dict(partnered_share=model.share)),
-                        )
+                everyone = [inputs.base.path, *(m.path for m in inputs.models)]
+                jobs = [
+                    Job(merge, partial(partnered, module, tokenizer, m, advance, settings, per_item(m))) for m in models
+                ]
+                for model, view in zip(models, walk(module, [as_planned(merge, inputs.merge)], jobs, everyone, names)):
+                    result.per_model[model.name].update(
+                        rehearsed=merge, **view, **({} if model.share is None else dict(partnered_share=model.share))
+                    )
             if compare:
                 self.compare(module, tokenizer, base, models, touched, inputs.update_size, advance, result)
         # each model's values, named as its record names them (a misspelt one fails here)

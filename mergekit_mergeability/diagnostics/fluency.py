@@ -2,7 +2,7 @@
 
 Merges that emit gibberish are the failure users report most plainly (a TIES or SLERP of
 fine-tunes whose updates fight, a scale symmetry that one update used and another did not).
-Before any merge, the config's own merge is built in memory (``dilution.as_written``: mergekit's
+Before any merge, the config's own merge is built in memory (``rehearsal.stream``: mergekit's
 plan, tensor by tensor) and its perplexity read on a short general English text shipped with the
 package (``configs/text/general.txt``), beside the base's and each parent's own:
 
@@ -32,14 +32,16 @@ and measured it does not rank models (docs/prediction.md, "Without probes").
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Dict
 
 import torch
 
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, Need
-from mergekit_mergeability.diagnostics.dilution import as_written, diluted
+from mergekit_mergeability.diagnostics.dilution import diluted
 from mergekit_mergeability.progress import task
 from mergekit_mergeability.records import FluencyStats
+from mergekit_mergeability.rehearsal.stream import Job, as_planned, walk
 from mergekit_mergeability.resources import shipped
 from mergekit_mergeability.sources import TensorReader, load_causal_lm
 
@@ -118,9 +120,9 @@ class Fluency:
                 with diluted(module, base, model.path, 1.0):
                     logprobs[model.name] = token_logprobs(module, text)
                 advance(1)
+            ask = partial(token_logprobs, module, text)
             everyone = [inputs.base.path, *(m.path for m in inputs.models)]
-            with as_written(module, inputs.merge, everyone, names):
-                at_merge = token_logprobs(module, text)
+            (at_merge,) = walk(module, [as_planned("written", inputs.merge)], [Job("written", ask)], everyone, names)
             advance(1)
         own = {name: perplexity(values) for name, values in logprobs.items()}
         ppl_base, merged = perplexity(at_base), perplexity(at_merge)

@@ -16,7 +16,7 @@ from mergekit_mergeability import distributed
 from mergekit_mergeability.diagnostics import ModelInput
 from mergekit_mergeability.diagnostics.compatibility import require_compatible
 from mergekit_mergeability.errors import UserError
-from mergekit_mergeability.evaluation.inmemory import load_update, merge_updates
+from mergekit_mergeability.rehearsal.inmemory import load_update, merge_updates
 from mergekit_mergeability.evaluation.protocol import TrialLog, partners, summarise
 from mergekit_mergeability.evaluation.scorer import Scorer
 from mergekit_mergeability.files import SCHEMA_VERSION, write_atomic

@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 import torch
 
 from mergekit_mergeability.diagnostics.knowledge import as_read
-from mergekit_mergeability.diagnostics.shared_layers import Shared, shared_below
+from mergekit_mergeability.rehearsal.shared_layers import Shared, shared_below
 from mergekit_mergeability.diagnostics.task_scores import score_all
 from mergekit_mergeability.sources.heap import release_freed_memory
 from mergekit_mergeability.settings import RunSettings

@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterator, Mapping, Optional, Sequence
 
 import torch
 
-from mergekit_mergeability import planned
+from mergekit_mergeability.rehearsal import planned
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.sources import Source, TensorReader, tensors
 

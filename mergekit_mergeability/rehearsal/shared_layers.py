@@ -50,7 +50,7 @@ def share(repeats: float, first: int, layers: int) -> float:
     return (layers + (repeats - 1) * blocks_run(first, layers)) / (repeats * layers) if repeats > 1 else 1.0
 
 
-def _blocks(module: torch.nn.Module) -> Optional[torch.nn.ModuleList]:
+def blocks_of(module: torch.nn.Module) -> Optional[torch.nn.ModuleList]:
     decoder = module.get_decoder() if hasattr(module, "get_decoder") else None
     blocks = getattr(decoder, "layers", None)
     return blocks if isinstance(blocks, torch.nn.ModuleList) else None
@@ -112,7 +112,7 @@ def shared_below(module: torch.nn.Module, names: Iterable[str], shared: Optional
     base is the same). Where fewer than two layers are untouched there is nothing to share and
     every pass runs whole."""
     shared = shared if shared is not None else Shared()
-    blocks = _blocks(module)
+    blocks = blocks_of(module)
     tied = bool(getattr(module.config, "tie_word_embeddings", False))
     first = first_touched(names, len(blocks), tied) if blocks is not None else 0
     if first < 2:

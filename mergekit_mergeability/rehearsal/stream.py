@@ -1,0 +1,193 @@
+"""Many merges of one base, each asked its probes, in one walk up the model's blocks.
+
+Each candidate merge is a way to build the tensors the updates touch (``Candidate.build``, for a
+config mergekit's own task: ``planned``); each job is one reading of the module under one
+candidate (a probe's items asked). Every job runs in a thread of its own, and only one runs at a
+time: it stops on entering each block some update touches. The walk then goes up the blocks:
+at each block where jobs wait, it reads the block's tensors of every model once, builds each
+candidate's block from them in turn, swaps it into the module and lets that candidate's jobs
+through, up to the next block they stop at. Each model's tensor is read once a walk, however many
+candidates merge it, and no candidate's merge is held whole: one block of one candidate at a time,
+besides the tensors outside the blocks (embedding, final norm, head), which only full fine-tunes
+touch and which are built once per candidate and kept.
+
+A job's forward passes run one after another (an options pass reads its prompt pass's keys and
+values), so a job whose next pass starts below the block the walk has reached waits for the next
+walk: the walks are as many as a job's passes, each reading the touched blocks once.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set
+
+import torch
+
+from mergekit_mergeability.rehearsal.shared_layers import blocks_of
+from mergekit_mergeability.sources import Source, patched, tensors
+from mergekit_mergeability.sources.architecture import UnknownTensorError, tensor_position
+
+Read = Callable[[str, str], Optional[torch.Tensor]]  # (model reference, tensor name) -> its tensor, None: it has none
+START, DONE = -1, -2  # where a job is: not started, finished (else the block it waits to enter)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A merge to rehearse: ``build(tensor name, read)`` gives its tensor of that name."""
+
+    name: str
+    build: Callable[[str, Read], torch.Tensor]
+
+
+def as_planned(name: str, plan: Mapping[str, Any]) -> Candidate:
+    """The candidate mergekit's plan (``planned.plan``) builds, tensor by tensor, as ``mergekit-yaml`` would."""
+    from mergekit_mergeability.rehearsal.planned import merged
+
+    return Candidate(name, lambda tensor, read: merged(plan[tensor], read))
+
+
+@dataclass(frozen=True)
+class Job:
+    """``ask()`` reads the module under ``candidate``; its return is the job's result."""
+
+    candidate: str
+    ask: Callable[[], Any]
+
+
+class _Stopped(BaseException):
+    """Raised in a job left waiting when the walk itself failed."""
+
+
+_here = threading.local()  # the job whose thread this is
+
+
+class _Running:
+    """One job's thread, and the two signals that hand the one turn between it and the walk."""
+
+    def __init__(self, job: Job) -> None:
+        self.job, self.at, self.result, self.error, self.stopped = job, START, None, None, False
+        self._go, self._paused = threading.Semaphore(0), threading.Semaphore(0)
+        self.thread = threading.Thread(target=self._run, daemon=True, name=f"rehearsal {job.candidate}")
+
+    def _run(self) -> None:
+        _here.running = self
+        self._go.acquire()
+        try:
+            if not self.stopped:
+                self.result = self.job.ask()
+        except BaseException as error:  # handed to the walk, which raises it
+            self.error = error
+        self.at = DONE
+        self._paused.release()
+
+    def until_next_stop(self) -> None:
+        """The walk's side: let the job run until it waits at a block or ends."""
+        self._go.release()
+        self._paused.acquire()
+
+    def wait_at(self, block: int) -> None:
+        """The job's side: wait on entering ``block`` until the walk lets it in."""
+        self.at = block
+        self._paused.release()
+        self._go.acquire()
+        if self.stopped:
+            raise _Stopped()
+
+
+def block_of(name: str, blocks: int) -> Optional[int]:
+    """The decoder block tensor ``name`` sits in; None outside the blocks (or where no architecture knows it)."""
+    try:
+        position = tensor_position(name)
+    except UnknownTensorError:
+        return None
+    return position.layer if position.part == "layer" and position.layer < blocks else None
+
+
+def _reads(readers: Mapping[str, Any]) -> Read:
+    """A ``Read`` that reads each model's tensor once, however many candidates ask for it."""
+    kept: Dict[tuple, Optional[torch.Tensor]] = {}
+
+    def read(model: str, name: str) -> Optional[torch.Tensor]:
+        if (model, name) not in kept:
+            reader = readers[model]
+            kept[model, name] = reader[name] if name in reader.index else None
+        found = kept[model, name]  # a copy each time: a method may write into its inputs
+        return None if found is None else found.clone()
+
+    return read
+
+
+def walk(
+    module: torch.nn.Module,
+    candidates: Sequence[Candidate],
+    jobs: Sequence[Job],
+    models: Iterable[Source],
+    names: Set[str],
+) -> List[Any]:
+    """Each job's result, in order: ``module`` (the loaded base) read under its candidate, whose
+    tensors ``names`` (those the updates touch; every other is the base's) are built from the
+    tensors of ``models`` (the base among them)."""
+    blocks = blocks_of(module)
+    depth = len(blocks) if blocks is not None else 0
+    by_block: Dict[Optional[int], List[str]] = {}
+    for name in sorted(names):
+        by_block.setdefault(block_of(name, depth), []).append(name)
+    readers = {str(model): tensors(model) for model in models}
+    by_name = {c.name: c for c in candidates}
+    read = _reads(readers)
+    around = by_block.pop(None, [])
+    outside = {c.name: {n: c.build(n, read) for n in around} for c in candidates}
+    running = [_Running(job) for job in jobs]
+    own = {i: blocks[i].__dict__.get("forward") for i in by_block}  # a hook's wrapper, if any
+    try:
+        for index in by_block:
+            blocks[index].forward = _stopping(index, blocks[index].forward)
+        for job in running:
+            job.thread.start()
+        _let_through(module, running, START, by_name, outside, lambda c: {})
+        while any(job.at != DONE for job in running):
+            for index in sorted(by_block):
+                read = _reads(readers)
+                build = lambda c: {n: c.build(n, read) for n in by_block[index]}  # noqa: E731
+                _let_through(module, running, index, by_name, outside, build)
+    finally:
+        for job in running:
+            if job.at != DONE:
+                job.stopped = True
+                job.until_next_stop()
+            job.thread.join()
+        for index, forward in own.items():
+            del blocks[index].forward
+            if forward is not None:
+                blocks[index].forward = forward
+    for job in running:
+        if job.error is not None:
+            raise job.error
+    return [job.result for job in running]
+
+
+def _let_through(module, running, at: int, candidates, outside, build) -> None:
+    """Each candidate's jobs waiting ``at`` a block (or not started) let through it, with the
+    candidate's tensors ``build`` gives for that block swapped in, one candidate at a time."""
+    waiting = [job for job in running if job.at == at]
+    for name, candidate in candidates.items():
+        mine = [job for job in waiting if job.job.candidate == name]
+        if not mine:
+            continue
+        with torch.no_grad(), patched(module, {**outside[name], **build(candidate)}):
+            for job in mine:
+                job.until_next_stop()
+        for job in mine:
+            if job.error is not None:
+                raise job.error
+
+
+def _stopping(index: int, run: Callable) -> Callable:
+    def forward(*args, **kwargs):
+        job = getattr(_here, "running", None)
+        if job is not None:
+            job.wait_at(index)
+        return run(*args, **kwargs)
+
+    return forward
