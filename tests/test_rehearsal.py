@@ -78,7 +78,12 @@ def test_updates_on_the_upper_blocks_stream_past_the_shared_lower_ones(three, pr
         assert read == pytest.approx(_whole(module, tokenizer, plan, list(family.values()), names, probe), abs=1e-5)
 
 
-def test_each_tensor_is_read_once_a_walk_however_many_candidates_merge_it(three, probe, monkeypatch):
+@pytest.mark.parametrize("kept", [None, 0])
+def test_each_tensor_is_read_once_a_wave_and_built_once_where_its_blocks_are_kept(three, probe, monkeypatch, kept):
+    """Options of several tokens: a prompt pass and an options pass, two walks. Where the built blocks
+    fit, both walks take them from the first (one read of each tensor, one build); where nothing may
+    be kept (``kept=0``), every candidate goes in one wave, each walk reads each tensor once for all
+    and builds each block anew."""
     from mergekit_mergeability.sources.folder import TensorReader
 
     module, tokenizer = load_causal_lm(three["base"], "cpu", "float32")
@@ -86,9 +91,15 @@ def test_each_tensor_is_read_once_a_walk_however_many_candidates_merge_it(three,
     plans = {m: planned.plan(document(m, three), "config.yml") for m in ("ties", "task_arithmetic", "linear")}
     reads, read = [], TensorReader.__getitem__
     monkeypatch.setattr(TensorReader, "__getitem__", lambda self, name: reads.append(name) or read(self, name))
-    jobs = [Job(m, lambda: as_read(module, tokenizer, probe[:2])) for m in plans]  # options: two passes, two walks
-    walk(module, [as_planned(m, p) for m, p in plans.items()], jobs, list(three.values()), names)
-    assert len(reads) == 2 * len(three) * len(names)
+    builds = []
+    candidates = [
+        Candidate(c.name, lambda name, got, c=c: builds.append(name) or c.build(name, got))
+        for c in (as_planned(m, p) for m, p in plans.items())
+    ]
+    jobs = [Job(m, lambda: as_read(module, tokenizer, probe[:2])) for m in plans]
+    walk(module, candidates, jobs, list(three.values()), names, kept=kept)
+    walks = 1 if kept is None else 2
+    assert len(reads) == walks * len(three) * len(names) and len(builds) == walks * len(plans) * len(names)
 
 
 def test_a_job_that_fails_stops_the_rehearsal_with_its_error_and_leaves_the_base(three, probe):

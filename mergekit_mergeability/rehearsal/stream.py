@@ -7,17 +7,21 @@ time: it stops on entering each block some update touches. The walk then goes up
 at each block where jobs wait, it reads the block's tensors of every model once, builds each
 candidate's block from them in turn, swaps it into the module and lets that candidate's jobs
 through, up to the next block they stop at. Each model's tensor is read once a walk, however many
-candidates merge it, and no candidate's merge is held whole: one block of one candidate at a time,
-besides the tensors outside the blocks (embedding, final norm, head), which only full fine-tunes
-touch and which are built once per candidate and kept.
+candidates merge it.
 
 A job's forward passes run one after another (an options pass reads its prompt pass's keys and
 values), so a job whose next pass starts below the block the walk has reached waits for the next
-walk: the walks are as many as a job's passes, each reading the touched blocks once.
+walk: the walks are as many as a job's passes. Candidates go in waves whose built blocks fit in
+``kept`` bytes (half the memory free when the walk starts, 2 GiB where that cannot be read), each
+block built once a wave and kept for its later walks; where even one candidate's blocks do not fit,
+all go in one wave and each block is built anew each walk: no candidate's merge is held whole,
+one block of one candidate at a time, besides the tensors outside the blocks (embedding, final
+norm, head), which only full fine-tunes touch and which are built once per candidate and kept.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set
@@ -124,33 +128,67 @@ def walk(
     jobs: Sequence[Job],
     models: Iterable[Source],
     names: Set[str],
+    kept: Optional[int] = None,
 ) -> List[Any]:
     """Each job's result, in order: ``module`` (the loaded base) read under its candidate, whose
     tensors ``names`` (those the updates touch; every other is the base's) are built from the
-    tensors of ``models`` (the base among them)."""
+    tensors of ``models`` (the base among them). ``kept``: the bytes of built blocks kept between
+    walks (default: ``keepable``)."""
     blocks = blocks_of(module)
     depth = len(blocks) if blocks is not None else 0
     by_block: Dict[Optional[int], List[str]] = {}
     for name in sorted(names):
         by_block.setdefault(block_of(name, depth), []).append(name)
-    readers = {str(model): tensors(model) for model in models}
-    by_name = {c.name: c for c in candidates}
-    read = _reads(readers)
     around = by_block.pop(None, [])
-    outside = {c.name: {n: c.build(n, read) for n in around} for c in candidates}
+    readers = {str(model): tensors(model) for model in models}
+    state = module.state_dict()
+    size = sum(state[n].numel() * state[n].element_size() for n in names if n in state)  # one candidate's
+    kept = keepable() if kept is None else kept
+    wave = max(1, kept // max(size, 1)) if size <= kept else len(candidates)
+    found: Dict[int, Any] = {}
+    for start in range(0, len(candidates), wave):
+        mine = {c.name: c for c in candidates[start : start + wave]}
+        asked = [(i, job) for i, job in enumerate(jobs) if job.candidate in mine]
+        read = _reads(readers)
+        outside = {name: {n: c.build(n, read) for n in around} for name, c in mine.items()}
+        done = _walks(module, blocks, by_block, readers, mine, outside, [job for _, job in asked], size <= kept)
+        found.update(zip((i for i, _ in asked), done))
+    return [found[i] for i in range(len(jobs))]
+
+
+def keepable() -> int:
+    """Half the memory free now (2 GiB where the system does not say)."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (AttributeError, ValueError, OSError):
+        return 2 << 30
+
+
+def _walks(module, blocks, by_block, readers, candidates, outside, jobs: Sequence[Job], keep: bool) -> List[Any]:
+    """``jobs``' results, the walks repeated until every job has ended; each candidate's block built
+    once and kept where ``keep``, else anew each walk."""
     running = [_Running(job) for job in jobs]
+    built: Dict[tuple, Dict[str, torch.Tensor]] = {}
     own = {i: blocks[i].__dict__.get("forward") for i in by_block}  # a hook's wrapper, if any
     try:
         for index in by_block:
             blocks[index].forward = _stopping(index, blocks[index].forward)
         for job in running:
             job.thread.start()
-        _let_through(module, running, START, by_name, outside, lambda c: {})
+        _let_through(module, running, START, candidates, outside, lambda c: {})
         while any(job.at != DONE for job in running):
             for index in sorted(by_block):
                 read = _reads(readers)
-                build = lambda c: {n: c.build(n, read) for n in by_block[index]}  # noqa: E731
-                _let_through(module, running, index, by_name, outside, build)
+
+                def build(candidate: Candidate) -> Dict[str, torch.Tensor]:
+                    found = built.get((candidate.name, index))
+                    if found is None:
+                        found = {n: candidate.build(n, read) for n in by_block[index]}
+                        if keep:
+                            built[candidate.name, index] = found
+                    return found
+
+                _let_through(module, running, index, candidates, outside, build)
     finally:
         for job in running:
             if job.at != DONE:
