@@ -121,7 +121,9 @@ def main() -> None:
         plans = {n: planned.plan(c, config) for n, c in configs.items()}
         module, tokenizer = load_causal_lm(paths[0], "cpu", "float32")
         names = {n for n, _ in module.named_parameters()}
-        print(f"{args.shape} shape, {args.blocks} blocks, 3 full fine-tunes, {len(plans)} candidates, {args.items} items")
+        print(
+            f"{args.shape} shape, {args.blocks} blocks, 3 full fine-tunes, {len(plans)} candidates, {args.items} items"
+        )
         timings, reads = {}, {}
         for side, rehearse in (("built whole", whole), ("streamed", streamed)):
             seconds = [0.0]
