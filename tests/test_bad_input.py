@@ -84,6 +84,17 @@ def world(llama, tmp_path_factory):
     for name, text in files.items():
         (root / name).write_text(text)
         w[Path(name).stem] = root / name
+    corrupt = {  # a probe file of each kind a user may give, broken as a failed copy or a wrong export breaks it
+        "heldout.parquet": b"PAR1 not parquet",
+        "rows.csv": b"prompt,completion\n\xff\xfe,cut",
+        "rows.json": b"\xff\xfe\x00",
+        "lines.jsonl": json.dumps(GOOD_PROBE[0]).encode() + b"\n\xff\xfe\n",
+        "saved/state.json": b"{cut",
+        "saved/dataset_info.json": b"{}",
+    }
+    for name, data in corrupt.items():
+        (root / name).parent.mkdir(exist_ok=True)
+        (root / name).write_bytes(data)
     expert = lambda i: {
         "path": f"./m{i}",
         "role": "expert",
@@ -137,7 +148,16 @@ def world(llama, tmp_path_factory):
         place[key] = "x.jsonl" if key == "probee" else 0.5
         (root / f"{name}.yml").write_text(yaml.safe_dump(document))
         w[name] = root / f"{name}.yml"
-    for name, probe in (("not_json", "not_json"), ("label", "label"), ("keys", "keys"), ("missing", "absent.jsonl")):
+    for name, probe in (
+        ("not_json", "not_json"),
+        ("label", "label"),
+        ("keys", "keys"),
+        ("missing", "absent.jsonl"),
+        *(
+            (f"corrupt_{Path(p).suffix[1:] or p}", p)
+            for p in ("heldout.parquet", "rows.csv", "rows.json", "lines.jsonl", "saved")
+        ),
+    ):
         document = yaml.safe_load(w["pool"].read_text())
         document["models"][0]["probe"] = str(w.get(probe, root / probe))
         (root / f"probe_{name}.yml").write_text(yaml.safe_dump(document))
@@ -147,6 +167,20 @@ def world(llama, tmp_path_factory):
 
 # command, arguments (``{name}`` = a world path), what the one line must contain
 CASES = {
+    **{
+        f"precheck: a corrupt {kind}": (
+            "precheck",
+            [f"{{probe_corrupt_{name}}}"],
+            [f"probe {{root}}/{file}: not a readable {kind} ("],
+        )
+        for name, file, kind in (
+            ("parquet", "heldout.parquet", "Parquet file"),
+            ("csv", "rows.csv", "CSV file"),
+            ("json", "rows.json", "JSON file"),
+            ("jsonl", "lines.jsonl", "JSONL file"),
+            ("saved", "saved", "saved datasets folder"),
+        )
+    },
     "precheck: missing config file": ("precheck", ["{root}/absent.yml"], ["{root}/absent.yml", "does not exist"]),
     "precheck: config not YAML": ("precheck", ["{not_yaml}"], ["{not_yaml}: not valid YAML at line 2, column "]),
     "precheck: YAML not a mapping": ("precheck", ["{list}"], ["{list}: expected a mergekit config (a YAML mapping)"]),

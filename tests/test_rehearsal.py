@@ -120,3 +120,27 @@ def test_a_job_that_fails_stops_the_rehearsal_with_its_error_and_leaves_the_base
         walk(module, [broken], [Job("broken", lambda: as_read(module, tokenizer, probe))], [three["base"]], names)
     assert all(torch.equal(t, before[n]) for n, t in module.state_dict().items())
     assert len(as_read(module, tokenizer, probe)) == len(probe)  # no block is left waiting
+
+
+def test_harness_blocks_closed_out_of_order_leave_the_streams_and_lm_eval_as_they_were():
+    """A rehearsal's jobs score lm-eval tasks in turns: each opens the harness's quiet block and
+    template cache, and they close out of order. Every stream and lm-eval function is put back."""
+    import sys
+
+    from lm_eval import utils
+
+    from mergekit_mergeability.tasks.lmeval import compiled_templates, quiet_harness
+
+    stdout, stderr, apply = sys.stdout, sys.stderr, utils.apply_template
+    first, second = quiet_harness(), quiet_harness()
+    templates, again = compiled_templates(), compiled_templates()
+    for block in (first, templates, second, again):
+        block.__enter__()
+    quieted = sys.stdout
+    assert quieted is not stdout and utils.apply_template is not apply
+    for block in (first, templates):  # the first ones opened close first
+        block.__exit__(None, None, None)
+    assert sys.stdout is quieted and not quieted.closed and utils.apply_template is not apply
+    for block in (second, again):
+        block.__exit__(None, None, None)
+    assert (sys.stdout, sys.stderr, utils.apply_template) == (stdout, stderr, apply) and quieted.closed

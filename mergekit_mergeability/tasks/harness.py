@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import logging
 from typing import Any, Dict, Optional
-from unittest import mock
 
 from mergekit_mergeability.errors import UserError
-from mergekit_mergeability.tasks.lmeval import Task, compiled_templates, quiet_harness
+from mergekit_mergeability.tasks.lmeval import Task, compiled_templates, quiet_harness, while_open
 
 TRANSLATION_METRICS = {"bleu", "chrf"}
 
@@ -34,7 +33,7 @@ def score(
         logging.getLogger(noisy).setLevel(logging.ERROR)
     # simple_evaluate ends by describing the machine (torch's collect_env runs `pip list` and
     # more: ~2 s a call, more than scoring a probe); only the scores are kept here, so skip it
-    no_machine_report = mock.patch.object(evaluator, "add_env_info", lambda storage: None)
+    no_machine_report = while_open(evaluator, "add_env_info", lambda storage: None)
     with quiet_harness(), compiled_templates(), no_machine_report:
         lm = HFLM(pretrained=model, tokenizer=tokenizer, device=device, batch_size=batch_size)
         out = simple_evaluate(

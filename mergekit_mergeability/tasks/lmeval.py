@@ -18,7 +18,7 @@ import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.tasks.probes import (
@@ -271,20 +271,33 @@ def _digest(*files: Path) -> str:
     return digest.hexdigest()
 
 
+_quieted: list = []  # what the first open quiet_harness block put aside; one entry per block open
+
+
 @contextlib.contextmanager
 def quiet_harness():
     """Silence lm-eval's per-request progress bars, prints and `git` probe (file descriptor 2
-    itself, and sys.stderr where something has replaced it)."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
+    itself, and sys.stderr where something has replaced it). Nested or interleaved (a rehearsal's
+    jobs each score a task, in turns, and end out of order), the first block opened silences and
+    whichever closes last restores: a block of its own would hand back another's closed stream."""
+    if not _quieted:
+        sys.stderr.flush()
+        null = open(os.devnull, "w")
+        _quieted.append((sys.stdout, sys.stderr, os.dup(2), null))
+        sys.stdout = sys.stderr = null
         os.dup2(null.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
+    else:
+        _quieted.append(_quieted[0])
+    try:
+        yield
+    finally:
+        stdout, stderr, saved, null = _quieted.pop()
+        if not _quieted:
+            null.flush()
+            sys.stdout, sys.stderr = stdout, stderr
             os.dup2(saved, 2)
             os.close(saved)
+            null.close()
 
 
 @contextlib.contextmanager
@@ -294,18 +307,36 @@ def compiled_templates():
     The same Environment renders it, so the text is the same."""
     from lm_eval import utils
 
-    original, compiled = utils.apply_template, {}
+    compiled: Dict[str, Any] = {}
 
     def apply_template(template: str, doc: dict) -> str:
         if template not in compiled:
             compiled[template] = utils.env.from_string(template)
         return compiled[template].render(**doc)
 
-    utils.apply_template = apply_template
+    with while_open(utils, "apply_template", apply_template):
+        yield
+
+
+_open: Dict[Tuple[int, str], List[Any]] = {}  # (owner, attribute) -> [its own value, blocks open]
+
+
+@contextlib.contextmanager
+def while_open(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """``owner.name`` is ``value`` while any block of it is open (the first one's), its own value back
+    once the last closes: a rehearsal's jobs score tasks in turns and end out of order, where blocks
+    that each put back what they found would leave another's value behind."""
+    key = (id(owner), name)
+    if key not in _open:
+        _open[key] = [getattr(owner, name), 0]
+        setattr(owner, name, value)
+    _open[key][1] += 1
     try:
         yield
     finally:
-        utils.apply_template = original
+        _open[key][1] -= 1
+        if not _open[key][1]:
+            setattr(owner, name, _open.pop(key)[0])
 
 
 # (task name, fingerprint, limit) -> its instances. lm-eval builds a task, dataset included, on every

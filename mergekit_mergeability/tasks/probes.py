@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
 
-from mergekit_mergeability.errors import UserError
+from mergekit_mergeability.errors import UserError, reading
 
 MULTIPLE_CHOICE, GENERATION = "multiple_choice", "generation"
 CLOZE, OPTIONS, LM_EVAL = "cloze", "options", "lm-eval"  # how an instance is scored
@@ -252,7 +252,7 @@ def existing_file(spec: str, relative_to: Optional[Path] = None) -> Optional[Pat
 
 def _from_jsonl(path: Path, limit: Optional[int]) -> List[Instance]:
     instances = []
-    with open(path, encoding="utf-8") as handle:
+    with reading(path, "JSONL file"), open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             if limit is not None and len(instances) >= limit:
                 break
@@ -285,7 +285,8 @@ def json_line(path: Path, number: int, line: str) -> Any:
 
 def json_rows(path: Path) -> List[Any]:
     """Every non-blank line of the JSONL file ``path``, parsed (``json_line``)."""
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    with reading(path, "JSONL file"):
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
     return [json_line(path, number, line) for number, line in enumerate(lines, 1) if line.strip()]
 
 

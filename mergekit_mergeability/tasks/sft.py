@@ -34,11 +34,12 @@ import random
 from pathlib import Path
 from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from mergekit_mergeability.errors import UserError
+from mergekit_mergeability.errors import UserError, reading
 from mergekit_mergeability.tasks.probes import GENERATION, LINE_KEYS, Instance, existing_file, join
 
 SEED = 0
 SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+KINDS = {".json": "JSON", ".parquet": "Parquet", ".csv": "CSV"}  # a file's kind, said where it breaks its reader
 ANSWER_AFTER_KEY = "answer_after"  # the model entry's key (``merge_config``): the marker ending a "text" row's prompt
 CHAT_ROLES = {"system": "System", "user": "User", "human": "User", "assistant": "Assistant", "gpt": "Assistant"}
 ASSISTANT = ("assistant", "gpt", "model")
@@ -83,16 +84,18 @@ def load(path: Path, limit: Optional[int] = None, answer_after: Optional[str] = 
     generation instances; with ``tokenizer`` (``chat: true``), each prompt rendered by its chat
     template: a chat row's own turns, any other row's prompt as the user's turn, the answer right
     after the generation prompt (as ``probes.chatted`` asks a probe line)."""
-    columns, count, rows = _reader(path)
+    kind = "saved datasets folder" if path.is_dir() else f"{KINDS.get(path.suffix, 'JSONL')} file"
+    with reading(path, kind):
+        columns, count, rows = _reader(path)
     if count == 0:
         raise UserError(f"probe {path}: no rows")
     layout = _layout(path, columns, answer_after)
     chosen = (
         range(count) if limit is None or limit >= count else sorted(random.Random(SEED).sample(range(count), limit))
     )
-    return [
-        _instance(layout, row, answer_after, f"{path}: row {i + 1}", tokenizer) for i, row in zip(chosen, rows(chosen))
-    ]
+    with reading(path, kind):
+        read = rows(chosen)
+    return [_instance(layout, row, answer_after, f"{path}: row {i + 1}", tokenizer) for i, row in zip(chosen, read)]
 
 
 # reading: (columns, row count, rows(indices) -> those rows as dicts)
@@ -130,7 +133,9 @@ def _listed(path: Path, rows: List[Any]) -> Reader:
 
 def _json_rows(path: Path) -> List[Any]:
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
+        with reading(path, "JSON file"):
+            text = path.read_text(encoding="utf-8")
+        document = json.loads(text)
     except json.JSONDecodeError as error:
         raise UserError(f"probe {path}: not JSON ({error.msg} at line {error.lineno})") from None
     if isinstance(document, dict):  # {"train": [...]} or {"data": [...]}: the one list it holds
@@ -170,7 +175,7 @@ def _saved(folder: Path) -> Reader:
 
 def _probe_lines(path: Path) -> bool:
     """Is the first line of a JSONL file a probe line (``tasks.probes``) rather than a fine-tuning row?"""
-    with open(path, encoding="utf-8") as handle:
+    with reading(path, "JSONL file"), open(path, encoding="utf-8") as handle:
         first = next((line for line in handle if line.strip()), "")
     try:
         row = json.loads(first)
