@@ -184,9 +184,10 @@ def setting(*names: str, settings: str, **kwargs):
 
 def model_options(settings: str):
     """The options every command that runs models shares (lm-eval's names where it has them), with
-    the defaults of ``settings`` (a class of ``mergekit_mergeability.settings``): PrecheckSettings
-    loads in dtype auto, the config's ``dtype:``, else each checkpoint's own."""
-    auto = settings == "PrecheckSettings"
+    the defaults of ``settings`` (a class of ``mergekit_mergeability.settings``): the precheck,
+    evaluate and mergeability load in dtype auto (the config's ``dtype:``, else each checkpoint's
+    own); sweep in float32, both ends alike."""
+    auto = settings in ("PrecheckSettings", "RunSettings")
     dtypes = ["auto", "float32", "bfloat16", "float16"][0 if auto else 1 :]
 
     def decorate(command):
@@ -205,6 +206,8 @@ def model_options(settings: str):
                     help="What the models are loaded in"
                     + (
                         " (auto: the config's dtype:, else each checkpoint's own torch_dtype, else float32; statistics stay float32)."
+                        if settings == "PrecheckSettings"
+                        else " (auto: each checkpoint's own torch_dtype, else float32)."
                         if auto
                         else "."
                     )

@@ -38,7 +38,7 @@ class RunSettings:
 
     limit: Optional[int] = None  # instances per task or probe set; None: all of them
     device: str = AUTO  # cpu, cuda, cuda:1, mps…
-    dtype: str = "float32"  # what the models are loaded in; statistics stay float32
+    dtype: str = AUTO  # what the models are loaded in (auto: each checkpoint's own); statistics stay float32
     batch_size: int = BATCH_SIZE
     quiet: bool = False  # no progress bars
 
@@ -75,6 +75,7 @@ class PrecheckSettings(RunSettings):
 class SweepSettings(RunSettings):
     """The interpolation sweep's settings: θ(λ) = λ·B + (1 − λ)·A at ``lambdas``, refined."""
 
+    dtype: str = "float32"  # both ends in one dtype, whatever each checkpoint's own
     lambdas: Tuple[float, ...] = LAMBDAS
     marker: str = MARKER  # a regex: answers containing it count towards the marker rate
     budget: Optional[float] = None  # tokens per answer: the sweet spot is then the best accuracy within it

@@ -88,13 +88,90 @@ def test_different_vocabularies_with_equal_shapes_are_an_error_unless_mergekit_a
     assert [f.severity for f in findings] == ["info"] and "tokenizer_source: union aligns them" in findings[0].message
 
 
-def test_special_tokens_and_chat_templates_differing_are_warnings(llama, tmp_path):
+def _edited(source, folder, file, **changes):
+    """A copy of a model folder with keys of one of its JSON files changed (None: removed)."""
+    copy = shutil.copytree(source, folder)
+    settings = json.loads((copy / file).read_text())
+    settings.update(changes)
+    (copy / file).write_text(json.dumps({k: v for k, v in settings.items() if v is not None}))
+    return copy
+
+
+def _fim(source, folder):
+    """A copy whose tokenizer has fill-in-the-middle tokens, as a code model's has."""
+    copy = shutil.copytree(source, folder)
+    fast = json.loads((copy / "tokenizer.json").read_text())
+    top = max(fast["model"]["vocab"].values())
+    fast["added_tokens"] += [
+        {
+            "id": top + i,
+            "content": t,
+            "special": True,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+        }
+        for i, t in enumerate(["<fim_prefix>", "<fim_middle>", "<fim_suffix>"], 1)
+    ]
+    (copy / "tokenizer.json").write_text(json.dumps(fast))
+    return copy
+
+
+@pytest.mark.parametrize(
+    "change, severity, said",
+    [
+        ("rope_theta", "warning", "RoPE differs (rope_theta is 500000.0 vs 10000.0)"),
+        ("rope_scaling", "warning", "RoPE differs (factor is 4.0 vs None; rope_type is linear vs default)"),
+        ("model_type", "warning", "model_type is mistral vs llama; the shapes agree"),
+        ("fim", "warning", "has fill-in-the-middle tokens (<fim_middle>, <fim_prefix>, <fim_suffix>)"),
+        ("chat_template", "info", "chat templates differ"),
+    ],
+)
+def test_models_that_differ_in_one_setting_get_one_line_for_it(llama, tmp_path, change, severity, said):
+    """mergekit's own pre-merge checker's findings, at its severities, each on tiny models that differ in it alone."""
+    base, copy = llama["base"], tmp_path / "changed"
+    theta = {"rope_theta": 500000.0, "rope_type": "default"}
+    changed = {
+        "rope_theta": lambda: _edited(llama["expert0"], copy, "config.json", rope_parameters=theta),
+        "rope_scaling": lambda: _edited(
+            llama["expert0"],
+            copy,
+            "config.json",
+            rope_parameters={"rope_theta": 10000.0, "rope_type": "linear", "factor": 4.0},
+        ),
+        "model_type": lambda: _edited(llama["expert0"], copy, "config.json", model_type="mistral"),
+        "fim": lambda: _fim(llama["expert0"], copy),
+        "chat_template": lambda: _edited(
+            llama["expert0"], copy, "tokenizer_config.json", chat_template="{{ messages }}"
+        ),
+    }[change]()
+    findings = [
+        f
+        for f in Compatibility().run(_inputs(base, changed)).findings
+        if said.split(" (")[0].split(";")[0] in f.message
+    ]
+    assert [(f.severity, said in f.message) for f in findings] == [(severity, True)], findings
+    assert findings[0].message.startswith(f"{changed} vs {base}: ") and "\n" not in findings[0].message
+    assert Compatibility().run(_inputs(base, llama["expert1"])).findings == []  # the unchanged pair says nothing
+
+
+def test_rope_settings_are_read_where_any_transformers_version_wrote_them():
+    from mergekit_mergeability.diagnostics.compatibility import rope_settings
+
+    old = {"rope_theta": 1e6, "rope_scaling": {"type": "linear", "rope_type": "linear", "factor": 2.0}}
+    new = {"rope_parameters": {"rope_theta": 1e6, "rope_type": "linear", "factor": 2.0}}
+    assert rope_settings(old) == rope_settings(new) == {"rope_theta": 1e6, "rope_type": "linear", "factor": 2.0}
+    assert rope_settings({}) == {}
+
+
+def test_special_tokens_differing_are_a_warning_and_chat_templates_an_info_line(llama, tmp_path):
     chat = shutil.copytree(llama["expert0"], tmp_path / "chat")
     settings = json.loads((chat / "tokenizer_config.json").read_text())
     settings.update(eos_token="Paris", chat_template="{{ messages }}")
     (chat / "tokenizer_config.json").write_text(json.dumps(settings))
     findings = Compatibility().run(_inputs(llama["base"], chat)).findings
-    assert [f.severity for f in findings] == ["warning", "warning"]
+    assert [f.severity for f in findings] == ["warning", "info"]
     assert "eos_token 'Paris' vs '<eos>'" in findings[0].message and "chat templates differ" in findings[1].message
 
 

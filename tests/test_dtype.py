@@ -122,6 +122,19 @@ def test_load_causal_lm_resolves_auto_for_other_callers(bf16):
     assert next(model.parameters()).dtype == torch.bfloat16
 
 
+def test_evaluate_scores_each_checkpoint_in_its_own_dtype_unless_told(bf16, llama):
+    """evaluate's default is the precheck's: a 7B bfloat16 checkpoint is not loaded in float32 (28 GiB)."""
+    from mergekit_mergeability.evaluation.scorer import Scorer
+    from mergekit_mergeability.settings import RunSettings
+    from mergekit_mergeability.sources.cache import Cache
+
+    assert RunSettings().dtype == "auto"
+    own = Scorer(bf16["base"], RunSettings(device="cpu"), Cache(None))
+    assert own.dtype == "bfloat16" and next(own.base_module()[0].parameters()).dtype == torch.bfloat16
+    assert Scorer(llama["base"], RunSettings(device="cpu"), Cache(None)).dtype == "float32"
+    assert Scorer(bf16["base"], RunSettings(device="cpu", dtype="float32"), Cache(None)).dtype == "float32"
+
+
 def test_a_dtype_mergekit_does_not_know_is_one_line(bf16, tmp_path):
     result = CliRunner().invoke(
         main, ["precheck", str(_config(tmp_path, bf16, dtype="float33")), "--out", str(tmp_path / "out")]

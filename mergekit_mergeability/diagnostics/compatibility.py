@@ -5,6 +5,10 @@ so a mismatch in architecture, depth, width or any tensor's shape, or vocabulari
 whose token ids mean different words, is reported in well under a second. Each
 problem is one line naming both models, with a count and the first example.
 
+Severities as mergekit's own pre-merge checker sets them (mergekit-check-compat): shapes and
+depth an error; ``model_type``, RoPE settings, vocabularies, special and FIM tokens a warning; chat
+templates an info line.
+
 Reads ``inputs.tokenizer_source``: what the config's ``tokenizer_source:`` (or
 ``tokenizer:``) key says, if anything (``config.tokenizer_source``). When
 set, mergekit builds one vocabulary and differing ones are fine.
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, ModelInput, Need
@@ -34,6 +39,9 @@ WIDTH = (
     "head_dim",
 )
 DEPTH = ("num_hidden_layers", "n_layer")
+FIM = re.compile(
+    r"fim|<(PRE|SUF|MID)>", re.IGNORECASE
+)  # fill-in-the-middle tokens (StarCoder, Qwen, DeepSeek, CodeLlama)
 
 
 def tensor_shapes(model: Source) -> Shapes:
@@ -139,6 +147,36 @@ def _compare(ref: _Facts, model: _Facts) -> Iterator[Finding]:
             yield Finding("error", f"{against}: {', '.join(keys)}{details}")
     for size in changed(["vocab_size"]):
         yield Finding("warning", f"{against}: {size} (align with a tokenizer: source in the config)")
+    for kind in changed(["model_type"]):
+        yield Finding(
+            "warning",
+            f"{against}: {kind}; the shapes agree, but activations, attention or norms may not mean the same: merge models of one model_type",
+        )
+    theirs, mine = rope_settings(ref.config), rope_settings(model.config)
+    rope = [f"{k} is {v} vs {theirs.get(k)}" for k, v in _differing(theirs, mine)]
+    if rope:
+        yield Finding(
+            "warning",
+            f"{against}: RoPE differs ({'; '.join(rope)}); the merge keeps one config's, so the other's positions are read otherwise "
+            "(a long-context fine-tune loses coherence): merge models that share one RoPE setting",
+        )
+
+
+def rope_settings(config: dict) -> Dict[str, object]:
+    """A config's rotary position settings, wherever its transformers version wrote them
+    (``rope_theta`` and ``rope_scaling`` at the top, or ``rope_parameters``)."""
+    found = {**(config.get("rope_parameters") or {}), **(config.get("rope_scaling") or {})}
+    if "rope_theta" in config:
+        found["rope_theta"] = config["rope_theta"]
+    if "type" in found and "rope_type" in found:  # the old spelling beside the new
+        del found["type"]
+    return found
+
+
+def _differing(a: Dict[str, object], b: Dict[str, object]) -> List[Tuple[str, object]]:
+    """(key, b's value) where ``b`` says otherwise than ``a`` (a "default" rope_type equals none)."""
+    plain = lambda d, k: None if k == "rope_type" and d.get(k) in (None, "default") else d.get(k)  # noqa: E731
+    return [(k, b.get(k)) for k in sorted(a.keys() | b.keys()) if plain(a, k) != plain(b, k)]
 
 
 def _compare_vocabularies(ref: _Facts, model: _Facts, source: Optional[str], align: str) -> Iterator[Finding]:
@@ -174,8 +212,16 @@ def _compare_vocabularies(ref: _Facts, model: _Facts, source: Optional[str], ali
             "warning",
             f"{against}: special tokens differ ({', '.join(special)}); the merge keeps one tokenizer's, so the other model's may stop or pad wrongly",
         )
-    if a.chat_template != b.chat_template:
+    fim = {f.name: sorted(t for t in f.vocabulary.tokens if FIM.search(t)) for f in (ref, model)}
+    if bool(fim[ref.name]) != bool(fim[model.name]):
+        having, lacking = (ref, model) if fim[ref.name] else (model, ref)
         yield Finding(
             "warning",
+            f"{against}: {having.name} has fill-in-the-middle tokens ({', '.join(fim[having.name][:3])}), {lacking.name} none; "
+            "a merge with the other's tokenizer cannot infill code: set tokenizer_source: union in the config to keep them",
+        )
+    if a.chat_template != b.chat_template:
+        yield Finding(
+            "info",
             f"{against}: chat templates differ; the merge keeps one tokenizer's, so prompts in the other's format may not work",
         )

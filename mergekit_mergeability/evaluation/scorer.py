@@ -14,7 +14,16 @@ from mergekit_mergeability.rehearsal.shared_layers import Shared, shared_below
 from mergekit_mergeability.diagnostics.task_scores import score_all
 from mergekit_mergeability.sources.heap import release_freed_memory
 from mergekit_mergeability.settings import RunSettings
-from mergekit_mergeability.sources import Source, auto_device, load_causal_lm, merged, patched, same_model, update_of
+from mergekit_mergeability.sources import (
+    Source,
+    auto_device,
+    load_causal_lm,
+    load_dtype,
+    merged,
+    patched,
+    same_model,
+    update_of,
+)
 from mergekit_mergeability.sources.cache import Cache, fingerprint
 from mergekit_mergeability.tasks.lmeval import Task
 from mergekit_mergeability.tasks.probes import Instance
@@ -29,10 +38,11 @@ class Scorer:
         self._module = None
         self._tokenizer = None
         self._shared = Shared()
+        self.dtype = load_dtype(settings.dtype, self.base)  # auto: the base checkpoint's own
 
     def settings(self, task: Task):
         """Everything besides the model that changes a score on ``task`` (cache and resume keys)."""
-        return task.fingerprint, self.run_settings.limit, self.run_settings.dtype
+        return task.fingerprint, self.run_settings.limit, self.dtype
 
     def _run(self, module, tokenizer, task: Task) -> Dict[str, Any]:
         return self._run_all(module, tokenizer, [task])[0]
@@ -54,7 +64,8 @@ class Scorer:
         if same_model(path, self.base):
             module, tokenizer = self.base_module()
         else:
-            module, tokenizer = load_causal_lm(path, self.run_settings.device, self.run_settings.dtype, self.base)
+            dtype = load_dtype(self.run_settings.dtype, path)
+            module, tokenizer = load_causal_lm(path, self.run_settings.device, dtype, self.base)
         return self.cache.put(key, self._run(module, tokenizer, task))
 
     def patch(self, recipe: Any, task: Task, make: Callable[[], Mapping[str, torch.Tensor]]) -> Dict[str, Any]:
@@ -81,7 +92,7 @@ class Scorer:
         on the base with ``make()``'s tensors patched in (``make`` None: the base itself); asked
         together, each set cached by ``recipe`` and its items."""
         keys = [
-            self.cache.key("read", self.base_fingerprint, recipe, list(map(str, found)), self.run_settings.dtype)
+            self.cache.key("read", self.base_fingerprint, recipe, list(map(str, found)), self.dtype)
             for found in probe_sets
         ]
 
@@ -112,5 +123,5 @@ class Scorer:
 
     def base_module(self):
         if self._module is None:
-            self._module, self._tokenizer = load_causal_lm(self.base, self.run_settings.device, self.run_settings.dtype)
+            self._module, self._tokenizer = load_causal_lm(self.base, self.run_settings.device, self.dtype)
         return self._module, self._tokenizer
