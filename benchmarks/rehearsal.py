@@ -6,7 +6,10 @@ blocks deep, stored in bfloat16 and read in float32 as the precheck reads them o
 probe of ``--items`` multiple-choice items whose options run several tokens (a prompt pass and an
 options pass); the menu's candidates as the precheck plans them (the config as written, the mean
 merge, TIES, DARE-TIES, knowledge_weighted, then the knob grid). Prints each side's seconds building
-merges and in all, their ratios, and the largest difference between the two sides' reads (float32).
+merges and in all, the bytes each read from the models' files, the ratios, and the largest
+difference between the two sides' reads (float32). Both sides' files sit in the page cache after
+their first read here; where a model's files are larger than memory (7B and up), each byte read is
+a byte from disk.
 
     python benchmarks/rehearsal.py [--shape 1.1B] [--blocks 4] [--items 16] [--candidates 15] [--work DIR]
 """
@@ -68,6 +71,25 @@ def build(root: Path, shape: dict, blocks: int, items: int) -> Path:
 
 
 @contextmanager
+def counted(read: list):
+    """The bytes of every tensor read from the models' files while in it, added to ``read[0]``."""
+    from mergekit_mergeability.sources.folder import TensorReader
+
+    own = TensorReader.__getitem__
+
+    def getitem(self, name):
+        tensor = own(self, name)
+        read[0] += tensor.numel() * tensor.element_size()
+        return tensor
+
+    TensorReader.__getitem__ = getitem
+    try:
+        yield
+    finally:
+        TensorReader.__getitem__ = own
+
+
+@contextmanager
 def building(seconds: list):
     """``planned.merged`` timed while in it: the seconds spent merging tensors, added to ``seconds[0]``."""
     merged = planned.merged
@@ -124,19 +146,31 @@ def main() -> None:
         print(
             f"{args.shape} shape, {args.blocks} blocks, 3 full fine-tunes, {len(plans)} candidates, {args.items} items"
         )
-        timings, reads = {}, {}
+        timings, reads, read = {}, {}, {}
         for side, rehearse in (("built whole", whole), ("streamed", streamed)):
-            seconds = [0.0]
+            seconds, read[side] = [0.0], [0]
             planned._masks.clear()  # each side sorts its own updates
             planned._kept[0] = 0
             started = time.perf_counter()
-            with building(seconds), shared_below(module, names), planned.sorted_together(PRUNED_AT):
+            with (
+                counted(read[side]),
+                building(seconds),
+                shared_below(module, names),
+                planned.sorted_together(PRUNED_AT),
+            ):
                 reads[side] = rehearse(module, tokenizer, plans, paths, names, probes)
             timings[side] = (seconds[0], time.perf_counter() - started)
-            print(f"  {side:>11s}: building {timings[side][0]:7.1f} s, in all {timings[side][1]:7.1f} s")
+            print(
+                f"  {side:>11s}: building {timings[side][0]:7.1f} s, in all {timings[side][1]:7.1f} s,"
+                f" {read[side][0] / 2**30:6.2f} GiB read"
+            )
         (b0, t0), (b1, t1) = timings["built whole"], timings["streamed"]
         gap = max(abs(x - y) for a, b in zip(reads["built whole"], reads["streamed"]) for x, y in zip(a, b))
-        print(f"  streamed: building {b0 / b1:.2f}x faster, in all {t0 / t1:.2f}x; largest read difference {gap:.1e}")
+        fewer = read["built whole"][0] / read["streamed"][0]
+        print(
+            f"  streamed: building {b0 / b1:.2f}x faster, in all {t0 / t1:.2f}x, {fewer:.1f}x fewer bytes read;"
+            f" largest difference of a read {gap:.1e}"
+        )
 
 
 if __name__ == "__main__":

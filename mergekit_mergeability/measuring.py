@@ -185,7 +185,7 @@ def measure(
             measured.skipped.append(diagnostic.name)
             continue
         if diagnostic.name != COMPATIBILITY and not planned:  # the models fit together: would mergekit take the config?
-            inputs = replace(inputs, merge=plan(measured))
+            inputs = replace(inputs, merge=plan(measured, dry_run))
             planned = True
             # a dry run reads headers and config.json alone: a whole model is taken to touch every tensor
             said = replace(inputs, read_weights=False) if dry_run else inputs
@@ -254,17 +254,20 @@ def costs(measured, inputs: DiagnosticInputs, diagnostics, skip) -> Cost:
     return estimate(inputs, diagnostics, rehearsed, said, built)
 
 
-def plan(measured: Measurements) -> Optional[Dict[str, Any]]:
+def plan(measured: Measurements, dry_run: bool = False) -> Optional[Dict[str, Any]]:
     """The merge as mergekit plans it (``planned.plan``), before the heavy passes: a config the
     merge would refuse is one line now, not a recommendation that fails later; the rehearsal
-    merges its tensors in memory. Only for local folders and adapters on them (hub models would
-    need their configs fetched); None otherwise."""
+    merges its tensors in memory. A hub model is planned as mergekit plans it, from its snapshot
+    (downloaded once into the Hugging Face cache, or found there offline); None in a dry run that
+    would have to download one."""
     from mergekit_mergeability.merge_config import absolute
     from mergekit_mergeability.rehearsal.planned import plan as planned
     from mergekit_mergeability.sources import update_of
+    from mergekit_mergeability.sources.hub import offline
 
     sources = {m.name: m.path for m in ([measured.base] if measured.base else []) + list(measured.models)}
-    if not all(isinstance(update_of(path) or path, Path) for path in sources.values()):
+    local = all(isinstance(update_of(path) or path, Path) for path in sources.values())
+    if not local and dry_run and not offline():
         return None
     return planned(absolute(measured.spec.document, sources), measured.spec.source)
 

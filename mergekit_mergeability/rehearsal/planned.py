@@ -15,6 +15,7 @@ executor visits the tensors).
 from __future__ import annotations
 
 import contextlib
+import os
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -75,7 +76,7 @@ def plan(document: Mapping[str, Any], source: Any) -> Dict[str, Planned]:
     try:
         config = MergeConfiguration.model_validate(dict(document))
         architecture = get_architecture_info(config, options)
-        with _ours(), _adapters_read_as_their_bases(config), quiet_config_warnings():
+        with _ours(), _indexed_as_we_read(config), quiet_config_warnings():
             planner = MergePlanner(config, architecture, options, _model_out_config(config, architecture))
             # mergekit 0.1.5's plan_in_memory wraps each task in a ReturnTensor that pydantic refuses
             # (Task[Optional[Tensor]] is not a Task[Tensor]); its plan is the same list of tasks
@@ -101,17 +102,31 @@ def plan(document: Mapping[str, Any], source: Any) -> Dict[str, Planned]:
 
 
 @contextlib.contextmanager
-def _adapters_read_as_their_bases(config) -> Iterator[None]:
+def _indexed_as_we_read(config) -> Iterator[None]:
     """While planning, mergekit looks up whether an optional tensor (a tied head) exists in each
-    model's index; for a ``base+adapter`` it would first merge the adapter into a copy of its base
-    on disk. An adapter has its base's tensors, so its base's index answers, and nothing is written."""
+    model's index: for a ``base+adapter`` it would first merge the adapter into a copy of its base
+    on disk, and for a hub model mergekit 0.1.5 asks the hub for the repo's file list, offline too.
+    A hub model's index is its snapshot's as the precheck reads it (``HubModel``: downloaded once
+    into the Hugging Face cache, or found there offline), and an adapter has its base's tensors, so
+    its base's index answers; nothing is written."""
     from mergekit.common import ModelReference
+    from mergekit.io.lazy_tensor_loader import LazyTensorLoader, ShardedTensorIndex
     from mergekit.io.tasks import LoaderCache
 
+    from mergekit_mergeability.sources.hub import HubModel
+
     cache = LoaderCache()
-    added = [model for model in config.referenced_models() if model.lora is not None and model not in cache.loaders]
-    for model in added:
-        cache.loaders[model] = cache.get(ModelReference(model=model.model))
+    added = []
+    models = list(config.referenced_models())
+    for model in [ModelReference(model=m.model) for m in models if m.lora is not None] + models:
+        if model in cache.loaders or (model.lora is None and os.path.exists(model.model.path)):
+            continue
+        if model.lora is not None:
+            cache.loaders[model] = cache.get(ModelReference(model=model.model))
+        else:
+            snapshot = HubModel(model.model.path).folder
+            cache.loaders[model] = LazyTensorLoader(ShardedTensorIndex.from_disk(str(snapshot)), lazy_unpickle=True)
+        added.append(model)
     try:
         yield
     finally:

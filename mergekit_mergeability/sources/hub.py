@@ -51,15 +51,21 @@ class HubModel(ModelSource, os.PathLike):
         return self._folder
 
     def file(self, name: str) -> Optional[Path]:
-        """One small file of the repo (None if the hub says it has none by that name)."""
+        """One small file of the repo (None if the hub says it has none by that name; offline, if
+        the cached snapshot has none)."""
         from huggingface_hub.errors import RemoteEntryNotFoundError  # not Local…: offline is an error
 
+        if offline():  # nothing more can come: the snapshot in the cache is the repo
+            path = self.folder / name
+            return path if path.is_file() else None
         try:
             return Path(self._hub("hf_hub_download", self.repo_id, name, missing_ok=RemoteEntryNotFoundError))
         except RemoteEntryNotFoundError:
             return None
 
     def tensor_index(self) -> Dict[str, TensorInfo]:
+        if offline():  # the cached files' own headers (no tensor read)
+            return Folder(self.folder).tensor_index()
         metadata = self._hub("get_safetensors_metadata", self.repo_id)
         return {
             name: TensorInfo(Path(file), tuple(info.shape), info.dtype)
@@ -84,18 +90,17 @@ class HubModel(ModelSource, os.PathLike):
     def _hub(self, function: str, *args, missing_ok=(), **kwargs):
         import huggingface_hub  # looked up at call time, so tests can stand in for the hub
 
-        offline = not reachable()
-        if offline:  # files already in the hub's cache still serve; nothing else can
+        cut_off = offline()
+        if cut_off:  # files already in the hub's cache still serve; nothing else can
             if function not in ("hf_hub_download", "snapshot_download"):
-                raise self._missing(UNREACHABLE.format(_host()))
+                raise self._missing(_unreachable(self.repo_id))
             kwargs["local_files_only"] = True
         try:
             return getattr(huggingface_hub, function)(*args, **kwargs)
         except missing_ok:
             raise
         except Exception as error:  # offline, gated, missing: all the user can act on is the message
-            why = UNREACHABLE.format(_host()) if offline else f"not on the hub ({type(error).__name__})"
-            raise self._missing(why) from None
+            raise self._missing(_unreachable(self.repo_id) if cut_off else _why(error)) from None
 
     def _missing(self, why: str) -> UserError:
         return UserError(
@@ -104,6 +109,37 @@ class HubModel(ModelSource, os.PathLike):
 
 
 UNREACHABLE = "the hub ({}) cannot be reached to look it up"
+
+
+def offline() -> bool:
+    """Whether nothing can come from the hub: HF_HUB_OFFLINE is set, or its host does not resolve."""
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE) or not reachable()
+
+
+def _unreachable(repo_id: str) -> str:
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return (
+            f"not in the Hugging Face cache ({constants.HF_HUB_CACHE}) with HF_HUB_OFFLINE set:"
+            f" huggingface-cli download {repo_id}, where the hub can be reached"
+        )
+    return UNREACHABLE.format(_host())
+
+
+def _why(error: Exception) -> str:
+    """What the hub's refusal means to the user, and what to do."""
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    if isinstance(error, GatedRepoError):
+        return "gated on the hub: accept its terms on its page, then huggingface-cli login"
+    if isinstance(error, RevisionNotFoundError):
+        return "the hub has no such revision of it"
+    if isinstance(error, RepositoryNotFoundError):
+        return "not on the hub, or private (huggingface-cli login, if it is yours)"
+    return f"not on the hub ({type(error).__name__})"
 
 
 def _host() -> str:
@@ -118,7 +154,7 @@ def _host() -> str:
 def reachable() -> bool:
     """Whether the hub's host resolves (once per process). Unreachable, huggingface_hub retries
     each request with back-off for about 30 s before it gives up; with ``HF_HUB_OFFLINE`` set it
-    answers from its cache at once, so that counts as reachable here."""
+    answers from its cache at once (``offline`` says both)."""
     from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE:
