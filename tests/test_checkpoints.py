@@ -141,24 +141,48 @@ def test_an_unknown_hub_id_in_a_config_names_its_field(hub, llama, tmp_path):
         sources.model_config(missing)
 
 
-def test_offline_a_hub_id_is_looked_up_in_the_cache_only_and_fails_at_once(hub, monkeypatch):
+def test_offline_a_hub_id_is_looked_up_in_the_cache_only_and_fails_at_once(hub, llama, monkeypatch):
     """No network: huggingface_hub would retry each request for ~30 s; its cache is asked instead."""
     import huggingface_hub
 
     asked = []
 
-    def not_cached(*args, **kwargs):
+    def cached_only(repo_id, **kwargs):  # the fake hub's snapshots stand for what the cache holds
         asked.append(kwargs)
-        raise huggingface_hub.errors.LocalEntryNotFoundError("not in the cache")
+        if repo_id not in hub.folders:
+            raise huggingface_hub.errors.LocalEntryNotFoundError("not in the cache")
+        return str(hub.folders[repo_id])
 
     monkeypatch.setattr("mergekit_mergeability.sources.hub.reachable", lambda: False)
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", not_cached)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", cached_only)
     unreachable = f"the hub \\({re.escape(sources.hub._host())}\\) cannot be reached to look it up"
     with pytest.raises(UserError, match=f"^model models/nope: no such folder, and {unreachable}"):
         sources.model_config(resolve("models/nope"))
     assert asked and all(kwargs.get("local_files_only") for kwargs in asked)
-    with pytest.raises(UserError, match=unreachable):  # safetensors headers come only from the hub
-        tensor_index(resolve("org/expert"))
+    # a model in the cache is indexed from its own files' headers
+    assert tensor_index(resolve("org/expert")) == tensor_index(llama["expert0"])
+    assert all(kwargs.get("local_files_only") for kwargs in asked)
+    assert not [c for c in hub.calls if c[0] == "headers"]
+
+
+def test_a_dry_run_online_downloads_no_hub_model_and_says_why_the_menu_waits(hub, llama, tmp_path):
+    import yaml
+
+    from conftest import precheck_cli
+
+    probe = tmp_path / "probe.jsonl"
+    probe.write_text(
+        "".join(json.dumps({"question": f"Q{i}?", "choices": ["a", "b"], "label": 0}) + "\n" for i in range(3))
+    )
+    models = [{"model": "org/expert", "probe": str(probe)}, {"model": str(llama["expert1"]), "probe": str(probe)}]
+    config = tmp_path / "hub.yml"
+    config.write_text(yaml.safe_dump({"merge_method": "ties", "base_model": "org/base", "models": models}))
+    result = precheck_cli(config, tmp_path / "out", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "menu: not rehearsed, a dry run downloads no hub model to plan the merge with" in " ".join(
+        result.output.split()
+    )
+    assert not [c for c in hub.calls if c[0] == "snapshot"]
 
 
 def test_a_bin_only_folder_has_weights_and_a_folder_without_any_is_refused(llama, tmp_path):

@@ -83,11 +83,13 @@ class DiagnosticInputs:
     def touched(self) -> Dict[str, FrozenSet[str]]:
         """Each model's name -> the tensors its update touches (``sources.changed``), read once
         per precheck for every diagnostic that rehearses a merge."""
-        from mergekit_mergeability.sources import TensorReader, changed, tensors
+        from mergekit_mergeability.sources import TensorReader, changed, tensor_index, tensors, update_of
 
+        if not self.read_weights:  # headers alone: nothing downloaded, an adapter's targets known from its file
+            index = tensor_index(self.base.path)
+            known = lambda m: tensors(m.path).known_update() if update_of(m.path) is not None else None  # noqa: E731
+            return {m.name: frozenset(known(m) or index) for m in self.models}
         base = TensorReader(self.base.path)
-        if not self.read_weights:
-            return {m.name: frozenset(tensors(m.path).known_update() or base.index) for m in self.models}
         return {m.name: frozenset(changed(base, m.path)) for m in self.models}
 
     @cached_property
@@ -111,7 +113,9 @@ class DiagnosticInputs:
         from mergekit_mergeability.rehearsal.planned import writable
         from mergekit_mergeability.sources import TensorReader
 
-        return writable(self.merge, TensorReader(self.base.path).index, set().union(*self.touched.values()))
+        return self.merge is not None and writable(  # (no plan: no base's index read, nothing downloaded)
+            self.merge, TensorReader(self.base.path).index, set().union(*self.touched.values())
+        )
 
 
 @dataclass
