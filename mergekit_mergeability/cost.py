@@ -84,6 +84,14 @@ class Cost:
         ]
 
 
+def size(count: float) -> str:
+    """Bytes as a person reads them (decimal units, as disks and the hub count them)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{int(count)} B"
+
+
 def duration(seconds: float) -> str:
     if seconds < 90:
         return f"{max(1, round(seconds))} s"

@@ -251,7 +251,23 @@ def costs(measured, inputs: DiagnosticInputs, diagnostics, skip) -> Cost:
         built.update({f"{PATCH}, {m.name}": built[AS_WRITTEN] for m in inputs.models})
     why = "--skip menu" if menu.NAME in skip else menu.unrehearsed(inputs)
     said = [menu.said(inputs)] if rehearsed else [f"menu: not rehearsed, {why}"] if why else []
-    return estimate(inputs, diagnostics, rehearsed, said, built)
+    return estimate(inputs, diagnostics, rehearsed, said + downloads(inputs), built)
+
+
+def downloads(inputs: DiagnosticInputs) -> List[str]:
+    """A line naming each hub model the run will download and its size, and the disk they need
+    (none where every one is in the Hugging Face cache)."""
+    from mergekit_mergeability.cost import size
+    from mergekit_mergeability.sources import base_of
+    from mergekit_mergeability.sources.hub import HubModel
+
+    models = {str(base_of(m.path)): base_of(m.path) for m in (inputs.base, *inputs.models) if m is not None}
+    coming = {name: model.download() for name, model in models.items() if isinstance(model, HubModel)}
+    coming = {name: found for name, found in coming.items() if found}
+    if not coming:
+        return []
+    each = ", ".join(f"{name} {size(found)}" for name, found in coming.items())
+    return [f"downloads: {each} ({size(sum(coming.values()))} of disk, into the Hugging Face cache)"]
 
 
 def plan(measured: Measurements, dry_run: bool = False) -> Optional[Dict[str, Any]]:

@@ -88,7 +88,11 @@ class FakeHub:
             {"model.safetensors": SafetensorsFileMetadata({}, tensors)},
         )
 
-    def snapshot_download(self, repo_id, **_):
+    def snapshot_download(self, repo_id, local_files_only=False, **_):
+        if local_files_only and ("snapshot", repo_id) not in self.calls:  # the cache holds what was downloaded
+            from huggingface_hub.errors import LocalEntryNotFoundError
+
+            raise LocalEntryNotFoundError("not in the cache")
         self.calls.append(("snapshot", repo_id))
         return str(self.folders[repo_id])
 
@@ -165,8 +169,12 @@ def test_offline_a_hub_id_is_looked_up_in_the_cache_only_and_fails_at_once(hub, 
     assert not [c for c in hub.calls if c[0] == "headers"]
 
 
-def test_a_dry_run_online_downloads_no_hub_model_and_says_why_the_menu_waits(hub, llama, tmp_path):
+def test_a_dry_run_online_downloads_no_hub_model_and_says_what_the_run_will(hub, llama, tmp_path):
+    import math
+
     import yaml
+
+    from mergekit_mergeability.cost import size
 
     from conftest import precheck_cli
 
@@ -179,10 +187,16 @@ def test_a_dry_run_online_downloads_no_hub_model_and_says_why_the_menu_waits(hub
     config.write_text(yaml.safe_dump({"merge_method": "ties", "base_model": "org/base", "models": models}))
     result = precheck_cli(config, tmp_path / "out", "--dry-run")
     assert result.exit_code == 0, result.output
-    assert "menu: not rehearsed, a dry run downloads no hub model to plan the merge with" in " ".join(
-        result.output.split()
-    )
+    said = " ".join(result.output.split())
+    assert "menu: not rehearsed, a dry run downloads no hub model to plan the merge with" in said
     assert not [c for c in hub.calls if c[0] == "snapshot"]
+    weights = {
+        repo: sum(math.prod(i.shape) * 4 for i in tensor_index(hub.folders[repo]).values()) for repo in hub.folders
+    }
+    assert (
+        f"downloads: org/base {size(weights['org/base'])}, org/expert {size(weights['org/expert'])}"
+        f" ({size(sum(weights.values()))} of disk, into the Hugging Face cache)"
+    ) in said
 
 
 def test_a_bin_only_folder_has_weights_and_a_folder_without_any_is_refused(llama, tmp_path):

@@ -125,3 +125,76 @@ def test_a_hub_id_missing_from_the_cache_offline_is_one_line_naming_it_and_what_
     assert result.exit_code == 2 and len(lines) == 1 and "Traceback" not in result.output, result.output
     assert "models[1].model: model tinyorg/absent" in lines[0] and "huggingface-cli download tinyorg/absent" in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def _refused(error_name: str):
+    """A stand-in for huggingface_hub's functions that refuse as the hub does (the error's
+    response left out: only its type is read)."""
+    import huggingface_hub.errors as errors
+
+    def refuse(*args, **kwargs):
+        kind = getattr(errors, error_name)
+        raise kind.__new__(kind)
+
+    return refuse
+
+
+@pytest.mark.parametrize(
+    "error, said",
+    [
+        ("GatedRepoError", "gated on the hub: accept its terms on its page, then huggingface-cli login"),
+        ("RepositoryNotFoundError", "not on the hub, or private (huggingface-cli login, if it is yours)"),
+        ("RevisionNotFoundError", "the hub has no such revision of it"),
+        ("NotASafetensorsRepoError", "its weights on the hub are .bin files only; the precheck reads safetensors"),
+    ],
+)
+def test_what_the_hub_refuses_is_one_line_naming_the_id_and_what_to_do(monkeypatch, tmp_path, error, said):
+    import huggingface_hub
+
+    for name in ("hf_hub_download", "get_safetensors_metadata", "snapshot_download"):
+        monkeypatch.setattr(huggingface_hub, name, _refused(error))
+    monkeypatch.setattr("mergekit_mergeability.sources.hub.reachable", lambda: True)
+    config = tmp_path / "config.yml"
+    models = [{"model": "tinyorg/math@v2"}, {"model": "tinyorg/facts"}]
+    config.write_text(yaml.safe_dump({"merge_method": "ties", "base_model": "tinyorg/base", "models": models}))
+    result = CliRunner().invoke(main, ["precheck", str(config), "--out", str(tmp_path / "out"), "--dry-run"])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert "model tinyorg/" in lines[0] and said in lines[0], lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_revision_is_read_from_the_cache_as_the_hub_names_it_and_a_missing_one_says_how_to_get_it(cut_off):
+    from mergekit_mergeability.errors import UserError
+    from mergekit_mergeability.sources import resolve, tensor_index
+
+    entry = cut_off["cache"] / "models--tinyorg--math"
+    (entry / "refs" / "v1").write_text(REVISION)  # a branch the cache has: the same snapshot
+    pinned = resolve("tinyorg/math@v1")
+    assert str(pinned) == "tinyorg/math@v1" and tensor_index(pinned) == tensor_index(resolve("tinyorg/math"))
+    with pytest.raises(UserError, match="huggingface-cli download tinyorg/math --revision v9, where the hub"):
+        tensor_index(resolve("tinyorg/math@v9"))
+
+
+def test_adapters_trained_on_a_hub_base_are_rehearsed_offline_as_on_its_folder(cut_off, llama, tmp_path):
+    """LoRA adapters whose adapter_config.json names the base by hub id, as peft writes it."""
+    from mergekit_mergeability.tiny import make_adapter
+
+    targets = [f"model.layers.{i}.mlp.up_proj.weight" for i in (2, 3)]
+    base = cut_off["cache"] / "models--tinyorg--base" / "snapshots" / REVISION
+    reports = {}
+    for side, named in (("hub", "tinyorg/base"), ("folder", str(base))):
+        adapters = [
+            make_adapter(base, tmp_path / side / f"a{i}", targets, seed=i, scale=0.5, base_name=named) for i in (0, 1)
+        ]
+        probes = [
+            ranked_probes(tmp_path / side / f"p{i}.jsonl", llama["base"], QUESTIONS, ["q", "x"], i) for i in (0, 1)
+        ]
+        models = [{"model": str(a), "probe": str(p), "parameters": {"weight": 0.5}} for a, p in zip(adapters, probes)]
+        config = tmp_path / side / "config.yml"
+        config.write_text(yaml.safe_dump({"merge_method": "task_arithmetic", "base_model": named, "models": models}))
+        result = _precheck(config, tmp_path / side / "out")
+        assert result.exit_code == 0, result.output
+        reports[side] = json.loads((tmp_path / side / "out" / "precheck.json").read_text())
+    assert len(reports["hub"]["recommendation"]["method_choice"]["kept"]) > 2
+    assert _numbers(reports["hub"]) == _numbers(reports["folder"])

@@ -124,7 +124,7 @@ def _indexed_as_we_read(config) -> Iterator[None]:
         if model.lora is not None:
             cache.loaders[model] = cache.get(ModelReference(model=model.model))
         else:
-            snapshot = HubModel(model.model.path).folder
+            snapshot = HubModel(model.model.path, model.model.revision).folder
             cache.loaders[model] = LazyTensorLoader(ShardedTensorIndex.from_disk(str(snapshot)), lazy_unpickle=True)
         added.append(model)
     try:

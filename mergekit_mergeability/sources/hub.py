@@ -4,6 +4,7 @@ HTTP, its weights downloaded only when something reads a tensor or loads it."""
 from __future__ import annotations
 
 import functools
+import math
 import os
 import socket
 from pathlib import Path
@@ -23,16 +24,18 @@ class HubModel(ModelSource, os.PathLike):
     recommended configs name the model as the user did.
     """
 
-    def __init__(self, repo_id: str):
-        self.repo_id = repo_id
+    def __init__(self, reference: str, revision: Optional[str] = None):
+        self.reference = reference  # as written: ``org/name`` or ``org/name@revision``
+        self.repo_id, _, written = reference.partition("@")
+        self.revision = revision or written or None
         self.where = ""  # where a config names it ("config.yml: models[0].model: "), for its errors
         self._folder: Optional[Path] = None
 
     def __str__(self) -> str:
-        return self.repo_id
+        return self.reference
 
     def __repr__(self) -> str:
-        return f"HubModel({self.repo_id!r})"
+        return f"HubModel({self.reference!r})"
 
     def __getstate__(self):  # sent to a Ray worker: it downloads into its own cache
         return {**self.__dict__, "_folder": None}
@@ -48,6 +51,8 @@ class HubModel(ModelSource, os.PathLike):
         if self._folder is None:
             patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
             self._folder = Path(self._hub("snapshot_download", self.repo_id, allow_patterns=patterns))
+            if not any(self._folder.glob("*.safetensors")) and not offline():
+                self._no_safetensors()
         return self._folder
 
     def file(self, name: str) -> Optional[Path]:
@@ -75,6 +80,25 @@ class HubModel(ModelSource, os.PathLike):
 
     # reading tensors, hashing files, loading: the downloaded snapshot, as a local folder
 
+    def download(self) -> int:
+        """The bytes of weights the first read of its tensors downloads: 0 where its snapshot is in
+        the Hugging Face cache (or nothing can come), else the sum of its safetensors' tensors as
+        the hub's metadata lists them (no weight fetched)."""
+        import huggingface_hub
+
+        if offline():
+            return 0
+        patterns = ["*.json", "*.safetensors"]
+        try:
+            cached = huggingface_hub.snapshot_download(
+                self.repo_id, revision=self.revision, allow_patterns=patterns, local_files_only=True
+            )
+            if any(Path(cached).glob("*.safetensors")):
+                return 0
+        except Exception:  # not in the cache: the hub's metadata says what will come
+            pass
+        return sum(math.prod(i.shape) * BYTES.get(i.dtype.upper(), 1) for i in self.tensor_index().values())
+
     def tensors(self) -> TensorReader:
         return TensorReader(self.folder)
 
@@ -93,22 +117,34 @@ class HubModel(ModelSource, os.PathLike):
         cut_off = offline()
         if cut_off:  # files already in the hub's cache still serve; nothing else can
             if function not in ("hf_hub_download", "snapshot_download"):
-                raise self._missing(_unreachable(self.repo_id))
+                raise self._missing(_unreachable(self.repo_id, self.revision))
             kwargs["local_files_only"] = True
+        if self.revision is not None:
+            kwargs["revision"] = self.revision
         try:
             return getattr(huggingface_hub, function)(*args, **kwargs)
         except missing_ok:
             raise
         except Exception as error:  # offline, gated, missing: all the user can act on is the message
-            raise self._missing(_unreachable(self.repo_id) if cut_off else _why(error)) from None
+            if type(error).__name__ == "NotASafetensorsRepoError":
+                self._no_safetensors()
+            raise self._missing(_unreachable(self.repo_id, self.revision) if cut_off else _why(error)) from None
 
     def _missing(self, why: str) -> UserError:
         return UserError(
-            f"{self.where}model {self.repo_id}: no such folder, and {why}; relative paths resolve against the working directory"
+            f"{self.where}model {self.reference}: no such folder, and {why}; relative paths resolve against the working directory"
+        )
+
+    def _no_safetensors(self):
+        """A repo of pickled weights only: mergekit reads them (``--lazy-unpickle``), the precheck does not."""
+        raise UserError(
+            f"{self.where}model {self.reference}: its weights on the hub are .bin files only; the precheck reads"
+            " safetensors: convert them (transformers' save_pretrained(..., safe_serialization=True)) and name the folder"
         )
 
 
 UNREACHABLE = "the hub ({}) cannot be reached to look it up"
+BYTES = {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "BF16": 2, "F16": 2, "I16": 2}  # a safetensors dtype's; else 1 (8-bit)
 
 
 def offline() -> bool:
@@ -118,13 +154,14 @@ def offline() -> bool:
     return bool(constants.HF_HUB_OFFLINE) or not reachable()
 
 
-def _unreachable(repo_id: str) -> str:
+def _unreachable(repo_id: str, revision: Optional[str] = None) -> str:
     from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE:
+        asked = f"{repo_id} --revision {revision}" if revision else repo_id
         return (
             f"not in the Hugging Face cache ({constants.HF_HUB_CACHE}) with HF_HUB_OFFLINE set:"
-            f" huggingface-cli download {repo_id}, where the hub can be reached"
+            f" huggingface-cli download {asked}, where the hub can be reached"
         )
     return UNREACHABLE.format(_host())
 
