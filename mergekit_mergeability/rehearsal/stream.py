@@ -12,7 +12,7 @@ candidates merge it.
 A job's forward passes run one after another (an options pass reads its prompt pass's keys and
 values), so a job whose next pass starts below the block the walk has reached waits for the next
 walk: the walks are as many as a job's passes. Candidates go in waves whose built blocks fit in
-``kept`` bytes (half the memory free when the walk starts, 2 GiB where that cannot be read), each
+``kept`` bytes (half the memory available when the walk starts: ``keepable``), each
 block built once a wave and kept for its later walks; where even one candidate's blocks do not fit,
 all go in one wave and each block is built anew each walk: no candidate's merge is held whole,
 one block of one candidate at a time, besides the tensors outside the blocks (embedding, final
@@ -157,7 +157,14 @@ def walk(
 
 
 def keepable() -> int:
-    """Half the memory free now (2 GiB where the system does not say)."""
+    """Half the memory available now: Linux's MemAvailable (free, and the page cache it can drop),
+    else the free pages, else 2 GiB where the system does not say."""
+    try:
+        with open("/proc/meminfo") as info:
+            found = {line.split(":")[0]: line.split()[1] for line in info}
+        return int(found["MemAvailable"]) * 1024 // 2
+    except (OSError, KeyError, ValueError, IndexError):
+        pass
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
     except (AttributeError, ValueError, OSError):
