@@ -198,3 +198,33 @@ def test_adapters_trained_on_a_hub_base_are_rehearsed_offline_as_on_its_folder(c
         reports[side] = json.loads((tmp_path / side / "out" / "precheck.json").read_text())
     assert len(reports["hub"]["recommendation"]["method_choice"]["kept"]) > 2
     assert _numbers(reports["hub"]) == _numbers(reports["folder"])
+
+
+def test_a_hub_adapter_on_a_hub_base_is_rehearsed_offline_and_written_as_named(cut_off, llama, tmp_path):
+    """``org/base+org/adapter``, as mergekit takes it: the adapter repo's snapshot, from the cache."""
+    from mergekit_mergeability.tiny import make_adapter
+
+    targets = [f"model.layers.{i}.mlp.up_proj.weight" for i in (2, 3)]
+    base = cut_off["cache"] / "models--tinyorg--base" / "snapshots" / REVISION
+    adapters = [make_adapter(base, tmp_path / f"a{i}", targets, seed=i, scale=0.5) for i in (0, 1)]
+    for i, adapter in enumerate(adapters):
+        _cached(cut_off["cache"], f"tinyorg/lora{i}", adapter)
+    probes = [ranked_probes(tmp_path / f"p{i}.jsonl", llama["base"], QUESTIONS, ["q", "x"], i) for i in (0, 1)]
+    reports = {}
+    for side, refer in (
+        ("hub", lambda i: f"tinyorg/base+tinyorg/lora{i}"),
+        ("folder", lambda i: f"{base}+{adapters[i]}"),
+    ):
+        models = [{"model": refer(i), "probe": str(probes[i]), "parameters": {"weight": 0.5}} for i in (0, 1)]
+        base_model = "tinyorg/base" if side == "hub" else str(base)
+        config = tmp_path / f"{side}.yml"
+        config.write_text(
+            yaml.safe_dump({"merge_method": "task_arithmetic", "base_model": base_model, "models": models})
+        )
+        result = _precheck(config, tmp_path / side)
+        assert result.exit_code == 0, result.output
+        reports[side] = json.loads((tmp_path / side / "precheck.json").read_text())
+    assert len(reports["hub"]["recommendation"]["method_choice"]["kept"]) > 2
+    assert _numbers(reports["hub"]) == _numbers(reports["folder"])
+    written = yaml.safe_load((tmp_path / "hub" / "recommended.yml").read_text())
+    assert [m["model"] for m in written["models"]] == ["tinyorg/base+tinyorg/lora0", "tinyorg/base+tinyorg/lora1"]

@@ -78,11 +78,14 @@ def resolve(
                 "and name the merged folder instead"
             )
         folder = local_folder(adapter, relative_to)
+        on_hub = folder is None and is_hub_id(adapter)
+        if on_hub:  # an adapter repo: its snapshot, downloaded once (or found in the cache offline)
+            folder = HubModel(adapter).folder
         if folder is None or not is_adapter(folder):
             raise UserError(
                 f"model {reference}: {adapter} is not a peft adapter folder (adapter_config.json + adapter_model.safetensors)"
             )
-        found = AdapterModel(resolve(model, relative_to, adapters=False), folder)
+        found = AdapterModel(resolve(model, relative_to, adapters=False), folder, adapter if on_hub else None)
     elif folder is not None:
         if not adapters:
             raise UserError(

@@ -61,15 +61,16 @@ class AdapterModel(ModelSource):
     (``update``): a pool of adapters holds one tensor's factors per adapter, not all.
     """
 
-    def __init__(self, base, folder: Path):
+    def __init__(self, base, folder: Path, named: Optional[str] = None):
         self.base = base
         self.folder = Path(folder)
+        self.named = named  # the adapter as the config names it, where that is a hub id (its folder: the snapshot)
         self.config = read_config(self.folder)
         self._targets: Optional[Dict[str, Tuple[str, str]]] = None
         self._handle = None
 
     def __str__(self) -> str:
-        return f"{self.base}+{self.folder}"
+        return f"{self.base}+{self.named or self.folder}"
 
     def __repr__(self) -> str:
         return f"AdapterModel({self.base!r}, {self.folder!r})"
