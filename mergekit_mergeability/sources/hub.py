@@ -78,8 +78,6 @@ class HubModel(ModelSource, os.PathLike):
             for name, info in header.tensors.items()
         }
 
-    # reading tensors, hashing files, loading: the downloaded snapshot, as a local folder
-
     def download(self) -> int:
         """The bytes of weights the first read of its tensors downloads: 0 where its snapshot is in
         the Hugging Face cache (or nothing can come), else the sum of its safetensors' tensors as
@@ -98,6 +96,8 @@ class HubModel(ModelSource, os.PathLike):
         except Exception:  # not in the cache: the hub's metadata says what will come
             pass
         return sum(math.prod(i.shape) * BYTES.get(i.dtype.upper(), 1) for i in self.tensor_index().values())
+
+    # reading tensors, hashing files, loading: the downloaded snapshot, as a local folder
 
     def tensors(self) -> TensorReader:
         return TensorReader(self.folder)
