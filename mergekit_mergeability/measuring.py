@@ -278,12 +278,11 @@ def plan(measured: Measurements, dry_run: bool = False) -> Optional[Dict[str, An
     would have to download one."""
     from mergekit_mergeability.merge_config import absolute
     from mergekit_mergeability.rehearsal.planned import plan as planned
-    from mergekit_mergeability.sources import update_of
+    from mergekit_mergeability.sources import on_hub
     from mergekit_mergeability.sources.hub import offline
 
     sources = {m.name: m.path for m in ([measured.base] if measured.base else []) + list(measured.models)}
-    local = all(isinstance(update_of(path) or path, Path) for path in sources.values())
-    if not local and dry_run and not offline():
+    if dry_run and any(map(on_hub, sources.values())) and not offline():
         return None
     return planned(absolute(measured.spec.document, sources), measured.spec.source)
 

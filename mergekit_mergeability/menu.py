@@ -22,7 +22,6 @@ model per expert against one merged model on the same reads
 from __future__ import annotations
 
 from functools import partial
-from pathlib import Path
 from typing import Dict, List, Optional
 
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult
@@ -31,7 +30,7 @@ from mergekit_mergeability.rehearsal.planned import sorted_together, writable
 from mergekit_mergeability.diagnostics.knowledge import as_read, read
 from mergekit_mergeability.rehearsal.shared_layers import shared_below
 from mergekit_mergeability.rehearsal.stream import Job, as_planned, walk
-from mergekit_mergeability.sources import TensorReader, update_of
+from mergekit_mergeability.sources import TensorReader, on_hub
 from mergekit_mergeability.decide.tuning import PRUNED_AT
 from mergekit_mergeability.decide.verdict import AS_WRITTEN, MENU, PATCH
 from mergekit_mergeability.records import DilutionStats, KnowledgeStats
@@ -160,7 +159,7 @@ def unrehearsed(inputs: DiagnosticInputs) -> Optional[str]:
     if unprobed:
         more = f" and {len(unprobed) - 1} more" if len(unprobed) > 1 else ""
         return f"{unprobed[0]}{more} without a probe"
-    if inputs.merge is None and not all(isinstance(update_of(m.path) or m.path, Path) for m in (inputs.base, *models)):
+    if inputs.merge is None and any(on_hub(m.path) for m in (inputs.base, *models)):
         return "a dry run downloads no hub model to plan the merge with"
     if not inputs.written:
         return "the merge as written cannot be built here"

@@ -134,13 +134,22 @@ def shared_below(module: torch.nn.Module, names: Iterable[str], shared: Optional
 
         return forward
 
-    own = {block: block.__dict__.get("forward") for block in blocks[1:first]}  # a hook's wrapper, if any
-    try:
-        for index in range(1, first):
-            blocks[index].forward = wrapped(index, blocks[index].forward)
+    with forwards_wrapped(blocks, range(1, first), wrapped):
         yield shared
+
+
+@contextlib.contextmanager
+def forwards_wrapped(blocks: torch.nn.ModuleList, indices: Iterable[int], wrap) -> Iterator[None]:
+    """While in it, each of ``blocks[indices]`` runs ``wrap(index, its forward)``; a wrapper already
+    on the instance (a hook's, another rehearsal's) is the forward wrapped, and is put back after."""
+    indices = list(indices)
+    own = {i: blocks[i].__dict__.get("forward") for i in indices}
+    try:
+        for i in indices:
+            blocks[i].forward = wrap(i, blocks[i].forward)
+        yield
     finally:
-        for block, forward in own.items():
-            del block.forward
+        for i, forward in own.items():
+            del blocks[i].forward
             if forward is not None:
-                block.forward = forward
+                blocks[i].forward = forward

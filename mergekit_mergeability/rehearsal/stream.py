@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import torch
 
-from mergekit_mergeability.rehearsal.shared_layers import blocks_of
+from mergekit_mergeability.rehearsal.shared_layers import blocks_of, forwards_wrapped
 from mergekit_mergeability.sources import Source, patched, tensors
 from mergekit_mergeability.sources.architecture import UnknownTensorError, tensor_position
 
@@ -176,36 +176,30 @@ def _walks(module, blocks, by_block, readers, candidates, outside, jobs: Sequenc
     once and kept where ``keep``, else anew each walk."""
     running = [_Running(job) for job in jobs]
     built: Dict[tuple, Dict[str, torch.Tensor]] = {}
-    own = {i: blocks[i].__dict__.get("forward") for i in by_block}  # a hook's wrapper, if any
     try:
-        for index in by_block:
-            blocks[index].forward = _stopping(index, blocks[index].forward)
-        for job in running:
-            job.thread.start()
-        _let_through(module, running, START, candidates, outside, lambda c: {})
-        while any(job.at != DONE for job in running):
-            for index in sorted(by_block):
-                read = _reads(readers)
+        with forwards_wrapped(blocks, by_block, _stopping):
+            for job in running:
+                job.thread.start()
+            _let_through(module, running, START, candidates, outside, lambda c: {})
+            while any(job.at != DONE for job in running):
+                for index in sorted(by_block):
+                    read = _reads(readers)
 
-                def build(candidate: Candidate) -> Dict[str, torch.Tensor]:
-                    found = built.get((candidate.name, index))
-                    if found is None:
-                        found = {n: candidate.build(n, read) for n in by_block[index]}
-                        if keep:
-                            built[candidate.name, index] = found
-                    return found
+                    def build(candidate: Candidate) -> Dict[str, torch.Tensor]:
+                        found = built.get((candidate.name, index))
+                        if found is None:
+                            found = {n: candidate.build(n, read) for n in by_block[index]}
+                            if keep:
+                                built[candidate.name, index] = found
+                        return found
 
-                _let_through(module, running, index, candidates, outside, build)
+                    _let_through(module, running, index, candidates, outside, build)
     finally:
         for job in running:
             if job.at != DONE:
                 job.stopped = True
                 job.until_next_stop()
             job.thread.join()
-        for index, forward in own.items():
-            del blocks[index].forward
-            if forward is not None:
-                blocks[index].forward = forward
     for job in running:
         if job.error is not None:
             raise job.error

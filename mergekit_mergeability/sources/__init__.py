@@ -40,6 +40,7 @@ __all__ = [
     "merged",
     "model_config",
     "model_files",
+    "on_hub",
     "patched",
     "resolve",
     "same_model",
@@ -122,6 +123,11 @@ def same_model(a: Source, b: Source) -> bool:
 def update_of(model: Source) -> Optional[Source]:
     """The base ``model`` is an update of (an adapter's); None for a whole model."""
     return source_of(model).update_of
+
+
+def on_hub(model: Source) -> bool:
+    """Whether a model's weights come from the hub: a hub id, or an adapter on one."""
+    return not isinstance(base_of(model), Path)
 
 
 def base_of(model: Source) -> Source:
