@@ -1,15 +1,18 @@
-"""What the precheck of three experts costs from 135M to 7B shapes, estimated here without a weight.
+"""What the precheck of three experts costs from 135M to 70B shapes, estimated here without a weight.
 
-For each Llama shape (SmolLM2-135M's, TinyLlama-1.1B's, Llama-3.2-3B's, Llama-2-7B's), a base and
+For each Llama shape (SmolLM2-135M's, TinyLlama-1.1B's, Llama-3.2-3B's, Llama-2-7B's, Llama-3-70B's), a base and
 three fine-tunes are written as headers over sparse zeros (``tiny.shaped``: no disk, no tensor
 read), given the probes of ``--config`` (default: the `tuning` family's first three-expert draw,
 16 items each, and its base's tokenizer), and ``--dry-run``'s estimate is printed phase by phase:
 the pace of one block of that shape timed on this device (cached), times the probes' tokens. With
 ``--tune-budget 0`` beside the default, the knob grid's share shows. A full rehearsal at 7B is not
 run for hours: this is its estimate from a timed sample, and benchmarks/cost_line.py checks such
-estimates against whole runs where they are affordable (135M, 1.1B).
+estimates against whole runs where they are affordable (135M, 1.1B). ``--dtype`` overrides the
+config's ``dtype:``; ``--tokenizer`` reads the probes with a local tokenizer where the config's base
+is a hub id (``examples/own-config/config.yml``: three 7B fine-tunes, 16 items each, bfloat16).
 
-    python benchmarks/sizes.py [--config CONFIG.yml] [--sizes 135M,1.1B,3B,7B] [--device cpu]
+    python benchmarks/sizes.py [--config CONFIG.yml] [--sizes 135M,1.1B,3B,7B,70B] [--device cpu]
+        [--dtype bfloat16] [--tokenizer FOLDER]
 """
 
 import argparse
@@ -34,13 +37,17 @@ SHAPES = {
                num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True),
     "7B": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
                num_key_value_heads=32, vocab_size=32000, tie_word_embeddings=False),
+    "70B": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False),
 }  # fmt: skip
 
 
-def at_size(config: Path, shape: dict, root: Path) -> Path:
-    """``config`` with its base and models replaced by models of ``shape`` (its probes kept)."""
+def at_size(config: Path, shape: dict, root: Path, dtype=None, tokenizer_from=None) -> Path:
+    """``config`` with its base and models replaced by models of ``shape`` (its probes kept), in
+    ``dtype`` where given, with the tokenizer of ``tokenizer_from`` (default: the config's base)."""
     document = yaml.safe_load(config.read_text())
-    tokenizer = transformers.AutoTokenizer.from_pretrained(document["base_model"])
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_from or document["base_model"])
+    document["dtype"] = dtype or document.get("dtype")
     made = transformers.LlamaConfig(**shape)
     document["base_model"] = str(shaped(root / "base", made, tokenizer=tokenizer))
     for i, entry in enumerate(document["models"]):
@@ -57,12 +64,14 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=DEFAULT)
     parser.add_argument("--sizes", default=",".join(SHAPES))
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", help="the models' dtype (default: the config's dtype:)")
+    parser.add_argument("--tokenizer", type=Path, help="a local folder whose tokenizer reads the probes")
     args = parser.parse_args()
     if not args.config.is_file():
         raise SystemExit(f"{args.config}: no such config (python research/run.py tuning measure writes it)")
     for size in args.sizes.split(","):
         with tempfile.TemporaryDirectory() as root:
-            config = at_size(args.config, SHAPES[size], Path(root))
+            config = at_size(args.config, SHAPES[size], Path(root), args.dtype, args.tokenizer)
             costs = {
                 budget: api.precheck_cost(config, settings=PrecheckSettings(device=args.device, tune_budget=budget))
                 for budget in (0, None)

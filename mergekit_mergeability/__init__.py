@@ -1,4 +1,4 @@
-"""Predict whether fine-tuned models will merge well, and merge methods that lose less.
+"""Predict whether fine-tuned models will merge well, and merge methods to try beside mergekit's own.
 
 The Python API (``mergekit_mergeability.api``), re-exported here:
 

@@ -221,6 +221,19 @@ def model_options(settings: str):
                     help="Rows per forward pass (lower it if memory runs out).",
                 ),
                 click.option("--quiet", "-q", is_flag=True, help="No progress bars."),
+                *(
+                    [
+                        click.option(
+                            "--confirm-run-unsafe-code",
+                            is_flag=True,
+                            help="Score tasks that run the code a model writes (HumanEval, MBPP: lm-eval's"
+                            " --confirm_run_unsafe_code); run them only in a sandbox. The precheck never runs"
+                            " code: it reads such a task's reference solutions.",
+                        )
+                    ]
+                    if settings == "RunSettings"
+                    else []
+                ),
             ]
         ):
             command = option(command)

@@ -120,6 +120,8 @@ def load_inputs(
             ):  # --probe names itself
                 probe = tasks.load(specs[name], limit, folder, fewshot, spec.answer_after.get(name))
                 task = tasks.scoring_task(specs[name], folder, fewshot, chat)
+                if all(i.format == probes.CODE for i in probe):  # its metric runs code: the precheck never does
+                    task = None
             if chat:
                 with spec.naming(f"{spec.entries[name]}.chat"):
                     tokenizer, marker = chat_tokenizer(sources[name]), spec.answer_after.get(name)

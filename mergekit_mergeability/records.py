@@ -133,6 +133,7 @@ class KnowledgeStats(Record):
 
 CLOZE, OPTIONS, LMEVAL, MIXED = "cloze", "options", "lm-eval", "mixed"  # how a probe is scored
 GENERATION = "generation"  # a reference answer (a probe's "answer", a fine-tuning row): its per-token p(gold)
+CODE = "code"  # a code task's reference solution (its metric runs code, which the precheck never does): as generation
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,13 @@ class DilutionStats(Record):
 
 PARTNERED = "partnered"  # the rehearsal's merge, as ``DilutionStats.scored`` names it
 # the formats the rehearsal was decided on -> the metric it reads
-SCORED_BY = {OPTIONS: "mean_p_gold", CLOZE: "accuracy", LMEVAL: "task_score", GENERATION: "mean_p_gold"}
+SCORED_BY = {
+    OPTIONS: "mean_p_gold",
+    CLOZE: "accuracy",
+    LMEVAL: "task_score",
+    GENERATION: "mean_p_gold",
+    CODE: "mean_p_gold",
+}
 
 
 @dataclass(frozen=True)

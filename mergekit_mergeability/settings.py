@@ -41,6 +41,7 @@ class RunSettings:
     dtype: str = AUTO  # what the models are loaded in (auto: each checkpoint's own); statistics stay float32
     batch_size: int = BATCH_SIZE
     quiet: bool = False  # no progress bars
+    confirm_run_unsafe_code: bool = False  # lm-eval's opt-in: run code tasks' generated code to score them
 
     def to_json(self) -> Dict[str, Any]:
         """The settings as a report records them: sets as sorted lists, tuples as lists, ``quiet`` left out."""

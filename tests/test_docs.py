@@ -77,3 +77,29 @@ def test_nested_lists_are_indented_as_mkdocs_reads_them():
             elif not fenced and re.match(r" {1,3}[-*] ", line):
                 found.append(f"{page}:{number}: {line.strip()[:40]!r}")
     assert not found, "indent nested bullets by four spaces; put code blocks outside lists:\n" + "\n".join(found)
+
+
+FIGURE = re.compile(r"<!--fig:([\w.-]+)-->")
+
+
+def test_every_quoted_figure_is_the_one_in_figures_yml():
+    """A figure a user acts on is stated once (docs/figures.yml); every page that quotes it writes
+    its value followed by <!--fig:KEY-->, so a figure retyped differently fails here."""
+    import yaml
+
+    figures = yaml.safe_load((REPO / "docs" / "figures.yml").read_text(encoding="utf-8"))
+    quoted, wrong = set(), []
+    for page in ["README.md", *(p.relative_to(REPO).as_posix() for p in sorted((REPO / "docs").glob("*.md")))]:
+        text = (REPO / page).read_text(encoding="utf-8")
+        for match in FIGURE.finditer(text):
+            key = match.group(1)
+            quoted.add(key)
+            if key not in figures:
+                wrong.append(f"{page}: <!--fig:{key}--> is not in docs/figures.yml")
+            elif not text[: match.start()].endswith(figures[key]["value"]):
+                before = text[max(0, match.start() - 30) : match.start()]
+                wrong.append(f"{page}: {key} is {figures[key]['value']!r} in docs/figures.yml, here {before!r}")
+    assert not wrong, "\n".join(wrong)
+    readme = set(FIGURE.findall((REPO / "README.md").read_text(encoding="utf-8")))
+    assert set(figures) <= readme, f"figures the README's first screen does not give: {sorted(set(figures) - readme)}"
+    assert all(f["label"] in ("measured", "extrapolated", "estimated") for f in figures.values())

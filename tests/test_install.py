@@ -69,10 +69,19 @@ def test_install_makes_stock_mergekit_yaml_know_plugin_methods_and_uninstall_und
     assert _mergekit_yaml(fresh_env, median, tmp_path / "median").returncode == 0
     listing = _run(fresh_env.parent / "mergekit-mergeability", "methods", "--plugins-only").stdout
     assert "median" in listing and "knowledge_weighted" in listing
+    off = _run(fresh_env, BIN / "mergekit-yaml", ours, tmp_path / "off", check=False, env=_hook_off())
+    assert off.returncode != 0 and "Unimplemented merge method knowledge_weighted" in off.stderr
 
     _pip(fresh_env, "uninstall", "-y", "mergekit-mergeability", "mergeability-median")
     after = _mergekit_yaml(fresh_env, ours, tmp_path / "after")
     assert after.returncode != 0 and "Unimplemented merge method knowledge_weighted" in after.stderr
+
+
+def _hook_off():
+    """This environment with the start-up hook switched off, as the README says to."""
+    import os
+
+    return {**os.environ, "MERGEKIT_MERGEABILITY_HOOK": "0"}
 
 
 def test_import_installs_no_heavy_modules():

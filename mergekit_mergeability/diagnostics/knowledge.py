@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from mergekit_mergeability import distributed
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, Need
@@ -119,7 +119,18 @@ def base_knowledge(inputs: DiagnosticInputs) -> DiagnosticResult:
         undeclared = [m for m, instances in scored.items() if not all(i.declared for i in instances)]
         if undeclared:
             result.findings.append(Finding("info", _assumed(undeclared)))
+        coded = [m for m, instances in scored.items() if any(i.format == probes.CODE for i in instances)]
+        if coded:
+            result.findings.append(Finding("info", _read_not_run(coded)))
     return result
+
+
+def _read_not_run(models: Sequence[str]) -> str:
+    return (
+        f"{', '.join(models)}: the probe's task scores by running the code a model writes (HumanEval, MBPP);"
+        " the precheck runs no code and reads it as a generation probe, each item's reference solution's"
+        " per-token p(gold) (evaluate scores it by its own metric with --confirm-run-unsafe-code)"
+    )
 
 
 def scored_format(instances) -> dict:

@@ -17,20 +17,27 @@ from mergekit_mergeability.tasks.lmeval import Task
 
 
 def score_all(
-    model, tokenizer, tasks: Sequence[Task], limit: Optional[int] = None, batch_size: int = 16, device: str = "cpu"
+    model,
+    tokenizer,
+    tasks: Sequence[Task],
+    limit: Optional[int] = None,
+    batch_size: int = 16,
+    device: str = "cpu",
+    run_code: bool = False,
 ) -> List[Dict[str, Any]]:
     """``harness.score`` for each of ``tasks`` on one model. The multiple-choice tasks ``lmeval.plain``
     reads (a mean of acc or acc_norm) are asked together, 16 items a pass whatever their task
     (``choice_logprobs``), and scored as lm-eval scores them (``plain_score``); the others run
-    through lm-eval's harness, one task at a time. lm-eval's own run costs about 0.8 s a task
-    beyond its passes, more than a 16-item probe's passes on a small model."""
+    through lm-eval's harness, one task at a time (a code task only with ``run_code``). lm-eval's
+    own run costs about 0.8 s a task beyond its passes, more than a 16-item probe's passes on a
+    small model."""
     read = [lmeval.plain(task, limit) for task in tasks]
     asked = [instance for found in read if found is not None for instance in found.instances]
     options = iter([scores for scores, _ in choice_logprobs(model, tokenizer, asked)])
     return [
         plain_score(found, [next(options) for _ in found.instances])
         if found is not None
-        else harness.score(model, tokenizer, task, limit, batch_size, device)
+        else harness.score(model, tokenizer, task, limit, batch_size, device, run_code)
         for task, found in zip(tasks, read)
     ]
 

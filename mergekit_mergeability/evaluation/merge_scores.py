@@ -21,6 +21,7 @@ from mergekit_mergeability.settings import RunSettings
 from mergekit_mergeability.sources import check_model
 from mergekit_mergeability.sources.cache import Cache
 from mergekit_mergeability.tasks import lmeval
+from mergekit_mergeability.tasks.harness import runnable
 
 
 def owned_tasks(spec: MergeSpec, overrides: Optional[List[str]]) -> Dict[str, Optional[str]]:
@@ -45,6 +46,7 @@ def evaluate(
         check_model(folder)  # a damaged or empty folder fails here, before any scoring
     owners = owned_tasks(spec, overrides)
     resolved = lmeval.resolve_all(owners, spec)  # a bad task fails here, before work
+    runnable(resolved.values(), settings.confirm_run_unsafe_code)
     scorer = Scorer(folders[spec.base_model], settings, cache)
     # each task on the base, the merge, and its own expert (every expert for --tasks)
     plan = [

@@ -27,6 +27,7 @@ from mergekit_mergeability.settings import RunSettings
 from mergekit_mergeability.sources import TensorReader
 from mergekit_mergeability.sources.cache import Cache, fingerprint
 from mergekit_mergeability.tasks import lmeval
+from mergekit_mergeability.tasks.harness import runnable
 
 
 def check_pool(spec: MergeSpec, partner_count: int, method: str) -> None:
@@ -59,6 +60,7 @@ def measure(
         ModelInput(spec.base_model, folders[spec.base_model]), [ModelInput(m, folders[m]) for m in spec.models]
     )
     tasks = lmeval.resolve_all(dict.fromkeys(spec.probes[m] for m in spec.models), spec)
+    runnable(tasks.values(), settings.confirm_run_unsafe_code)
     own_task = {m: tasks[spec.probes[m]] for m in spec.models}
     shared = dict(spec.document.get("parameters") or {})
     per_model = {str(e["model"]): dict(e.get("parameters") or {}) for e in model_entries(spec.document)}

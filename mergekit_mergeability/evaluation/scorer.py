@@ -49,7 +49,10 @@ class Scorer:
 
     def _run_all(self, module, tokenizer, tasks: Sequence[Task]) -> List[Dict[str, Any]]:
         settings = self.run_settings
-        return score_all(module, tokenizer, tasks, settings.limit, settings.batch_size, auto_device(settings.device))
+        device = auto_device(settings.device)
+        return score_all(
+            module, tokenizer, tasks, settings.limit, settings.batch_size, device, settings.confirm_run_unsafe_code
+        )
 
     def folder(self, path: Source, task: Task) -> Dict[str, Any]:
         """A model's score on ``task``; an adapter of the base is scored as a patch of the loaded base."""

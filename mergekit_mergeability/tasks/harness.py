@@ -12,18 +12,44 @@ import logging
 from typing import Any, Dict, Optional
 
 from mergekit_mergeability.errors import UserError
-from mergekit_mergeability.tasks.lmeval import Task, compiled_templates, quiet_harness, while_open
+from mergekit_mergeability.tasks.lmeval import (
+    Task,
+    compiled_templates,
+    quiet_harness,
+    scores_by_running_code,
+    while_open,
+)
 
 TRANSLATION_METRICS = {"bleu", "chrf"}
 
 
+def runnable(tasks, run_code: bool) -> None:
+    """Refuse, before any model is scored, a task that scores by running the code a model writes
+    (lm-eval's ``unsafe_code``) unless the user said to run it."""
+    for task in tasks:
+        if not run_code and scores_by_running_code(task):
+            raise UserError(
+                f"lm-eval task {task.name}: scored by running the code the model writes; run it only where that"
+                " is safe (a sandbox), with --confirm-run-unsafe-code (lm-eval's --confirm_run_unsafe_code)"
+            )
+
+
 def score(
-    model, tokenizer, task: Task, limit: Optional[int] = None, batch_size: int = 16, device: str = "cpu"
+    model,
+    tokenizer,
+    task: Task,
+    limit: Optional[int] = None,
+    batch_size: int = 16,
+    device: str = "cpu",
+    run_code: bool = False,
 ) -> Dict[str, Any]:
-    """Run one task; returns {"metrics": {name: value}, "primary": name, "score": value, "samples": n}."""
+    """Run one task; returns {"metrics": {name: value}, "primary": name, "score": value, "samples": n}.
+    A task that scores by running the code the model writes (HumanEval, MBPP) runs only with
+    ``run_code`` (lm-eval's ``confirm_run_unsafe_code``)."""
     from lm_eval import evaluator, simple_evaluate
     from lm_eval.models.huggingface import HFLM
 
+    runnable([task], run_code)
     if task.chat and not getattr(tokenizer, "chat_template", None):
         raise UserError(
             f"lm-eval task {task.name}: chat: true, but the tokenizer scoring it has no chat template; remove chat: true"
@@ -44,6 +70,7 @@ def score(
             log_samples=True,
             verbosity="ERROR",
             apply_chat_template=task.chat,
+            confirm_run_unsafe_code=run_code,
         )
     # a group (Task.check made sure it has one) is scored by lm-eval's aggregate over its tasks
     raw = (out.get("groups") or {}).get(task.name) or out["results"][task.name]

@@ -22,6 +22,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.tasks.probes import (
+    CODE,
     GENERATION,
     LM_EVAL,
     OPTIONS,
@@ -427,9 +428,31 @@ def _as_plain(built, limit: Optional[int]) -> Optional[Plain]:
     return Plain(instances, tuple(m for m in PLAIN_METRICS if m in metrics), lengths)
 
 
+# where a code task's documents keep the reference solution: HumanEval's, MBPP's, most others'
+SOLUTION_FIELDS = ("canonical_solution", "code", "solution")
+
+
+def runs_code(built) -> bool:
+    """Whether an lm-eval task scores by running the code a model writes (its ``unsafe_code``)."""
+    return bool(getattr(built, "UNSAFE_CODE", False) or getattr(built.config, "unsafe_code", False))
+
+
+_code: Dict[Tuple[str, str], bool] = {}
+
+
+def scores_by_running_code(task: Task) -> bool:
+    """Whether ``task`` (or a task of its group) runs the code a model writes to score it."""
+    key = (task.name, task.fingerprint)
+    if key not in _code:
+        _code[key] = any(runs_code(built) for built in _loaded(task)["tasks"].values())
+    return _code[key]
+
+
 def _task_instance(task, doc) -> Instance:
     shots = task.config.num_fewshot or 0
     prompt = task.fewshot_context(doc, shots) if shots else task.doc_to_text(doc)
+    if runs_code(task):  # its target is the tests that run the answer; the answer itself is the solution
+        return Instance(prompt, (_solution(task, doc),), 0, GENERATION, format=CODE, shots=shots)
     target = task.doc_to_target(doc)
     delimiter = task.config.target_delimiter
     if task.OUTPUT_TYPE == "multiple_choice":
@@ -438,3 +461,15 @@ def _task_instance(task, doc) -> Instance:
         return Instance(prompt, tuple(join(prompt, c, delimiter) for c in choices), label, format=LM_EVAL, shots=shots)
     answer = target[0] if isinstance(target, list) else str(target)
     return Instance(prompt, (join(prompt, answer, delimiter),), 0, GENERATION, format=LM_EVAL, shots=shots)
+
+
+def _solution(task, doc) -> str:
+    """A code task's reference solution, which continues its prompt as a model's answer would."""
+    for field in SOLUTION_FIELDS:
+        if isinstance(doc.get(field), str):
+            return doc[field]
+    raise UserError(
+        f"lm-eval task {task.config.task}: it scores by running code, and its documents give no reference"
+        f" solution ({', '.join(SOLUTION_FIELDS)}) for the precheck to read instead; give the solutions"
+        " as a .jsonl probe (prompt, answer)"
+    )

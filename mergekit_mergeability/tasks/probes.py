@@ -48,6 +48,7 @@ from mergekit_mergeability.errors import UserError, reading
 
 MULTIPLE_CHOICE, GENERATION = "multiple_choice", "generation"
 CLOZE, OPTIONS, LM_EVAL = "cloze", "options", "lm-eval"  # how an instance is scored
+CODE = "code"  # an lm-eval task whose metric runs generated code: its reference solution's per-token p(gold)
 FORMATS = (CLOZE, OPTIONS)  # what a JSONL line's "format" may say
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 # the keys that make a JSONL line a probe line: multiple choice, with its own prompt, generation
