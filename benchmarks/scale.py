@@ -119,9 +119,9 @@ def whole_precheck(paths: dict, probe: Path, out: Path, skip=()) -> None:
 def phased(peak: PeakMemory) -> None:
     """Record each part of the precheck as a phase of ``peak``: loading, planning, every
     diagnostic, the decision, the report; within the rehearsal, its loading and each merge it
-    builds (held while its probes are asked)."""
-    from mergekit_mergeability import measuring
-    from mergekit_mergeability.diagnostics import dilution
+    builds (held while its probes are asked), and each walk of the rehearsal."""
+    from mergekit_mergeability import measuring, menu
+    from mergekit_mergeability.diagnostics import dilution, fluency
     from mergekit_mergeability.output import precheck_report
     from mergekit_mergeability.plugins import plugin_diagnostics
 
@@ -154,10 +154,11 @@ def phased(peak: PeakMemory) -> None:
         (dilution, "summed"),
     ):
         wrap(owner, attribute)
+    for owner in (dilution, fluency, menu):  # every merge the rehearsal builds, block by block
+        wrap(owner, "walk", lambda args, owner=owner: f"{owner.__name__.split('.')[-1]}: walk")
     for _, diagnostic in plugin_diagnostics():
         wrap(type(diagnostic), "run", lambda args: args[0].name)
     wrap_context(dilution, "mixed")
-    wrap_context(dilution, "trimmed")
 
 
 def main():

@@ -9,10 +9,9 @@ i's own probe in the format its task is scored in (as ``knowledge``'s ``scored_*
 A fact the base already knows keeps its answer whatever the share; a fact it does not know is
 kept only as far as the update overshoots what teaching it needed. The base's knowledge alone
 does not say that overshoot, and for an update spread over many matrices its size says it
-poorly (docs/prediction.md). One pass per model over its probe lines, on the loaded base with
-the share written a row block at a time into fresh tensors swapped in for the ones it touches
-(``sources.patched``): no merge, and the base's own tensors never written, so a base mapped from
-its files stays mapped and the pass adds one copy of the touched tensors at most.
+poorly (docs/prediction.md). One pass per model over its probe lines, every model's share
+rehearsed in one walk up the blocks (``rehearsal.stream``, the share built by ``rehearsal.sums``):
+each block built for one model at a time and swapped in, the base's own tensors never written.
 
 Beside it, each model alone (``alone_*``: share 1) and the base are asked the same probe: a model
 that scores on its own probe no better than the base does gets a warning (``untaught``), since a
@@ -35,7 +34,7 @@ merge as configured where the method is a plain weighted sum (task_arithmetic, l
 pass holds every model's copy of one tensor in float32 at a time, besides the merged tensors.
 
 A third pass (``knowledge_weighted_*``, ``ties_*``), where every model has a probe, rehearses the
-choice the verdict makes between two methods: the whole config merged as each would be recommended,
+choice the verdict makes between two methods (one walk, ``rehearsal.sums.ties``): the whole config merged as each would be recommended,
 knowledge_weighted's defaults (shares by the base's p(gold) on each probe, times the configured
 weights) and TIES (density 0.5, the configured weights, normalised), both at the configured update
 size, each model's own probe asked on both.
@@ -60,11 +59,12 @@ from mergekit_mergeability.diagnostics.knowledge import scores
 from mergekit_mergeability.rehearsal.shared_layers import shared_below
 from mergekit_mergeability.errors import UserError
 from mergekit_mergeability.maths import choice_scores
-from mergekit_mergeability.maths.merging import COMPARED, DEFAULT_DENSITY, DEFAULT_TEMPERATURE, elected
-from mergekit_mergeability.maths.merging import knowledge_weights, threshold_in_blocks
+from mergekit_mergeability.maths.merging import COMPARED, DEFAULT_DENSITY, DEFAULT_TEMPERATURE
+from mergekit_mergeability.maths.merging import knowledge_weights
 from mergekit_mergeability.progress import task
 from mergekit_mergeability.records import DilutionStats
 from mergekit_mergeability.rehearsal.stream import Job, as_planned, walk
+from mergekit_mergeability.rehearsal.sums import summed as summed_candidate, ties
 from mergekit_mergeability.sources import (
     Source,
     TensorReader,
@@ -137,33 +137,9 @@ def mixed(
         yield module
 
 
-@contextlib.contextmanager
-def trimmed(
-    module: torch.nn.Module, base: TensorReader, members: Shares, density: float, scale: float = 1.0
-) -> Iterator[torch.nn.Module]:
-    """``module`` (the loaded base) as TIES merges ``members`` (model, weight, tensors it changes):
-    each update trimmed to its ``density`` share largest entries, signs elected, the disjoint
-    weighted mean added times ``scale`` (``maths.merging.elected``; mergekit's ``lambda``), its own
-    tensors back on exit. Each update's trim threshold is found over its row blocks
-    (``threshold_in_blocks``), the merge then written in row blocks of about BLOCK values across
-    the stacked updates: no tensor is held whole in float32."""
-    state = module.state_dict()
-    readers = [(tensors(model), weight, touched) for model, weight, touched in members]
-    names = set().union(*(touched for _, _, touched in members))
-    fresh = empty_like_each({name: state[name] for name in names})
-    with torch.no_grad():
-        for name in names:
-            present = [(reader, weight) for reader, weight, touched in readers if name in touched]
-            cuts = torch.tensor([threshold_in_blocks(update(base, reader, name), density) for reader, _ in present])
-            cuts = cuts.reshape(-1, *([1] * state[name].dim()))
-            weights = torch.tensor([weight for _, weight in present])
-            for start, stop in base.blocks(name, max(1, BLOCK // len(present))):  # the stack: ~BLOCK values
-                mine = base.rows(name, start, stop).float()
-                deltas = torch.stack([reader.rows(name, start, stop).float() - mine for reader, _ in present])
-                deltas = deltas * (deltas.abs() >= cuts)
-                fresh[name][start:stop].copy_(mine + scale * elected(deltas, weights))
-    with patched(module, fresh):
-        yield module
+def _asked(module, tokenizer, advance, model: ModelInput) -> choice_scores.TaskKnowledge:
+    """``model``'s own probe asked on ``module`` as it stands."""
+    return choice_scores.aggregate(scores(module, tokenizer, list(model.probes), advance))
 
 
 def diluted(module: torch.nn.Module, base: TensorReader, model: Source, share: float):
@@ -345,13 +321,21 @@ class Dilution:
             task(f"dilution: each model at {self.share:.3g} of its update", passes * lines, settings.quiet) as advance,
             shared_below(module, names),  # each probe under several merges: the untouched layers run once
         ):
+            asked = partial(_asked, module, tokenizer, advance)
+            everyone = [inputs.base.path, *(m.path for m in inputs.models)]
+            # each model at its share of its update and alone, every one in one walk up the blocks
+            shifted = [(m, kind, share) for m in models for kind, share in (("diluted", self.share), ("alone", 1.0))]
+            candidates = [
+                summed_candidate(f"{kind} {m.name}", str(inputs.base.path), [(str(m.path), share, touched[m.name])])
+                for m, kind, share in shifted
+            ]
+            jobs = [Job(c.name, partial(asked, m)) for c, (m, _, _) in zip(candidates, shifted)]
+            found = {
+                (m.name, kind): v for (m, kind, _), v in zip(shifted, walk(module, candidates, jobs, everyone, names))
+            }
             for model in models:
-                own = (model.path, self.share, touched[model.name])
-                with mixed(module, base, [own]):
-                    view = choice_scores.aggregate(scores(module, tokenizer, list(model.probes), advance))
-                with mixed(module, base, [(model.path, 1.0, touched[model.name])]):
-                    alone = choice_scores.aggregate(scores(module, tokenizer, list(model.probes), advance))
-                baseline = choice_scores.aggregate(scores(module, tokenizer, list(model.probes), advance))
+                view, alone = found[model.name, "diluted"], found[model.name, "alone"]
+                baseline = asked(model)
                 result.findings.extend(untaught(model, alone, baseline))
                 result.per_model[model.name] = dict(
                     share=self.share,
@@ -375,7 +359,6 @@ class Dilution:
                     **view,
                 )
             if merge == "written":
-                everyone = [inputs.base.path, *(m.path for m in inputs.models)]
                 jobs = [
                     Job(merge, partial(partnered, module, tokenizer, m, advance, settings, per_item(m))) for m in models
                 ]
@@ -384,31 +367,34 @@ class Dilution:
                         rehearsed=merge, **view, **({} if model.share is None else dict(partnered_share=model.share))
                     )
             if compare:
-                self.compare(module, tokenizer, base, models, touched, inputs.update_size, advance, result)
+                self.compare(asked, module, inputs, models, result)
         # each model's values, named as its record names them (a misspelt one fails here)
         result.per_model = {name: DilutionStats(**values).json() for name, values in result.per_model.items()}
         return result
 
-    def compare(self, module, tokenizer, base, models, touched, scale, advance, result: DiagnosticResult) -> None:
+    def compare(self, asked, module, inputs: DiagnosticInputs, models, result: DiagnosticResult) -> None:
         """The whole config merged as the advice would write each method, each model's own probe
         asked on both (``knowledge_weighted_*``, ``ties_*``): knowledge_weighted's defaults, its shares
         from the base's p(gold) on each probe times the configured weights, and TIES at density 0.5
-        with the configured weights; both at the configured update size ``scale``."""
-
-        def asked(model) -> choice_scores.TaskKnowledge:
-            return choice_scores.aggregate(scores(module, tokenizer, list(model.probes), advance))
-
+        with the configured weights; both at the configured update size, in one walk."""
         known = [asked(model).mean_p_gold for model in models]
         weights = [m.weight for m in models]
         shares = {
             "knowledge_weighted": knowledge_weights(known, DEFAULT_TEMPERATURE, weights).tolist(),
             "ties": weights,
         }
+        touched, base = inputs.touched, str(inputs.base.path)
+        candidates = [
+            ties(method, base, [(str(m.path), w, touched[m.name]) for m, w in zip(models, shares[method])],
+                 DEFAULT_DENSITY, inputs.update_size)
+            for method in COMPARED
+        ]  # fmt: skip
+        jobs = [Job(method, partial(asked, model)) for method in COMPARED for model in models]
+        everyone = [inputs.base.path, *(m.path for m in inputs.models)]
+        views = iter(walk(module, candidates, jobs, everyone, set().union(*touched.values())))
         for method in COMPARED:
-            members = [(m.path, share, touched[m.name]) for m, share in zip(models, shares[method])]
-            with trimmed(module, base, members, DEFAULT_DENSITY, scale):
-                for model in models:
-                    view = asked(model)
-                    result.per_model[model.name].update(
-                        {f"{method}_accuracy": view.accuracy, f"{method}_mean_p_gold": view.mean_p_gold}
-                    )
+            for model in models:
+                view = next(views)
+                result.per_model[model.name].update(
+                    {f"{method}_accuracy": view.accuracy, f"{method}_mean_p_gold": view.mean_p_gold}
+                )

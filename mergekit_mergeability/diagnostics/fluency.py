@@ -32,18 +32,16 @@ and measured it does not rank models (docs/prediction.md, "Without probes").
 from __future__ import annotations
 
 import math
-from functools import partial
-from typing import Dict
 
 import torch
 
 from mergekit_mergeability.diagnostics import DiagnosticInputs, DiagnosticResult, Finding, Need
-from mergekit_mergeability.diagnostics.dilution import diluted
 from mergekit_mergeability.progress import task
 from mergekit_mergeability.records import FluencyStats
+from mergekit_mergeability.rehearsal.sums import summed
 from mergekit_mergeability.rehearsal.stream import Job, as_planned, walk
 from mergekit_mergeability.resources import shipped
-from mergekit_mergeability.sources import TensorReader, load_causal_lm
+from mergekit_mergeability.sources import load_causal_lm
 
 FALLS_APART = 2.0
 SIGNATURE_SHARE = 0.1
@@ -99,7 +97,6 @@ class Fluency:
 
     def run(self, inputs: DiagnosticInputs) -> DiagnosticResult:
         result = DiagnosticResult()
-        base = TensorReader(inputs.base.path)
         names = set().union(*inputs.touched.values())
         if not inputs.written:
             message = "fluency: skipped, the merge as written cannot be built on the loaded base here"
@@ -110,20 +107,26 @@ class Fluency:
         settings = inputs.settings
         module, tokenizer = load_causal_lm(inputs.base.path, settings.device, inputs.base.load_dtype(settings))
         text = windows(tokenizer, shipped(TEXT).read_text())
-        logprobs: Dict[str, torch.Tensor] = {}
         with task(
             "fluency: perplexity of the base, each model and the merge", len(inputs.models) + 2, settings.quiet
         ) as advance:
             at_base = token_logprobs(module, text)
             advance(1)
-            for model in inputs.models:
-                with diluted(module, base, model.path, 1.0):
-                    logprobs[model.name] = token_logprobs(module, text)
+
+            def ask() -> torch.Tensor:
+                found = token_logprobs(module, text)
                 advance(1)
-            ask = partial(token_logprobs, module, text)
+                return found
+
+            # each model alone and the merge as written, in one walk up the blocks
+            alone = [
+                summed(f"alone {i}", str(inputs.base.path), [(str(m.path), 1.0, inputs.touched[m.name])])
+                for i, m in enumerate(inputs.models)
+            ]
+            candidates = [*alone, as_planned("written", inputs.merge)]
             everyone = [inputs.base.path, *(m.path for m in inputs.models)]
-            (at_merge,) = walk(module, [as_planned("written", inputs.merge)], [Job("written", ask)], everyone, names)
-            advance(1)
+            *read, at_merge = walk(module, candidates, [Job(c.name, ask) for c in candidates], everyone, names)
+            logprobs = {m.name: found for m, found in zip(inputs.models, read)}
         own = {name: perplexity(values) for name, values in logprobs.items()}
         ppl_base, merged = perplexity(at_base), perplexity(at_merge)
         for model in inputs.models:

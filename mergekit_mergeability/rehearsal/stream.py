@@ -12,11 +12,12 @@ candidates merge it.
 A job's forward passes run one after another (an options pass reads its prompt pass's keys and
 values), so a job whose next pass starts below the block the walk has reached waits for the next
 walk: the walks are as many as a job's passes. Candidates go in waves whose built blocks fit in
-``kept`` bytes (half the memory available when the walk starts: ``keepable``), each
+``kept`` bytes (half the loaded base's size, within half the memory available: ``keepable``), each
 block built once a wave and kept for its later walks; where even one candidate's blocks do not fit,
-all go in one wave and each block is built anew each walk: no candidate's merge is held whole,
-one block of one candidate at a time, besides the tensors outside the blocks (embedding, final
-norm, head), which only full fine-tunes touch and which are built once per candidate and kept.
+all go in one wave and each block is built anew each walk: no candidate's merge is held whole, one
+block of one candidate at a time. The tensors outside the blocks (embedding, final norm, head),
+which only full fine-tunes touch, are swapped in where a pass uses them: at its start (the
+embedding) and at the last block (the norm and head after it, and the embedding of the next pass).
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ def walk(
     """Each job's result, in order: ``module`` (the loaded base) read under its candidate, whose
     tensors ``names`` (those the updates touch; every other is the base's) are built from the
     tensors of ``models`` (the base among them). ``kept``: the bytes of built blocks kept between
-    walks (default: ``keepable``)."""
+    walks (default: half the loaded base's, within half the memory available: ``keepable``)."""
     blocks = blocks_of(module)
     depth = len(blocks) if blocks is not None else 0
     by_block: Dict[Optional[int], List[str]] = {}
@@ -143,15 +144,16 @@ def walk(
     readers = {str(model): tensors(model) for model in models}
     state = module.state_dict()
     size = sum(state[n].numel() * state[n].element_size() for n in names if n in state)  # one candidate's
-    kept = keepable() if kept is None else kept
+    loaded = sum(t.numel() * t.element_size() for t in state.values())
+    kept = min(keepable(), loaded // 2) if kept is None else kept
     wave = max(1, kept // max(size, 1)) if size <= kept else len(candidates)
+    parts = {**by_block, None: around}  # None: the tensors outside the blocks
+    dtypes = {n: state[n].dtype for n in names if n in state}
     found: Dict[int, Any] = {}
     for start in range(0, len(candidates), wave):
         mine = {c.name: c for c in candidates[start : start + wave]}
         asked = [(i, job) for i, job in enumerate(jobs) if job.candidate in mine]
-        read = _reads(readers)
-        outside = {name: {n: c.build(n, read) for n in around} for name, c in mine.items()}
-        done = _walks(module, blocks, by_block, readers, mine, outside, [job for _, job in asked], size <= kept)
+        done = _walks(module, blocks, parts, dtypes, readers, mine, [job for _, job in asked], size <= kept)
         found.update(zip((i for i, _ in asked), done))
     return [found[i] for i in range(len(jobs))]
 
@@ -171,29 +173,37 @@ def keepable() -> int:
         return 2 << 30
 
 
-def _walks(module, blocks, by_block, readers, candidates, outside, jobs: Sequence[Job], keep: bool) -> List[Any]:
-    """``jobs``' results, the walks repeated until every job has ended; each candidate's block built
-    once and kept where ``keep``, else anew each walk."""
+def _walks(module, blocks, parts, dtypes, readers, candidates, jobs: Sequence[Job], keep: bool) -> List[Any]:
+    """``jobs``' results, the walks repeated until every job has ended; each candidate's part (a
+    block, or None: the tensors outside the blocks) built once and kept where ``keep``, else anew
+    each time it is swapped in."""
     running = [_Running(job) for job in jobs]
     built: Dict[tuple, Dict[str, torch.Tensor]] = {}
+    indices = sorted(i for i in parts if i is not None)
+
+    def builder(read: Read, *at: Optional[int]) -> Callable[[Candidate], Dict[str, torch.Tensor]]:
+        def build(candidate: Candidate) -> Dict[str, torch.Tensor]:
+            tensors = {}
+            for index in at:
+                found = built.get((candidate.name, index))
+                if found is None:  # in the module's dtype, as it is swapped in
+                    found = {n: _in(dtypes, n, candidate.build(n, read)) for n in parts[index]}
+                    if keep:
+                        built[candidate.name, index] = found
+                tensors.update(found)
+            return tensors
+
+        return build
+
     try:
-        with forwards_wrapped(blocks, by_block, _stopping):
+        with forwards_wrapped(blocks, indices, _stopping):
             for job in running:
                 job.thread.start()
-            _let_through(module, running, START, candidates, outside, lambda c: {})
+            _let_through(module, running, START, candidates, builder(_reads(readers), None))
             while any(job.at != DONE for job in running):
-                for index in sorted(by_block):
-                    read = _reads(readers)
-
-                    def build(candidate: Candidate) -> Dict[str, torch.Tensor]:
-                        found = built.get((candidate.name, index))
-                        if found is None:
-                            found = {n: candidate.build(n, read) for n in by_block[index]}
-                            if keep:
-                                built[candidate.name, index] = found
-                        return found
-
-                    _let_through(module, running, index, candidates, outside, build)
+                for index in indices:  # the last block's jobs run on through the head, and into their next pass
+                    at = (index, None) if index == indices[-1] else (index,)
+                    _let_through(module, running, index, candidates, builder(_reads(readers), *at))
     finally:
         for job in running:
             if job.at != DONE:
@@ -206,15 +216,19 @@ def _walks(module, blocks, by_block, readers, candidates, outside, jobs: Sequenc
     return [job.result for job in running]
 
 
-def _let_through(module, running, at: int, candidates, outside, build) -> None:
+def _in(dtypes: Mapping[str, torch.dtype], name: str, tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to(dtypes[name]) if name in dtypes else tensor  # a name the module lacks: ``patched`` says so
+
+
+def _let_through(module, running, at: int, candidates, build) -> None:
     """Each candidate's jobs waiting ``at`` a block (or not started) let through it, with the
-    candidate's tensors ``build`` gives for that block swapped in, one candidate at a time."""
+    candidate's tensors ``build`` gives there swapped in, one candidate at a time."""
     waiting = [job for job in running if job.at == at]
     for name, candidate in candidates.items():
         mine = [job for job in waiting if job.job.candidate == name]
         if not mine:
             continue
-        with torch.no_grad(), patched(module, {**outside[name], **build(candidate)}):
+        with torch.no_grad(), patched(module, build(candidate)):
             for job in mine:
                 job.until_next_stop()
         for job in mine:
