@@ -367,12 +367,14 @@ class Dilution:
                         rehearsed=merge, **view, **({} if model.share is None else dict(partnered_share=model.share))
                     )
             if compare:
-                self.compare(asked, module, inputs, models, result)
+                self.compare(asked, module, inputs, models, everyone, names, result)
         # each model's values, named as its record names them (a misspelt one fails here)
         result.per_model = {name: DilutionStats(**values).json() for name, values in result.per_model.items()}
         return result
 
-    def compare(self, asked, module, inputs: DiagnosticInputs, models, result: DiagnosticResult) -> None:
+    def compare(
+        self, asked, module, inputs: DiagnosticInputs, models, everyone, names, result: DiagnosticResult
+    ) -> None:
         """The whole config merged as the advice would write each method, each model's own probe
         asked on both (``knowledge_weighted_*``, ``ties_*``): knowledge_weighted's defaults, its shares
         from the base's p(gold) on each probe times the configured weights, and TIES at density 0.5
@@ -390,8 +392,7 @@ class Dilution:
             for method in COMPARED
         ]  # fmt: skip
         jobs = [Job(method, partial(asked, model)) for method in COMPARED for model in models]
-        everyone = [inputs.base.path, *(m.path for m in inputs.models)]
-        views = iter(walk(module, candidates, jobs, everyone, set().union(*touched.values())))
+        views = iter(walk(module, candidates, jobs, everyone, names))
         for method in COMPARED:
             for model in models:
                 view = next(views)
